@@ -1,0 +1,6 @@
+"""sanlab: controlled architecture studies of language models.
+
+Importing sanlab has no side effects: no device probing, no downloads, no process groups.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,77 @@
+"""`sanlab <command>`: a thin dispatcher.
+
+Each command lives in its own module, which defines
+    configure(parser: argparse.ArgumentParser) -> None
+    run(args: argparse.Namespace) -> int
+Only the chosen command's module is imported, so `sanlab --help` is instant and
+importing one command never drags in another's dependencies.
+
+User errors (`SanlabError`) print one line and exit 2; anything else is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Sequence
+
+from sanlab.errors import EXIT_USAGE, SanlabError
+
+# command -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "match": ("sanlab.commands.match", "matched arms for a reference model (params, FLOPs, depth)"),
+    "prepare": ("sanlab.data.prepare", "tokenize and pack a corpus into shards"),
+    "train": ("sanlab.train.cli", "train one run into a run directory"),
+    "study": ("sanlab.study.cli", "plan, run and tabulate a controlled study"),
+    "analyze": ("sanlab.analysis.cli", "decompose the gap between runs (regions, spectra, attention)"),
+    "signal": ("sanlab.commands.signal", "residual-stream growth with depth at init (Theorem 1)"),
+}
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sanlab",
+        description="Controlled architecture studies of language models.",
+    )
+    from sanlab import __version__
+
+    parser.add_argument("--version", action="version", version=f"sanlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module).configure(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and command not in COMMANDS:
+        print(f"sanlab: error: unknown command {command!r} (choose from {', '.join(COMMANDS)})",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        parser = _build_parser(command)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return EXIT_USAGE
+        module = importlib.import_module(COMMANDS[args.command][0])
+        return int(module.run(args) or 0)
+    except SanlabError as e:
+        print(f"sanlab: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("sanlab: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,288 @@
+"""Typed, validated configuration.
+
+A run is described by one `Config` with four sections: `model`, `data`, `optim`,
+`train`. Configs load from TOML and accept command-line overrides of the form
+`section.key=value`; every value is type-checked and an unknown key is an error
+that names it (no `exec`, no globals).
+
+Other tools reuse the same machinery for their own configs (`StrictModel`,
+`apply_overrides`, `load_toml`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence, TypeVar
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
+
+from sanlab.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class ModelConfig(StrictModel):
+    """Architecture (SPEC §1.1). The SAN is `ffn=false`; the standard arm is `ffn=true`."""
+
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    vocab_size: int = 2048
+    ffn: bool = False
+    d_ff: int | None = None  # None -> 4 * d_model
+    residual: Literal["gated", "rezero", "standard", "none"] = "gated"
+    norm: Literal["zcrms", "rms"] = "zcrms"
+    qk_norm: bool = True
+    sandwich_norm: bool = False
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    init_std: float = 0.02
+    # W_o / W_down std = init_std / sqrt(2 * n_layers) (SPEC §1.1); false = unscaled (Theorem 1 contrast)
+    scale_out_init: bool = True
+    # Registered sequence mixer (attention or a variant) and state mixer (FFN) names.
+    mixer: str = "softmax"
+    ffn_type: str = "swiglu"
+    # Attention kernel: auto = FlexAttention on CUDA when available, SDPA + dense mask otherwise.
+    attn_backend: Literal["auto", "sdpa", "flex"] = "auto"
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> "ModelConfig":
+        for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "vocab_size"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            raise ValueError(
+                f"head_dim={self.d_model // self.n_heads} is odd; RoPE needs an even head_dim"
+            )
+        if self.d_ff is not None and self.d_ff <= 0:
+            raise ValueError(f"d_ff must be positive, got {self.d_ff}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+
+class DataConfig(StrictModel):
+    """Where the prepared (tokenized, packed) data lives and the row length."""
+
+    dir: str | None = None  # a directory written by `sanlab prepare`
+    seq_len: int = 256
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.seq_len <= 0:
+            raise ValueError(f"seq_len must be positive, got {self.seq_len}")
+        return self
+
+
+class OptimConfig(StrictModel):
+    """Optimizer and schedule (SPEC §1.3).
+
+    `name=muon`: Muon at `lr` for every 2-D hidden matrix, AdamW at `adam_lr` (no decay)
+    for embedding, norm gains and gates. `name=adamw`: AdamW at `lr` for everything,
+    weight decay on matrices only.
+    """
+
+    name: Literal["muon", "adamw"] = "muon"
+    lr: float = 0.02
+    adam_lr: float = 3e-4
+    weight_decay: float = 0.01
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+    ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    # torch.optim.Muon's adjust_lr_fn: "original" (max(1, rows/cols)^0.5) or "match_rms_adamw".
+    muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
+    schedule: Literal["wsd", "cosine", "constant"] = "wsd"
+    warmup_frac: float = 0.05
+    decay_frac: float = 0.15
+    final_lr_frac: float = 0.05
+
+    @model_validator(mode="after")
+    def _check(self) -> "OptimConfig":
+        if self.lr <= 0 or self.adam_lr <= 0:
+            raise ValueError("learning rates must be positive")
+        if not (0 <= self.warmup_frac <= 1 and 0 <= self.decay_frac <= 1):
+            raise ValueError("warmup_frac and decay_frac must lie in [0, 1]")
+        if self.warmup_frac + self.decay_frac > 1:
+            raise ValueError("warmup_frac + decay_frac must not exceed 1")
+        if not (0 <= self.final_lr_frac <= 1):
+            raise ValueError("final_lr_frac must lie in [0, 1]")
+        return self
+
+
+class TrainConfig(StrictModel):
+    """Training length, batch, precision, evaluation and checkpointing."""
+
+    tokens: int | None = None  # training length in tokens (rounded up to whole steps) ...
+    steps: int | None = None  # ... or in steps; exactly one of the two is needed to train
+    batch_rows: int = 16  # global batch in rows of data.seq_len tokens
+    micro_batch_rows: int | None = None  # per-rank micro-batch; None = whole per-rank batch
+    seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    z_loss: float = 1e-4
+    eval_every: int = 100  # steps; 0 = only at the end
+    eval_rows: int = 64  # held-out rows per evaluation
+    log_every: int = 10
+    checkpoint_every: int = 0  # steps between rolling checkpoints; 0 = milestones only
+    milestones: list[float] = [0.0, 0.25, 0.5, 0.75, 1.0]
+    spike_factor: float | None = None  # loss > factor * running mean => diverged
+    compile: bool = False
+    tensorboard: bool = False
+    wandb: bool = False
+    threads: int | None = None  # torch intra-op threads on CPU; None = torch default
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainConfig":
+        if self.tokens is not None and self.steps is not None:
+            raise ValueError("set train.tokens or train.steps, not both")
+        for key in ("tokens", "steps", "micro_batch_rows", "threads"):
+            v = getattr(self, key)
+            if v is not None and v <= 0:
+                raise ValueError(f"{key} must be positive, got {v}")
+        if self.batch_rows <= 0:
+            raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
+        if any(not (0.0 <= m <= 1.0) for m in self.milestones):
+            raise ValueError("milestones are fractions of training in [0, 1]")
+        return self
+
+
+class Config(StrictModel):
+    """A whole run."""
+
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
+    if prefix:
+        loc = f"{prefix}.{loc}" if loc else prefix
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    return f"{loc}: {msg}" if loc else msg
+
+
+def validate(cls: type[M], data: Mapping[str, Any], *, source: str = "config") -> M:
+    """Validate a mapping into `cls`, turning pydantic's report into one clear line."""
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"{source}: {_format_validation_error(e)}") from None
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file, with a one-line error for a missing or malformed file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{p}: malformed TOML: {e}") from None
+
+
+def _field_annotation(cls: type[BaseModel], path: list[str], full: str) -> Any:
+    """The type annotation of the dotted field `path` inside `cls`."""
+    current: Any = cls
+    for i, part in enumerate(path):
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            raise ConfigError(f"override {full}: {'.'.join(path[:i])} has no sub-keys")
+        field = current.model_fields.get(part)
+        if field is None:
+            where = ".".join(path[: i + 1])
+            raise ConfigError(f"override {full}: unknown key {where}")
+        current = field.annotation
+    return current
+
+
+def _parse_value(annotation: Any, raw: str, key: str) -> Any:
+    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON."""
+    adapter = TypeAdapter(annotation)
+    candidates: list[Any] = []
+    if raw.lower() in ("none", "null"):
+        candidates.append(None)
+    candidates.append(raw)
+    try:
+        candidates.append(json.loads(raw))
+    except json.JSONDecodeError:
+        pass
+    last: ValidationError | None = None
+    for c in candidates:
+        try:
+            return adapter.validate_python(c)
+        except ValidationError as e:
+            last = e
+    assert last is not None
+    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last)}") from None
+
+
+def apply_overrides(
+    cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
+) -> M:
+    """Apply `a.b=value` overrides to raw config data and validate the result."""
+    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=list))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        key, raw = item.split("=", 1)
+        path = [p for p in key.strip().split(".") if p]
+        if not path:
+            raise ConfigError(f"override {item!r}: empty key")
+        annotation = _field_annotation(cls, path, key)
+        value = _parse_value(annotation, raw.strip(), key)
+        node = merged
+        for part in path[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[path[-1]] = value.model_dump() if isinstance(value, BaseModel) else value
+    return validate(cls, merged, source=source)
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), cls: type[M] = Config  # type: ignore[assignment]
+) -> M:
+    """Load a config from an optional TOML file plus `section.key=value` overrides."""
+    data = load_toml(path) if path is not None else {}
+    return apply_overrides(cls, data, overrides, source=str(path) if path else "config")
+
+
+def to_toml_dict(cfg: BaseModel) -> dict[str, Any]:
+    """A JSON/TOML-safe dump of a config (None values dropped, tuples as lists)."""
+    return json.loads(cfg.model_dump_json(exclude_none=True))

@@ -1,0 +1,1 @@
+"""Model: embed -> blocks (sequence mixer + optional state mixer) -> final norm -> tied head."""
