@@ -1,0 +1,214 @@
+"""Building blocks: ZCN / RMS norm, RoPE, SwiGLU, hook points, and attention kernels.
+
+Everything here is single-device and has no knowledge of the config file format
+beyond `ModelConfig`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sanlab.config import ModelConfig
+
+
+class HookPoint(nn.Module):
+    """Identity module marking a tensor that analysis may capture.
+
+    Its module path is its stable name (`blocks.3.attn.pattern`). Forward hooks
+    registered on it see the tensor; with no hooks it costs a function call.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @property
+    def active(self) -> bool:
+        return bool(self._forward_hooks)
+
+
+class RMSNorm(nn.Module):
+    """RMS norm computed in fp32.
+
+    zero_centered=True is the paper's ZCN: (1 + γ) ⊙ z / RMS(z) with γ initialised
+    to 0, so weight decay pulls the gain towards 1 rather than 0 (SPEC §1.1).
+    zero_centered=False is plain RMS norm with γ initialised to 1.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        gain = self.weight.float()
+        if self.zero_centered:
+            gain = 1.0 + gain
+        return (y * gain).to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
+    return RMSNorm(dim, cfg.norm_eps, zero_centered=cfg.norm == "zcrms")
+
+
+def rope_tables(
+    positions: torch.Tensor, head_dim: int, theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for rotate-half RoPE at integer `positions` (B, T) -> (B, T, 1, D)."""
+    inv_freq = 1.0 / (
+        theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    )
+    angles = positions.float()[..., None] * inv_freq  # (B, T, D/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (B, T, D)
+    return angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE. x: (B, T, H, D); cos/sin: (B, T, 1, D). Computed in fp32."""
+    x32 = x.float()
+    half = x32.shape[-1] // 2
+    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
+    return (x32 * cos + rotated * sin).to(x.dtype)
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Position of each token inside its segment (document): restarts at 0. (B, T) -> (B, T)."""
+    B, T = segment_ids.shape
+    idx = torch.arange(T, device=segment_ids.device).expand(B, T)
+    is_start = torch.ones_like(segment_ids, dtype=torch.bool)
+    is_start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    start_idx = torch.where(is_start, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start_idx
+
+
+@dataclass
+class AttentionContext:
+    """Per-batch data every attention layer shares: RoPE tables and the document mask.
+
+    Built once per forward pass in `LM.forward`, not once per layer.
+    """
+
+    segment_ids: torch.Tensor  # (B, T)
+    positions: torch.Tensor  # (B, T) position within the document
+    cos: torch.Tensor  # (B, T, 1, head_dim)
+    sin: torch.Tensor  # (B, T, 1, head_dim)
+    backend: str  # "sdpa" | "flex"
+    _dense_mask: torch.Tensor | None = None
+    _block_mask: object | None = None
+
+    @property
+    def dense_mask(self) -> torch.Tensor:
+        """(B, 1, T, T) bool: causal AND same document. True = may attend."""
+        if self._dense_mask is None:
+            seg = self.segment_ids
+            T = seg.shape[1]
+            causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()
+            same = seg[:, :, None] == seg[:, None, :]
+            self._dense_mask = (same & causal)[:, None]
+        return self._dense_mask
+
+    @property
+    def block_mask(self) -> object:
+        if self._block_mask is None:
+            from torch.nn.attention.flex_attention import create_block_mask
+
+            seg = self.segment_ids
+
+            def doc_causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
+                return (q_idx >= kv_idx) & (seg[b, q_idx] == seg[b, kv_idx])
+
+            B, T = seg.shape
+            self._block_mask = create_block_mask(doc_causal, B, None, T, T, device=seg.device)
+        return self._block_mask
+
+
+def resolve_backend(requested: str, device: torch.device) -> str:
+    """FlexAttention on CUDA when it imports; SDPA with a dense mask everywhere else.
+
+    On the CPU FlexAttention has no backward in this torch, so training there uses SDPA.
+    """
+    if requested == "sdpa" or device.type != "cuda":
+        return "sdpa"
+    try:
+        from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
+    except ImportError:
+        return "sdpa"
+    return "flex"
+
+
+def build_context(
+    cfg: ModelConfig, tokens: torch.Tensor, segment_ids: torch.Tensor | None
+) -> AttentionContext:
+    if segment_ids is None:
+        segment_ids = torch.zeros_like(tokens)
+    positions = segment_positions(segment_ids)
+    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    return AttentionContext(
+        segment_ids=segment_ids,
+        positions=positions,
+        cos=cos,
+        sin=sin,
+        backend=resolve_backend(cfg.attn_backend, tokens.device),
+    )
+
+
+_compiled_flex = None
+
+
+def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: object) -> torch.Tensor:
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ctx: AttentionContext,
+    pattern_hook: HookPoint | None = None,
+) -> torch.Tensor:
+    """Document-masked causal attention with GQA.
+
+    q: (B, H, T, D); k, v: (B, Hkv, T, D) -> (B, H, T, D).
+    When `pattern_hook` has a hook attached, the probabilities are materialised
+    (explicit softmax) so analysis can capture `A`; otherwise a fused kernel runs.
+    """
+    H, Hkv = q.shape[1], k.shape[1]
+    if pattern_hook is not None and pattern_hook.active:
+        rep = H // Hkv
+        k_full = k.repeat_interleave(rep, dim=1)
+        v_full = v.repeat_interleave(rep, dim=1)
+        scores = (q.float() @ k_full.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~ctx.dense_mask, float("-inf"))
+        probs = pattern_hook(torch.softmax(scores, dim=-1))  # (B, H, T, T)
+        return (probs @ v_full.float()).to(q.dtype)
+    if ctx.backend == "flex":
+        return _flex(q, k, v, ctx.block_mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.dense_mask, enable_gqa=H != Hkv)
+
+
+class SwiGLU(nn.Module):
+    """W_down(SiLU(W_gate x) ⊙ W_up x), no biases (SPEC §1.1 control arm)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
+        self.w_up = nn.Linear(d_model, d_ff, bias=False)
+        self.w_down = nn.Linear(d_ff, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+    def output_weights(self) -> list[nn.Parameter]:
+        return [self.w_down.weight]
