@@ -1,0 +1,250 @@
+"""Parameter and FLOP accounting, and the paper's size ladder (SPEC §1.2).
+
+Removing the FFN changes parameters, FLOPs per token and depth at once, so every
+comparison in a study rests on these numbers. They are computed two ways:
+
+- from the formula (`count_params`, `count_flops`), which needs no model and is what
+  the matching solver searches over; the counting convention is the paper's and
+  reproduces its Table 1 exactly;
+- from an instantiated module (`count_module_params`, `measure_forward_flops`), which
+  the tests hold the formula against for every architecture switch.
+
+Parameter breakdowns are keyed by parameter name with the `blocks.{i}.` prefix removed
+(`attn.wq.weight`, `ffn_gate`, ...), so a formula breakdown and a module breakdown
+can be compared key by key and a disagreement names the component.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from sanlab.config import ModelConfig
+from sanlab.errors import ConfigError
+
+EMBEDDING_PARAM = "embed.weight"
+# Residual kinds that carry one learned scalar per sublayer (σ(g) for gated, α for rezero).
+_SCALAR_RESIDUALS = ("gated", "rezero")
+# Names of the sandwich norms: an extra norm on each sublayer's output before its gate.
+ATTN_SANDWICH_PARAM = "attn_post_norm.weight"
+FFN_SANDWICH_PARAM = "ffn_post_norm.weight"
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameter totals and a breakdown by parameter name (layer prefix removed, summed over layers)."""
+
+    total: int
+    non_embedding: int
+    embedding: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _layer_params(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters of one block by name; zero-sized components are left out."""
+    d, dh = cfg.d_model, cfg.head_dim
+    scalar = 1 if cfg.residual in _SCALAR_RESIDUALS else 0
+    p: dict[str, int] = {
+        "attn_norm.weight": d,
+        "attn.wq.weight": d * cfg.n_heads * dh,
+        "attn.wk.weight": d * cfg.n_kv_heads * dh,
+        "attn.wv.weight": d * cfg.n_kv_heads * dh,
+        "attn.wo.weight": cfg.n_heads * dh * d,
+    }
+    if cfg.qk_norm:
+        # One gain vector of size head_dim shared by all heads, for q and for k (SPEC §1.1).
+        p["attn.q_norm.weight"] = dh
+        p["attn.k_norm.weight"] = dh
+    if cfg.sandwich_norm:
+        p[ATTN_SANDWICH_PARAM] = d
+    if scalar:
+        p["attn_gate"] = scalar
+    if cfg.ffn:
+        f = cfg.ffn_dim
+        p["ffn_norm.weight"] = d
+        p["ffn.w_gate.weight"] = d * f
+        p["ffn.w_up.weight"] = d * f
+        p["ffn.w_down.weight"] = f * d
+        if cfg.sandwich_norm:
+            p[FFN_SANDWICH_PARAM] = d
+        if scalar:
+            p["ffn_gate"] = scalar
+    return p
+
+
+def count_params(cfg: ModelConfig) -> ParamCount:
+    """Parameters of `cfg` by the paper's convention: tied embedding V·d counted once."""
+    breakdown = {k: v * cfg.n_layers for k, v in _layer_params(cfg).items()}
+    breakdown["final_norm.weight"] = cfg.d_model
+    embedding = cfg.vocab_size * cfg.d_model
+    non_embedding = sum(breakdown.values())
+    breakdown[EMBEDDING_PARAM] = embedding
+    return ParamCount(non_embedding + embedding, non_embedding, embedding, breakdown)
+
+
+_LAYER_PREFIX = re.compile(r"^blocks\.\d+\.")
+
+
+def count_module_params(model: nn.Module) -> ParamCount:
+    """Parameters of an instantiated model; the embedding is `embed.weight`.
+
+    `named_parameters` yields a tied weight once, so the tied head is not counted twice,
+    exactly as in the formula.
+    """
+    breakdown: dict[str, int] = defaultdict(int)
+    for name, p in model.named_parameters():
+        breakdown[_LAYER_PREFIX.sub("", name)] += p.numel()
+    total = sum(breakdown.values())
+    embedding = breakdown.get(EMBEDDING_PARAM, 0)
+    return ParamCount(total, total - embedding, embedding, dict(breakdown))
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+@dataclass(frozen=True)
+class FlopCount:
+    """FLOPs per token, every term visible (a multiply-add counts 2).
+
+    Each term is summed over all layers. `attn_scores` (q·kᵀ) and `attn_mix` (A·v) are
+    the full T×T square unless `causal_half`, which counts only the causal half.
+    Training is 3× forward (the backward pass costs twice the forward).
+    """
+
+    seq_len: int
+    causal_half: bool
+    n_layers: int
+    attn_proj: int  # 2·(Q, K, V, O weights) per layer
+    attn_scores: int  # 2·T·(H·dh) per layer (halved when causal_half)
+    attn_mix: int  # 2·T·(H·dh) per layer (halved when causal_half)
+    ffn: int  # 2·3·d·d_ff per layer
+    head: int  # 2·V·d
+
+    @property
+    def forward(self) -> int:
+        return self.attn_proj + self.attn_scores + self.attn_mix + self.ffn + self.head
+
+    @property
+    def backward(self) -> int:
+        return 2 * self.forward
+
+    @property
+    def train(self) -> int:
+        return self.forward + self.backward
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "forward": self.forward, "backward": self.backward, "train": self.train}
+
+
+def count_flops(cfg: ModelConfig, seq_len: int, *, causal_half: bool = False) -> FlopCount:
+    """Training and forward FLOPs per token of `cfg` at row length `seq_len` (SPEC §1.2).
+
+    Only matrix products are counted: norms, RoPE, softmax and gates are elementwise and
+    negligible next to them, and the embedding lookup is a gather.
+    """
+    if seq_len <= 0:
+        raise ConfigError(f"seq_len must be positive, got {seq_len}")
+    d, L, dh = cfg.d_model, cfg.n_layers, cfg.head_dim
+    proj = d * cfg.n_heads * dh + 2 * d * cfg.n_kv_heads * dh + cfg.n_heads * dh * d
+    # Each query meets T keys (full square) or on average T/2 (causal half); the exact
+    # causal count would be (T+1)/2, the convention is the half.
+    square = 2 * seq_len * cfg.n_heads * dh
+    per_product = square // 2 if causal_half else square
+    return FlopCount(
+        seq_len=seq_len,
+        causal_half=causal_half,
+        n_layers=L,
+        attn_proj=2 * proj * L,
+        attn_scores=per_product * L,
+        attn_mix=per_product * L,
+        ffn=2 * 3 * d * cfg.ffn_dim * L if cfg.ffn else 0,
+        head=2 * cfg.vocab_size * d,
+    )
+
+
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
+                out_shape: Any = None, **kwargs: Any) -> int:
+    """Full-square FLOPs of one SDPA call: q·kᵀ and A·v, each 2·B·H·Tq·Tk·d.
+
+    torch's FlopCounterMode has formulas for the CUDA SDPA kernels but none for the CPU
+    flash kernel, which it would count as zero; this one matches its CUDA convention.
+    """
+    b, h, tq, dq = query_shape
+    tk, dv = key_shape[-2], value_shape[-1]
+    return 2 * b * h * tq * tk * dq + 2 * b * h * tq * tk * dv
+
+
+@dataclass(frozen=True)
+class MeasuredFlops:
+    """What FlopCounterMode saw in one forward pass."""
+
+    total: int
+    tokens: int
+    by_op: dict[str, int]
+
+    @property
+    def per_token(self) -> float:
+        return self.total / self.tokens
+
+
+def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> MeasuredFlops:
+    """Count the FLOPs of `model(tokens, *args, **kwargs)` with FlopCounterMode.
+
+    Matrix products (mm, bmm, addmm, …) and SDPA kernels are counted, SDPA as the full
+    square whatever its mask; elementwise ops are not. Run without gradients.
+    """
+    cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping={cpu_flash: _sdpa_flops}) as fc:
+        model(tokens, *args, **kwargs)
+    by_op = {str(op): int(n) for op, n in fc.get_flop_counts()["Global"].items()}
+    return MeasuredFlops(int(fc.get_total_flops()), tokens.numel(), by_op)
+
+
+# --------------------------------------------------------------------------- presets
+
+PRESET_SEQ_LEN = 2048
+PRESET_VOCAB = 16384
+# The paper's ladder (SPEC §1.2): name -> (SAN layers, d_model). The standard partner
+# has the same width and about a fifth of the layers (what iso-param matching gives).
+PRESETS: dict[str, tuple[int, int]] = {
+    "tiny": (10, 256),
+    "small": (14, 384),
+    "base": (20, 512),
+    "large": (26, 640),
+    "xl": (32, 768),
+}
+
+
+def ladder_heads(d_model: int) -> tuple[int, int]:
+    """8 query / 4 KV heads, or the most query heads below 8 that give an even head_dim.
+
+    With an odd head count the KV heads equal the query heads (no grouping).
+    """
+    for h in range(8, 0, -1):
+        if d_model % (2 * h) == 0:
+            return h, h // 2 if h % 2 == 0 else h
+    raise ConfigError(f"d_model={d_model} is odd: no head count gives an even head_dim")
+
+
+def preset(name: str, *, ffn: bool = False) -> ModelConfig:
+    """The SAN (or, with `ffn`, the same-depth standard) model of a ladder rung."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    n_layers, d_model = PRESETS[name]
+    n_heads, n_kv_heads = ladder_heads(d_model)
+    return ModelConfig(
+        d_model=d_model, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+        vocab_size=PRESET_VOCAB, ffn=ffn,
+    )

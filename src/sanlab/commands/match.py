@@ -1,0 +1,146 @@
+"""`sanlab match`: the matched arms of a reference model, as a table like the paper's Table 1."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from sanlab.accounting import PRESET_SEQ_LEN, PRESETS, preset
+from sanlab.config import Config, ModelConfig, apply_overrides, load_toml
+from sanlab.errors import ConfigError
+from sanlab.matching import POLICIES, TARGETS, Arm, match
+
+_EPILOG = """\
+The reference is a sanlab run config: a TOML file with [model] and [data] sections
+(the same file `sanlab train` takes) and/or `section.key=value` overrides. Model keys
+may be given without their section: `d_model=512` means `model.d_model=512`.
+`--preset NAME` starts from a rung of the paper's ladder (vocab 16384, 8/4 heads,
+seq_len 2048) instead of a file; overrides still apply on top.
+
+The partner is the other kind (ffn flipped) with every other switch copied from the
+reference; `--partner key=value` changes one of them (e.g. --partner residual=standard).
+
+Counting (SPEC §1.2): non-embedding parameters; training FLOPs per token = 3 × forward,
+forward = 2·weights + 4·T·d attention per layer (full square; --causal-half halves it)
++ the 2·V·d head.
+
+examples:
+  sanlab match --preset base
+  sanlab match --preset tiny --policy nearest --json
+  sanlab match run.toml data.seq_len=1024 --tolerance 0.02
+  sanlab match d_model=256 n_layers=12 vocab_size=4096 --width
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("items", nargs="*", metavar="[CONFIG.toml] [key=value]",
+                        help="a run config file and/or overrides of the reference")
+    parser.add_argument("--preset", choices=list(PRESETS), help="a rung of the paper's size ladder")
+    parser.add_argument("--seq-len", type=int, help="row length T for the attention FLOPs (default: data.seq_len)")
+    parser.add_argument("--policy", choices=POLICIES, default="at_most",
+                        help="partner not above (paper's Table 1), nearest to, or not below the reference")
+    parser.add_argument("--tolerance", type=float,
+                        help="largest accepted |relative mismatch|, e.g. 0.02; beyond it is an error")
+    parser.add_argument("--causal-half", action="store_true",
+                        help="count causal attention as half the T×T square")
+    parser.add_argument("--width", action="store_true",
+                        help="search the partner's width at the reference depth instead of its depth")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help="comma-separated partners to find: params, flops, depth (default: all)")
+    parser.add_argument("--partner", action="append", default=[], metavar="key=value",
+                        help="a model key of the partner that differs from the reference (repeatable)")
+    parser.add_argument("--breakdown", action="store_true", help="also print every FLOP term per arm")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of arms instead of tables")
+
+
+def _qualify(item: str) -> str:
+    """`d_model=512` -> `model.d_model=512`: plain keys are model keys."""
+    key = item.split("=", 1)[0]
+    return item if "." in key else f"model.{item}"
+
+
+def _reference(args: argparse.Namespace) -> tuple[ModelConfig, int]:
+    files = [i for i in args.items if "=" not in i]
+    overrides = [_qualify(i) for i in args.items if "=" in i]
+    if len(files) > 1:
+        raise ConfigError(f"one config file at most, got {', '.join(files)}")
+    if files and args.preset:
+        raise ConfigError("give a config file or --preset, not both")
+    data: dict[str, Any] = {}
+    source = "config"
+    if files:
+        data, source = load_toml(files[0]), files[0]
+    elif args.preset:
+        data = {"model": preset(args.preset).model_dump(), "data": {"seq_len": PRESET_SEQ_LEN}}
+        source = f"preset {args.preset}"
+    cfg = apply_overrides(Config, data, overrides, source=source)
+    seq_len = args.seq_len if args.seq_len is not None else cfg.data.seq_len
+    if seq_len <= 0:
+        raise ConfigError(f"--seq-len must be positive, got {seq_len}")
+    return cfg.model, seq_len
+
+
+def _partner_updates(reference: ModelConfig, items: list[str]) -> dict[str, Any]:
+    """Typed partner fields from `key=value` strings (same parsing as any override)."""
+    keys = [i.split("=", 1)[0].strip() for i in items]
+    base = {**reference.model_dump(), "ffn": not reference.ffn}
+    parsed = apply_overrides(ModelConfig, base, items, source="partner")
+    return {k: getattr(parsed, k) for k in keys}
+
+
+# What each partner's mismatch is measured in, for the table.
+_MATCHED = {"iso-param": "params", "iso-FLOP": "FLOPs", "iso-depth": "depth"}
+
+
+def _fmt_m(n: int) -> str:
+    return f"{n / 1e6:.2f}M"
+
+
+def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool, breakdown: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    attn = "causal half" if causal_half else "full square"
+    table = Table(title=f"Matched arms (T={seq_len}, policy {policy}, attention FLOPs {attn})")
+    for col, justify in (("arm", "left"), ("config", "left"), ("total params", "right"),
+                         ("non-emb params", "right"), ("train GFLOPs / token", "right"), ("mismatch", "right")):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for a in arms:
+        mismatch = "—" if a.role == "reference" else f"{a.mismatch:+.2%} {_MATCHED[a.role]}"
+        table.add_row(a.name, a.label, _fmt_m(a.params.total), _fmt_m(a.params.non_embedding),
+                      f"{a.flops.train / 1e9:.3f}", mismatch)
+    console = Console()
+    console.print(table)
+    if not breakdown:
+        return
+    terms = Table(title="MFLOPs per token by term, all layers (training = 3 × forward; exact in --json)")
+    terms.add_column("arm")
+    for col in ("attn proj", "attn q·kᵀ", "attn A·v", "FFN", "head", "forward", "train"):
+        terms.add_column(col, justify="right")
+    for a in arms:
+        f = a.flops
+        terms.add_row(a.name, *(f"{v / 1e6:.1f}" for v in (f.attn_proj, f.attn_scores, f.attn_mix, f.ffn,
+                                                    f.head, f.forward, f.train)))
+    console.print(terms)
+
+
+def run(args: argparse.Namespace) -> int:
+    reference, seq_len = _reference(args)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    arms = match(
+        reference, seq_len,
+        targets=targets,  # type: ignore[arg-type]  # validated by match()
+        policy=args.policy,
+        tolerance=args.tolerance,
+        causal_half=args.causal_half,
+        vary="width" if args.width else "depth",
+        partner=_partner_updates(reference, args.partner),
+    )
+    if args.json:
+        print(json.dumps([a.to_dict() for a in arms], indent=2))
+    else:
+        _print_tables(arms, seq_len, args.policy, args.causal_half, args.breakdown)
+    return 0
