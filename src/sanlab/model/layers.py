@@ -46,9 +46,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
+        # At least fp32 (SPEC §1.1); fp64 stays fp64 so property tests can be exact.
+        x32 = x if x.dtype == torch.float64 else x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        gain = self.weight.float()
+        gain = self.weight.to(x32.dtype)
         if self.zero_centered:
             gain = 1.0 + gain
         return (y * gain).to(x.dtype)
@@ -72,7 +73,7 @@ def rope_tables(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE. x: (B, T, H, D); cos/sin: (B, T, 1, D). Computed in fp32."""
-    x32 = x.float()
+    x32 = x if x.dtype == torch.float64 else x.float()
     half = x32.shape[-1] // 2
     rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
     return (x32 * cos + rotated * sin).to(x.dtype)
@@ -189,10 +190,11 @@ def attend(
         rep = H // Hkv
         k_full = k.repeat_interleave(rep, dim=1)
         v_full = v.repeat_interleave(rep, dim=1)
-        scores = (q.float() @ k_full.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        dt = torch.promote_types(q.dtype, torch.float32)
+        scores = (q.to(dt) @ k_full.to(dt).transpose(-1, -2)) / math.sqrt(q.shape[-1])
         scores = scores.masked_fill(~ctx.dense_mask, float("-inf"))
         probs = pattern_hook(torch.softmax(scores, dim=-1))  # (B, H, T, T)
-        return (probs @ v_full.float()).to(q.dtype)
+        return (probs.to(dt) @ v_full.to(dt)).to(q.dtype)
     if ctx.backend == "flex":
         return _flex(q, k, v, ctx.block_mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.dense_mask, enable_gqa=H != Hkv)
