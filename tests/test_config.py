@@ -1,0 +1,94 @@
+"""Typed config: TOML, `section.key=value` overrides, and one-line errors that name the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from sanlab.config import Config, ModelConfig, load_config, to_toml_dict
+from sanlab.errors import ConfigError
+
+
+def test_defaults_validate():
+    cfg = Config()
+    assert cfg.model.ffn is False and cfg.model.ffn_dim == 4 * cfg.model.d_model
+    assert cfg.model.head_dim == cfg.model.d_model // cfg.model.n_heads
+
+
+def test_toml_and_overrides(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[model]\nd_model = 64\nn_heads = 4\nffn = true\n[optim]\nname = "adamw"\n')
+    cfg = load_config(
+        path,
+        ["model.n_layers=6", "optim.lr=2.4e-3", "train.milestones=[0, 0.5, 1]", "data.dir=/x/y", "model.d_ff=none"],
+    )
+    assert cfg.model.d_model == 64 and cfg.model.ffn is True and cfg.model.n_layers == 6
+    assert cfg.optim.name == "adamw" and cfg.optim.lr == pytest.approx(2.4e-3)
+    assert cfg.train.milestones == [0.0, 0.5, 1.0]
+    assert cfg.data.dir == "/x/y" and cfg.model.d_ff is None
+    # Booleans and tuples parse from the command line too.
+    cfg = load_config(None, ["model.qk_norm=false", "optim.ns_coefficients=[1, 2, 3]"])
+    assert cfg.model.qk_norm is False and cfg.optim.ns_coefficients == (1.0, 2.0, 3.0)
+
+
+def test_round_trip_through_dict():
+    cfg = load_config(None, ["model.ffn=true", "train.steps=5"])
+    assert Config.model_validate(to_toml_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["model.d_modl=3"], "unknown key model.d_modl"),
+        (["modle.d_model=3"], "unknown key modle"),
+        (["model.d_model=abc"], "model.d_model=abc"),
+        (["model.residual=weird"], "model.residual=weird"),
+        (["model.n_heads=3"], "n_heads=3 does not divide d_model=128"),
+        (["model.n_kv_heads=3"], "n_kv_heads=3 does not divide n_heads=4"),
+        (["model.d_model=24", "model.n_heads=8"], "head_dim=3 is odd"),
+        (["train.tokens=10", "train.steps=10"], "not both"),
+        (["optim.warmup_frac=0.9", "optim.decay_frac=0.5"], "must not exceed 1"),
+        (["model.d_model"], "expected section.key=value"),
+        (["model.d_model.x=1"], "has no sub-keys"),
+    ],
+)
+def test_bad_overrides_name_the_problem(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("[", r"\[")) as info:
+        load_config(None, overrides)
+    assert "\n" not in str(info.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[model\nd_model = 1")
+    with pytest.raises(ConfigError, match="malformed TOML"):
+        load_config(bad)
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[model]\nwidth = 3\n")
+    with pytest.raises(ConfigError, match="model.width: unknown key"):
+        load_config(unknown)
+
+
+def test_assignment_is_validated():
+    cfg = ModelConfig()
+    with pytest.raises(ValueError):
+        cfg.residual = "bogus"  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["match", "model.n_heads=3"], "does not divide d_model"),
+        (["match", "model.n_kv_heads=3"], "does not divide n_heads"),
+        (["match", "model.d_model=24", "model.n_heads=8"], "odd"),
+        (["match", "model.bogus=1"], "unknown key"),
+        (["nonexistent-command"], "unknown command"),
+    ],
+)
+def test_cli_bad_model_input_exits_2_with_one_line(argv, message, capsys):
+    from sanlab.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("sanlab: error:") and message in err and "\n" not in err
