@@ -1,0 +1,173 @@
+"""Loss decomposition: where, token by token, one run is better than another (SPEC §1.6).
+
+All functions take per-token losses of the *same* evaluation tokens (loss-masked targets
+of a fixed held-out sample, flattened in one order) and a group id per token: a region,
+an exercise type, a position bucket or a token-frequency bucket.
+
+Because the groups partition the tokens, the aggregate Δ is exactly the token-weighted
+sum of the group Δs; `delta_identity` reports how closely the tables reproduce it, which
+catches tokens that fell in no group (an unknown region id) as well as rounding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from sanlab.data.regions import REGION_NAMES
+
+POSITION_EDGES: tuple[int, ...] = (0, 16, 64, 256, 1024)
+FREQUENCY_RANK_EDGES: tuple[int, ...] = (0, 10, 100, 1000, 10000)
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """Per-token attributes of an evaluation sample, flattened over loss-masked targets.
+
+    region: (N,) region id of the target token (`sanlab.data.regions`);
+    exercise: (N,) index into `exercise_names` of the target's document;
+    position: (N,) position of the target inside its segment (how much context it has);
+    token: (N,) target token id.
+    """
+
+    region: Tensor
+    exercise: Tensor
+    position: Tensor
+    token: Tensor
+    exercise_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return int(self.region.numel())
+
+
+def bucket_names(edges: tuple[int, ...], fmt: str = "{lo}-{hi}") -> tuple[str, ...]:
+    """Human names of half-open integer buckets [edges[i], edges[i+1]) and a last open one."""
+    names = [fmt.format(lo=lo, hi=hi - 1) for lo, hi in zip(edges, edges[1:])]
+    return (*names, f"{edges[-1]}+")
+
+
+def bucketize(values: Tensor, edges: tuple[int, ...]) -> Tensor:
+    """Bucket index of each value for buckets [edges[i], edges[i+1]), the last open-ended."""
+    bounds = torch.tensor(edges[1:], dtype=values.dtype, device=values.device)
+    return torch.bucketize(values, bounds, right=True)
+
+
+def frequency_ranks(counts: Tensor) -> Tensor:
+    """Rank of each token id by frequency (0 = most frequent); ties broken by id. (V,) -> (V,)."""
+    order = torch.argsort(-counts.to(torch.float64), stable=True)
+    ranks = torch.empty_like(order)
+    ranks[order] = torch.arange(order.numel(), device=order.device)
+    return ranks
+
+
+def group_table(loss: Tensor, groups: Tensor, names: tuple[str, ...]) -> list[dict]:
+    """Per group: tokens, token share, mean loss, share of the summed loss.
+
+    loss, groups: (N,). Groups with no tokens are left out.
+    """
+    loss = loss.to(torch.float64)
+    n, total = loss.numel(), float(loss.sum())
+    rows = []
+    for g, name in enumerate(names):
+        sel = groups == g
+        k = int(sel.sum())
+        if k == 0:
+            continue
+        s = float(loss[sel].sum())
+        rows.append(
+            {
+                "group": name,
+                "tokens": k,
+                "token_share": k / n,
+                "loss": s / k,
+                "loss_share": s / total if total else float("nan"),
+            }
+        )
+    return rows
+
+
+def delta_table(loss_a: Tensor, loss_b: Tensor, groups: Tensor, names: tuple[str, ...]) -> list[dict]:
+    """Paired Δ = A − B per group on the same tokens.
+
+    `weighted` = token_share · Δ is the group's contribution to the aggregate Δ;
+    `contribution` its fraction of the aggregate.
+    """
+    if loss_a.shape != loss_b.shape:
+        raise ValueError(f"paired losses differ in shape: {tuple(loss_a.shape)} vs {tuple(loss_b.shape)}")
+    a, b = loss_a.to(torch.float64), loss_b.to(torch.float64)
+    n = a.numel()
+    agg = float((a - b).mean()) if n else float("nan")
+    rows = []
+    for g, name in enumerate(names):
+        sel = groups == g
+        k = int(sel.sum())
+        if k == 0:
+            continue
+        la, lb = float(a[sel].mean()), float(b[sel].mean())
+        weighted = k / n * (la - lb)
+        rows.append(
+            {
+                "group": name,
+                "tokens": k,
+                "token_share": k / n,
+                "loss_a": la,
+                "loss_b": lb,
+                "delta": la - lb,
+                "weighted": weighted,
+                "contribution": weighted / agg if agg else float("nan"),
+            }
+        )
+    return rows
+
+
+def delta_identity(loss_a: Tensor, loss_b: Tensor, rows: list[dict]) -> dict:
+    """Aggregate Δ against the token-weighted sum of a `delta_table`'s group Δs."""
+    agg = float((loss_a.to(torch.float64) - loss_b.to(torch.float64)).mean())
+    summed = sum(r["weighted"] for r in rows)
+    err = abs(summed - agg)
+    return {
+        "aggregate_delta": agg,
+        "weighted_sum": summed,
+        "abs_error": err,
+        "rel_error": err / abs(agg) if agg else (0.0 if err == 0 else float("inf")),
+    }
+
+
+def groupings(table: TokenTable, token_counts: Tensor | None) -> dict[str, tuple[Tensor, tuple[str, ...]]]:
+    """Every grouping of the evaluation tokens the decomposition reports.
+
+    `frequency` is by the target token's frequency rank in `token_counts` (counts per
+    token id over the training split); it is absent when no counts are available.
+    """
+    out = {
+        "region": (table.region, REGION_NAMES),
+        "exercise": (table.exercise, table.exercise_names),
+        "position": (bucketize(table.position, POSITION_EDGES), bucket_names(POSITION_EDGES)),
+    }
+    if token_counts is not None:
+        ranks = frequency_ranks(token_counts)[table.token]
+        names = tuple(
+            f"rank {n}" for n in bucket_names(tuple(e + 1 for e in FREQUENCY_RANK_EDGES))
+        )
+        out["frequency"] = (bucketize(ranks, FREQUENCY_RANK_EDGES), names)
+    return out
+
+
+def decompose(loss: Tensor, table: TokenTable, token_counts: Tensor | None = None) -> dict:
+    """One run's loss by every grouping, plus the mean over all evaluation tokens."""
+    return {
+        "tokens": len(table),
+        "loss": float(loss.to(torch.float64).mean()) if len(table) else float("nan"),
+        **{k: group_table(loss, g, names) for k, (g, names) in groupings(table, token_counts).items()},
+    }
+
+
+def compare(loss_a: Tensor, loss_b: Tensor, table: TokenTable, token_counts: Tensor | None = None) -> dict:
+    """Paired Δ tables (A − B) by every grouping, each with its identity check."""
+    out: dict = {"tokens": len(table)}
+    for key, (g, names) in groupings(table, token_counts).items():
+        rows = delta_table(loss_a, loss_b, g, names)
+        out[key] = {"rows": rows, "identity": delta_identity(loss_a, loss_b, rows)}
+    return out

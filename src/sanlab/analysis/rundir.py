@@ -1,0 +1,157 @@
+"""Reading run dirs and their checkpoints, with one-line errors for every bad input.
+
+Analysis reads run dirs only (DESIGN.md): `config.json` says how to rebuild the model,
+`checkpoints/{latest,milestone-NNN}/model.safetensors` hold the weights, `meta.json` the
+recorded final metrics, and `config.data.dir` where the held-out documents live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from sanlab.config import Config, validate
+from sanlab.errors import CheckpointError, ConfigError, DataError
+
+MODEL_FILE = "model.safetensors"
+_MILESTONE = re.compile(r"^milestone-(\d{3})$")
+
+
+def checkpoint_name(name: str) -> str:
+    """Accept `latest`, `milestone-050` or a bare percentage `50` for the same checkpoint."""
+    return f"milestone-{int(name):03d}" if name.isdigit() else name
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A trained (or training) run directory."""
+
+    path: Path
+    config: Config
+    meta: dict[str, Any]
+
+    @classmethod
+    def open(cls, path: str | Path) -> "RunDir":
+        """Read config.json (required) and meta.json (optional) of a run dir."""
+        p = Path(path)
+        if not p.is_dir():
+            raise CheckpointError(f"{p}: run dir not found")
+        cfg_file = p / "config.json"
+        if not cfg_file.is_file():
+            raise CheckpointError(f"{p}: not a run dir (no config.json)")
+        try:
+            raw = json.loads(cfg_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{cfg_file}: malformed JSON: {e}") from None
+        try:
+            config = validate(Config, raw, source=str(cfg_file))
+        except ConfigError as e:
+            raise CheckpointError(str(e)) from None
+        meta: dict[str, Any] = {}
+        meta_file = p / "meta.json"
+        if meta_file.is_file():
+            try:
+                meta = json.loads(meta_file.read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise CheckpointError(f"{meta_file}: malformed JSON: {e}") from None
+        return cls(p, config, meta)
+
+    @property
+    def name(self) -> str:
+        return self.path.resolve().name
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def checkpoints(self) -> list[str]:
+        """Names of the checkpoints that hold model weights, sorted."""
+        root = self.path / "checkpoints"
+        if not root.is_dir():
+            return []
+        return sorted(d.name for d in root.iterdir() if (d / MODEL_FILE).is_file())
+
+    def milestones(self) -> list[tuple[float, str]]:
+        """(fraction of training, name) of every milestone checkpoint, in training order."""
+        out = [(int(m.group(1)) / 100, n) for n in self.checkpoints() if (m := _MILESTONE.match(n))]
+        return sorted(out)
+
+    def checkpoint_file(self, name: str) -> Path:
+        """The weights file of checkpoint `name`; a clear error naming the ones there are."""
+        name = checkpoint_name(name)
+        f = self.path / "checkpoints" / name / MODEL_FILE
+        if not f.is_file():
+            have = ", ".join(self.checkpoints()) or "none"
+            raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {have})")
+        return f
+
+    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        """The model weights of checkpoint `name` (safetensors, no code executed)."""
+        f = self.checkpoint_file(name)
+        try:
+            return load_file(str(f))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{f}: unreadable checkpoint: {e}") from None
+
+    def load_model(self, name: str = "latest", device: str | torch.device = "cpu") -> torch.nn.Module:
+        """Rebuild the model from config.json and load checkpoint `name`, in eval mode."""
+        from sanlab.model.lm import LM
+
+        model = LM(self.config.model)
+        sd = self.state_dict(name)
+        try:
+            model.load_state_dict(sd, strict=True)
+        except RuntimeError as e:
+            first = str(e).splitlines()[1].strip() if "\n" in str(e) else str(e)
+            raise CheckpointError(
+                f"{self.checkpoint_file(name)}: does not match the run's config.json ({first})"
+            ) from None
+        return model.to(device).eval()
+
+    # ----------------------------------------------------------------- data
+
+    def data_dir(self, override: str | Path | None = None) -> Path:
+        """The prepared data dir of the run: `override`, else config.data.dir as written
+        (relative paths tried from the working directory, then from the run dir)."""
+        if override is not None:
+            p = Path(override)
+            if not p.is_dir():
+                raise DataError(f"data dir not found: {p}")
+            return p
+        raw = self.config.data.dir
+        if raw is None:
+            raise DataError(f"{self.path}: config.json has no data.dir; pass --data DIR")
+        for p in (Path(raw), self.path / raw):
+            if p.is_dir():
+                return p
+        raise DataError(f"{self.path}: data dir {raw!r} not found; pass --data DIR")
+
+
+def tokenizer_hash(data_dir: Path | None) -> str | None:
+    """sha256 of the data dir's `tokenizer.json`, or None where there is none to compare."""
+    if data_dir is None or not (data_dir / "tokenizer.json").is_file():
+        return None
+    return hashlib.sha256((data_dir / "tokenizer.json").read_bytes()).hexdigest()
+
+
+def check_same_tokenizer(a: RunDir, a_data: Path | None, b: RunDir, b_data: Path | None) -> None:
+    """Raise a one-line error when two runs do not share a tokenizer.
+
+    Per-token losses of two runs are only comparable on the same token ids: the
+    vocabulary sizes must agree, and so must the tokenizer files where both have one.
+    """
+    va, vb = a.config.model.vocab_size, b.config.model.vocab_size
+    if va != vb:
+        raise DataError(f"tokenizers differ: {a.path} has vocab {va}, {b.path} has vocab {vb}")
+    ha, hb = tokenizer_hash(a_data), tokenizer_hash(b_data)
+    if ha is not None and hb is not None and ha != hb:
+        raise DataError(
+            f"tokenizers differ: {a_data}/tokenizer.json (run {a.path}) vs "
+            f"{b_data}/tokenizer.json (run {b.path}); per-token losses are not comparable"
+        )
