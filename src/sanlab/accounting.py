@@ -203,13 +203,28 @@ def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **
     """Count the FLOPs of `model(tokens, *args, **kwargs)` with FlopCounterMode.
 
     Matrix products (mm, bmm, addmm, …) and SDPA kernels are counted, SDPA as the full
-    square whatever its mask; elementwise ops are not. Run without gradients.
+    square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
+    forward pass is seen.
     """
     cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping={cpu_flash: _sdpa_flops}) as fc:
         model(tokens, *args, **kwargs)
     by_op = {str(op): int(n) for op, n in fc.get_flop_counts()["Global"].items()}
     return MeasuredFlops(int(fc.get_total_flops()), tokens.numel(), by_op)
+
+
+def accounting_summary(cfg: ModelConfig, seq_len: int, *, causal_half: bool = False) -> dict[str, Any]:
+    """Params and FLOPs per token as plain JSON data (a run's meta.json, a matched arm)."""
+    p, f = count_params(cfg), count_flops(cfg, seq_len, causal_half=causal_half)
+    return {
+        "params_total": p.total,
+        "params_non_embedding": p.non_embedding,
+        "params_embedding": p.embedding,
+        "train_flops_per_token": f.train,
+        "forward_flops_per_token": f.forward,
+        "params_breakdown": p.breakdown,
+        "flops": f.to_dict(),
+    }
 
 
 # --------------------------------------------------------------------------- presets

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
-from sanlab.accounting import FlopCount, ParamCount, count_flops, count_params
+from sanlab.accounting import FlopCount, ParamCount, accounting_summary, count_flops, count_params
 from sanlab.config import ModelConfig, validate
 from sanlab.errors import MatchingError
 
@@ -67,12 +67,7 @@ class Arm:
             "d_ff": c.ffn_dim if c.ffn else None,
             "n_heads": c.n_heads,
             "n_kv_heads": c.n_kv_heads,
-            "params_total": self.params.total,
-            "params_non_embedding": self.params.non_embedding,
-            "params_embedding": self.params.embedding,
-            "train_flops_per_token": self.flops.train,
-            "forward_flops_per_token": self.flops.forward,
-            "flops": self.flops.to_dict(),
+            **accounting_summary(c, self.flops.seq_len, causal_half=self.flops.causal_half),
             "mismatch": self.mismatch,
             "matched_on": self.matched_on,
             "config": c.model_dump(),
