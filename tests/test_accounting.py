@@ -281,6 +281,9 @@ def test_arm_dict_has_the_contract_fields() -> None:
     assert d["params_total"] == count_params(ModelConfig(**d["config"])).total
     assert d["train_flops_per_token"] == d["flops"]["train"] == 3 * d["forward_flops_per_token"]
     assert d["matched_on"] == "train_flops_per_token" and d["mismatch"] < 0
+    # No targets: the reference alone, a one-call way to account for any model.
+    (only,) = match(preset("tiny"), PRESET_SEQ_LEN, targets=())
+    assert only.role == "reference" and only.params == count_params(preset("tiny"))
 
 
 def test_accounting_summary_is_json_data() -> None:
