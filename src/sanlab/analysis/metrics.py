@@ -114,15 +114,15 @@ class CovarianceAccumulator:
 
     def add(self, x: Tensor) -> None:
         """Add rows of x: (N, d)."""
-        x = x.detach().to(torch.float64).cpu()
+        x = x.detach().to(torch.float64)  # reduced where it lives (a GPU), summed on the CPU
         if x.shape[0] == 0:
             return
         if self.shift is None:
-            self.shift = x.mean(0)
-        x = x - self.shift
+            self.shift = x.mean(0).cpu()
+        x = x - self.shift.to(x.device)
         self.n += x.shape[0]
-        self.total += x.sum(0)
-        self.gram += x.T @ x
+        self.total += x.sum(0).cpu()
+        self.gram += (x.T @ x).cpu()
 
     def centred_singular_values(self) -> Tensor:
         """Singular values of the centred data matrix, descending: (d,)."""
