@@ -1,0 +1,133 @@
+"""One pass of a model over the fixed evaluation sample feeds every per-token measurement.
+
+The sample is a fixed set of held-out rows (same rows, same order for every run), so
+per-token losses of two runs pair up exactly. During the pass, forward hooks on the
+model's stable hook points reduce attention patterns and residual-stream states to
+running sums immediately: memory holds one layer's activations at a time, which is
+what lets a deep model or a long row be analysed in batches on a GPU.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from sanlab.analysis.attention import AttentionCollector
+from sanlab.analysis.losses import TokenTable
+from sanlab.analysis.metrics import segment_positions
+from sanlab.analysis.stream import StreamCollector, stream_hooks
+from sanlab.data.regions import PAD_ID
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """Held-out rows, all (R, T) on the CPU, plus per-token exercise-type indices.
+
+    `token_counts` (V,) counts token ids over the training split, for frequency buckets.
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    segment_ids: Tensor
+    region_ids: Tensor
+    loss_mask: Tensor
+    exercise: Tensor
+    exercise_names: tuple[str, ...]
+    token_counts: Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        return int(self.inputs.shape[0])
+
+    def token_table(self) -> TokenTable:
+        """Attributes of the loss-masked target tokens, flattened row-major."""
+        m = self.loss_mask.bool()
+        pos, _ = segment_positions(self.segment_ids)  # (R, T)
+        return TokenTable(
+            region=self.region_ids[m],
+            exercise=self.exercise[m],
+            position=pos[m],
+            token=self.targets[m],
+            exercise_names=self.exercise_names,
+        )
+
+
+@dataclass
+class EvalResult:
+    """Per-token losses (N,) over the loss-masked targets, and the collectors' rows."""
+
+    losses: Tensor
+    attention: dict[str, list[dict]] | None
+    stream: list[dict] | None
+
+
+@contextmanager
+def _reducers(model: nn.Module, fns: dict[str, Callable[[Tensor], None]]) -> Iterator[None]:
+    """Call fns[name](output) each time hook point `name` fires, without keeping the tensor.
+
+    Names the model lacks (a mixer variant without an attention pattern) are skipped.
+    """
+    from sanlab.model.hooks import hook_names
+
+    present = set(hook_names(model))
+    handles = [
+        model.get_submodule(name).register_forward_hook(lambda _m, _i, out, fn=fn: fn(out.detach()))
+        for name, fn in fns.items()
+        if name in present
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    sample: EvalSample,
+    *,
+    batch_rows: int = 4,
+    device: str | torch.device = "cpu",
+    attention: bool = True,
+    stream: bool = True,
+    normalize_attention: bool = False,
+) -> EvalResult:
+    """Run `model` over `sample` in batches of `batch_rows`; fp32 throughout.
+
+    Attention and stream statistics use every real (non-PAD) input position; losses
+    use the loss-masked targets, in the order of `sample.token_table()`.
+    """
+    from sanlab.model.lm import token_losses
+
+    cfg = model.cfg  # type: ignore[attr-defined]
+    n_layers = cfg.n_layers
+    att = AttentionCollector(n_layers) if attention else None
+    st = StreamCollector(stream_hooks(n_layers), cfg.d_model) if stream else None
+    losses: list[Tensor] = []
+    model = model.to(device).eval()
+    for lo in range(0, sample.rows, batch_rows):
+        sl = slice(lo, lo + batch_rows)
+        inputs = sample.inputs[sl].to(device)
+        seg = sample.segment_ids[sl].to(device)
+        real = inputs != PAD_ID  # (B, T)
+        fns: dict[str, Callable[[Tensor], None]] = {}
+        if att is not None:
+            for i in range(n_layers):
+                fns[f"blocks.{i}.attn.pattern"] = lambda a, i=i: att.add(i, a, seg, real)
+        if st is not None:
+            for name in st.names:
+                fns[name] = lambda x, name=name: st.add(name, x, real)
+        with _reducers(model, fns):
+            logits = model(inputs, seg)  # (B, T, V)
+        tl = token_losses(logits, sample.targets[sl].to(device))  # (B, T)
+        losses.append(tl[sample.loss_mask[sl].to(device).bool()].to("cpu", torch.float64))
+    return EvalResult(
+        losses=torch.cat(losses) if losses else torch.zeros(0, dtype=torch.float64),
+        attention=att.results(normalize_attention) if att is not None else None,
+        stream=st.results() if st is not None else None,
+    )
