@@ -1,0 +1,327 @@
+"""Expand a study spec into arms and runs (SPEC §1.2–1.4).
+
+Arms: the reference, one standard partner per requested matching (built by the same
+solver as `sanlab match`), the explicit `[[arms]]`, and — for the noise floor only —
+the reference with its norm swapped (zcrms ↔ rms).
+
+Runs are identified by what they train, `san-L20-d512-muon-lr0.02-5B-s42`
+(arm, depth, width, optimizer, LR, tokens, seed), so two phases that ask for the same
+training (a sweep point at a final budget, the zcrms half of the noise pair and the
+reference's final run) share one run instead of training it twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from sanlab.config import Config, ModelConfig, to_toml_dict, validate
+from sanlab.errors import ConfigError
+from sanlab.matching import match
+from sanlab.study.spec import (
+    ArmKind,
+    Optimizer,
+    StudySpec,
+    format_tokens,
+    reference_name,
+)
+from sanlab.study.sweep import SweepDecision, decide
+
+MATCH_TARGETS = {"iso_param": "params", "iso_flop": "flops", "iso_depth": "depth"}
+# Outcomes that are results; `failed` and `interrupted` are retried by the next `study run`.
+FINAL_STATUSES = ("completed", "diverged")
+
+
+@dataclass(frozen=True)
+class StudyArm:
+    """One model of the study with its accounting (SPEC §1.2 counting convention)."""
+
+    name: str
+    role: str  # reference | iso-param | iso-FLOP | iso-depth | explicit | noise
+    model: ModelConfig
+    params_total: int
+    params_non_embedding: int
+    flops_per_token: int  # training FLOPs per token (3 × forward)
+    mismatch: float | None = None  # signed relative mismatch in the matched quantity
+
+    @property
+    def kind(self) -> ArmKind:
+        return "ffn" if self.model.ffn else "san"
+
+    @property
+    def label(self) -> str:
+        m = self.model
+        return f"{m.n_layers}L d{m.d_model} " + (f"d_ff {m.ffn_dim}" if m.ffn else "no FFN")
+
+
+@dataclass
+class PlannedRun:
+    """One training run of the study."""
+
+    run_id: str
+    arm: str
+    kind: ArmKind
+    optimizer: Optimizer
+    phases: list[str]  # sweep | final | noise (several when phases share the run)
+    multiplier: float | None  # LR multiplier of the arm's base LR (sweep points)
+    lr: float
+    seed: int
+    tokens: int
+    config: Config
+    params_total: int
+    params_non_embedding: int
+    flops_per_token: int
+    note: str = ""
+
+    @property
+    def phase(self) -> str:
+        return "+".join(self.phases)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "arm": self.arm, "kind": self.kind, "optimizer": self.optimizer,
+            "phases": list(self.phases), "multiplier": self.multiplier, "lr": self.lr,
+            "seed": self.seed, "tokens": self.tokens, "params_total": self.params_total,
+            "params_non_embedding": self.params_non_embedding,
+            "flops_per_token": self.flops_per_token, "note": self.note,
+            "config": to_toml_dict(self.config),
+        }
+
+
+# --------------------------------------------------------------------------- arms
+
+
+def _study_arm(name: str, role: str, model: ModelConfig, seq_len: int, causal_half: bool,
+               mismatch: float | None = None) -> StudyArm:
+    # One reference-only call of the solver gives the accounting of any single model.
+    (a,) = match(model, seq_len, targets=(), causal_half=causal_half)
+    return StudyArm(name, role, model, a.params.total, a.params.non_embedding, a.flops.train, mismatch)
+
+
+def build_arms(spec: StudySpec) -> list[StudyArm]:
+    """Reference first, then the matched partners in spec order, then explicit arms.
+
+    Raises `MatchingError` (one line) when a partner is impossible or beyond tolerance.
+    """
+    m, seq_len = spec.matching, spec.data.seq_len
+    solved = match(
+        spec.model, seq_len,
+        targets=[MATCH_TARGETS[a] for a in m.arms],  # type: ignore[misc]
+        policy=m.policy, tolerance=m.tolerance, causal_half=m.causal_half, vary=m.vary,
+        partner=m.partner,
+    )
+    ref = solved[0]
+    arms = [StudyArm(reference_name(spec), "reference", spec.model, ref.params.total,
+                     ref.params.non_embedding, ref.flops.train)]
+    for name, a in zip(m.arms, solved[1:]):
+        arms.append(StudyArm(name, a.role, a.config, a.params.total, a.params.non_embedding,
+                             a.flops.train, a.mismatch))
+    for explicit in spec.arms:
+        model = validate(ModelConfig, {**spec.model.model_dump(), **explicit.model},
+                         source=f"arms.{explicit.name}.model")
+        arms.append(_study_arm(explicit.name, "explicit", model, seq_len, m.causal_half))
+    return arms
+
+
+def noise_arm(spec: StudySpec) -> StudyArm:
+    """The reference with its norm swapped: the other half of the noise-floor pair."""
+    other = "rms" if spec.model.norm == "zcrms" else "zcrms"
+    model = spec.model.model_copy(update={"norm": other})
+    return _study_arm(f"{reference_name(spec)}_{other}", "noise", model, spec.data.seq_len,
+                      spec.matching.causal_half)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def round_lr(lr: float) -> float:
+    """Six significant digits: base × multiplier without float noise in run ids."""
+    return float(f"{lr:.6g}")
+
+
+def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int) -> str:
+    m = arm.model
+    return f"{arm.name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
+
+
+def make_run(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, lr: float, seed: int,
+             tokens: int, phase: str, data_dir: str, *, multiplier: float | None = None,
+             note: str = "") -> PlannedRun:
+    """One run: the spec's base `optim` / `train` settings with this arm, LR, seed and budget."""
+    data = {"dir": data_dir, "seq_len": spec.data.seq_len}
+    cfg = validate(Config, {
+        "model": arm.model.model_dump(),
+        "data": data,
+        "optim": {**spec.optim.model_dump(), "name": optimizer, "lr": lr},
+        "train": {**spec.train.model_dump(), "tokens": tokens, "seed": seed, "steps": None},
+    }, source=f"run {arm.name}")
+    return PlannedRun(run_id(arm, optimizer, lr, tokens, seed), arm.name, arm.kind, optimizer,
+                      [phase], multiplier, lr, seed, tokens, cfg, arm.params_total,
+                      arm.params_non_embedding, arm.flops_per_token, note)
+
+
+def merge(runs: Iterable[PlannedRun]) -> list[PlannedRun]:
+    """Merge runs with the same id (same training), keeping every phase that asked for it."""
+    out: dict[str, PlannedRun] = {}
+    for r in runs:
+        if r.run_id in out:
+            kept = out[r.run_id]
+            if kept.config != r.config:
+                raise ConfigError(f"two different runs would share the id {r.run_id}; rename an arm")
+            kept.phases.extend(p for p in r.phases if p not in kept.phases)
+            kept.multiplier = kept.multiplier if kept.multiplier is not None else r.multiplier
+            kept.note = kept.note or r.note
+        else:
+            out[r.run_id] = r
+    return list(out.values())
+
+
+def cells(spec: StudySpec, arms: list[StudyArm]) -> list[tuple[StudyArm, Optimizer]]:
+    """The arm × optimizer cells; each gets its own LR sweep and lock."""
+    return [(a, o) for a in arms for o in spec.optimizers]
+
+
+def sweep_results(spec: StudySpec, arm: StudyArm, optimizer: str, records: Mapping[str, dict],
+                  attempted: set[str]) -> dict[float, float | None]:
+    """Multiplier -> val loss of this cell's finished sweep points.
+
+    Diverged points count as infinitely bad (None). Failed or interrupted points count
+    so only if this invocation already retried them; otherwise they are re-run.
+    """
+    out: dict[float, float | None] = {}
+    for rid, rec in records.items():
+        if (rec.get("arm") != arm.name or rec.get("optimizer") != optimizer
+                or "sweep" not in rec.get("phases", []) or rec.get("multiplier") is None
+                or rec.get("tokens") != spec.sweep.tokens or rec.get("seed") != spec.sweep_seed):
+            continue
+        status = rec.get("status")
+        if status == "completed":
+            out[float(rec["multiplier"])] = (rec.get("final") or {}).get("val_loss")
+        elif status == "diverged" or rid in attempted:
+            out[float(rec["multiplier"])] = None
+    return out
+
+
+def cell_decision(spec: StudySpec, results: Mapping[float, float | None]) -> SweepDecision:
+    return decide(spec.sweep.multipliers, results, extend=spec.sweep.extend,
+                  max_extensions=spec.sweep.max_extensions)
+
+
+def sweep_runs(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, multipliers: Iterable[float],
+               data_dir: str, note: str = "") -> list[PlannedRun]:
+    base = spec.sweep.base_lr.get(arm.kind, optimizer)
+    return [make_run(spec, arm, optimizer, round_lr(base * m), spec.sweep_seed, spec.sweep.tokens,
+                     "sweep", data_dir, multiplier=m, note=note) for m in multipliers]
+
+
+def final_runs(spec: StudySpec, arms: list[StudyArm], locks: Mapping[tuple[str, str], float],
+               data_dir: str, note: str = "") -> list[PlannedRun]:
+    """Every arm × optimizer × budget × seed at its locked LR, plus the noise-floor pair.
+
+    Cells without a lock (every sweep point failed) are left out.
+    """
+    runs: list[PlannedRun] = []
+    for arm, opt in cells(spec, arms):
+        if (arm.name, opt) not in locks:
+            continue
+        for tokens in spec.final.tokens:
+            for seed in spec.seeds:
+                runs.append(make_run(spec, arm, opt, locks[(arm.name, opt)], seed, tokens,
+                                     "final", data_dir, note=note))
+    ref = arms[0]
+    opt = spec.noise_optimizer
+    if spec.noise.enabled and (ref.name, opt) in locks:
+        lr = locks[(ref.name, opt)]
+        for arm in (ref, noise_arm(spec)):
+            for seed in spec.noise_seeds:
+                runs.append(make_run(spec, arm, opt, lr, seed, spec.noise_tokens, "noise", data_dir,
+                                     note=note))
+    return runs
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass
+class StudyPlan:
+    """Every run a study will do as far as it is known now, with its cost."""
+
+    arms: list[StudyArm]
+    runs: list[PlannedRun]
+    notes: list[str] = field(default_factory=list)
+    tokens_per_s: float = 0.0
+    workers: int = 1
+
+    def run_seconds(self, run: PlannedRun) -> float:
+        """Time estimate: the reference's throughput scaled by FLOPs per token."""
+        ref_flops = self.arms[0].flops_per_token
+        return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+
+    @property
+    def total_flops(self) -> float:
+        return float(sum(r.flops_per_token * r.tokens for r in self.runs))
+
+    @property
+    def total_seconds(self) -> float:
+        """Wall time with the runs spread evenly over the workers."""
+        return sum(self.run_seconds(r) for r in self.runs) / self.workers
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "arms": [{"name": a.name, "role": a.role, "kind": a.kind, "label": a.label,
+                      "params_total": a.params_total, "params_non_embedding": a.params_non_embedding,
+                      "train_flops_per_token": a.flops_per_token, "mismatch": a.mismatch,
+                      "model": a.model.model_dump()} for a in self.arms],
+            "runs": [{**r.to_dict(), "est_seconds": self.run_seconds(r),
+                      "flops": r.flops_per_token * r.tokens} for r in self.runs],
+            "notes": self.notes,
+            "total_flops": self.total_flops,
+            "est_seconds": self.total_seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "workers": self.workers,
+        }
+
+
+def default_data_dir(spec: StudySpec, study_dir: str | Path | None) -> str:
+    """Where the study reads its data: `data.dir`, else `data/` inside the study dir."""
+    if spec.data.dir is not None:
+        return spec.data.dir
+    return str(Path(study_dir) / "data") if study_dir is not None else "<study dir>/data"
+
+
+def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
+               records: Mapping[str, dict] | None = None,
+               locks: Mapping[tuple[str, str], float] | None = None) -> StudyPlan:
+    """The runs known now. Without results: the initial sweep grid, and final runs at
+    the base LR (×1) marked as provisional, since the sweep decides their LR."""
+    records = records or {}
+    data_dir = default_data_dir(spec, study_dir)
+    arms = build_arms(spec)
+    runs: list[PlannedRun] = []
+    notes: list[str] = []
+    known_locks: dict[tuple[str, str], float] = dict(locks or {})
+    if spec.sweep.enabled:
+        ext = (f"boundary extension on (×2 / ×½ steps, at most {spec.sweep.max_extensions} per cell)"
+               if spec.sweep.extend else "boundary extension off")
+        notes.append(f"sweep: multipliers {spec.sweep.multipliers} of each cell's base LR at "
+                     f"{format_tokens(spec.sweep.tokens)} tokens, seed {spec.sweep_seed}; {ext}")
+        for arm, opt in cells(spec, arms):
+            results = sweep_results(spec, arm, opt, records, set())
+            tried = sorted(set(results) | set(spec.sweep.multipliers))
+            decision = cell_decision(spec, results)
+            runs += sweep_runs(spec, arm, opt, tried, data_dir)
+            if decision.pending and set(decision.pending) - set(tried):
+                runs += sweep_runs(spec, arm, opt, decision.pending, data_dir,
+                                   note="boundary extension")
+    provisional = {}
+    for arm, opt in cells(spec, arms):
+        if (arm.name, opt) not in known_locks:
+            provisional[(arm.name, opt)] = round_lr(spec.sweep.base_lr.get(arm.kind, opt))
+    runs += final_runs(spec, arms, provisional, data_dir,
+                       note="LR set by the sweep" if spec.sweep.enabled else "")
+    runs += final_runs(spec, arms, known_locks, data_dir)
+    if provisional and spec.sweep.enabled:
+        notes.append("final / noise runs show the base LR (×1); the sweep locks the real LR, "
+                     "so their LR and run id may change")
+    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, spec.runner.workers)

@@ -1,0 +1,306 @@
+"""The study spec: one TOML file that describes a whole controlled study (SPEC §1.2–1.4).
+
+A study spec is a run config (`model`, `optim`, `train`, `data`) for the *reference*
+arm, plus what the study does around it: which matched arms to build, how to sweep
+their learning rates, how long to train them and with which seeds, the noise-floor
+control and where to run. Keeping the run sections identical to `sanlab.config.Config`
+means a user promotes a single run to a study by adding sections, and every value is
+validated by the same code as a run config (unknown key or wrong type → one line
+naming the key).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Sequence
+
+from pydantic import BeforeValidator, model_validator
+
+from sanlab.config import (
+    DataConfig,
+    ModelConfig,
+    OptimConfig,
+    StrictModel,
+    TrainConfig,
+    apply_overrides,
+    load_toml,
+)
+
+Optimizer = Literal["muon", "adamw"]
+Matching = Literal["iso_param", "iso_flop", "iso_depth"]
+ArmKind = Literal["san", "ffn"]
+
+_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+_TOKENS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMBGT]?)\s*$", re.IGNORECASE)
+
+
+def _parse_tokens(value: Any) -> Any:
+    """Accept token counts as integers or as "5B" / "2.5M" strings, which read like the paper."""
+    if isinstance(value, str):
+        m = _TOKENS_RE.match(value)
+        if not m:
+            raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M')")
+        return int(round(float(m.group(1)) * _SUFFIX.get(m.group(2).upper(), 1)))
+    return value
+
+
+Tokens = Annotated[int, BeforeValidator(_parse_tokens)]
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
+
+
+def format_tokens(n: int) -> str:
+    """Short form used in run ids and tables: 5000000000 -> '5B', 2500000 -> '2.5M'."""
+    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.4g}{suffix}"
+    return str(n)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+class StudyData(DataConfig):
+    """The prepared data dir, or how to prepare it.
+
+    With `corpus` set the study runs `sanlab prepare` into `dir` (default: `data/` inside
+    the study dir) unless that dir already holds a prepared corpus; without it `dir`
+    must already exist.
+    """
+
+    corpus: str | None = None
+    tokens: Tokens | None = None  # corpus size to prepare
+    prepare: list[str] = []  # extra `key=value` settings passed to `sanlab prepare`
+
+    @model_validator(mode="after")
+    def _check_source(self) -> "StudyData":
+        if self.dir is None and self.corpus is None:
+            raise ValueError("set data.dir (a prepared dir) or data.corpus (to prepare one)")
+        if self.corpus is not None and (self.tokens is None or self.tokens <= 0):
+            raise ValueError("data.corpus needs data.tokens (how many tokens to prepare)")
+        for item in self.prepare:
+            if "=" not in item:
+                raise ValueError(f"data.prepare entry {item!r} is not key=value")
+        return self
+
+
+class MatchingSpec(StrictModel):
+    """Which standard arms to match to the reference (SPEC §1.2) and how.
+
+    The solver (`sanlab.matching.match`, the same as `sanlab match`) searches the
+    partner's depth (or width) under `policy`: `at_most` is the paper's Table 1.
+    `tolerance` is the largest |relative mismatch| accepted for iso-param
+    (non-embedding parameters) and iso-FLOP (training FLOPs per token); beyond it the
+    study refuses to start rather than compare unmatched arms. `partner` holds model
+    keys in which the partners differ from the reference besides `ffn`.
+    """
+
+    arms: list[Matching] = ["iso_param", "iso_flop", "iso_depth"]
+    policy: Literal["at_most", "nearest", "at_least"] = "at_most"
+    tolerance: float | None = 0.25
+    vary: Literal["depth", "width"] = "depth"
+    causal_half: bool = False  # count attention FLOPs over the causal half, not the full square
+    partner: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> "MatchingSpec":
+        if len(set(self.arms)) != len(self.arms):
+            raise ValueError("matching.arms lists a matching twice")
+        if self.tolerance is not None and not 0 <= self.tolerance:
+            raise ValueError(f"tolerance must be >= 0, got {self.tolerance}")
+        return self
+
+
+class ArmSpec(StrictModel):
+    """An explicit arm: the reference model with `model` keys replaced."""
+
+    name: str
+    model: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _check(self) -> "ArmSpec":
+        if not _NAME_RE.match(self.name):
+            raise ValueError(f"arm name {self.name!r}: use lower-case letters, digits and _")
+        return self
+
+
+class BaseLR(StrictModel):
+    """Base learning rate per arm kind × optimizer (SPEC §1.3, single-device values)."""
+
+    san_muon: float = 0.02
+    ffn_muon: float = 0.04
+    san_adamw: float = 6e-4
+    ffn_adamw: float = 2.4e-3
+
+    def get(self, kind: ArmKind, optimizer: Optimizer) -> float:
+        return float(getattr(self, f"{kind}_{optimizer}"))
+
+    @model_validator(mode="after")
+    def _check(self) -> "BaseLR":
+        for key, value in self.model_dump().items():
+            if value <= 0:
+                raise ValueError(f"{key} must be positive, got {value}")
+        return self
+
+
+class SweepSpec(StrictModel):
+    """The per-arm × optimizer LR sweep with boundary extension (SPEC §1.4)."""
+
+    enabled: bool = True  # false: every arm trains at its base LR
+    tokens: Tokens = 5_000_000_000
+    multipliers: list[float] = [0.5, 1.0, 2.0]
+    extend: bool = True  # add ×2 / ×½ points while the best sits at an edge
+    max_extensions: int = 4  # per arm × optimizer, both directions together
+    seed: int | None = None  # None: the first of `seeds`
+    base_lr: BaseLR = BaseLR()
+
+    @model_validator(mode="after")
+    def _check(self) -> "SweepSpec":
+        if self.tokens <= 0:
+            raise ValueError("sweep.tokens must be positive")
+        if not self.multipliers or any(m <= 0 for m in self.multipliers):
+            raise ValueError("sweep.multipliers must be a non-empty list of positive numbers")
+        if len(set(self.multipliers)) != len(self.multipliers):
+            raise ValueError("sweep.multipliers lists a value twice")
+        if self.max_extensions < 0:
+            raise ValueError("sweep.max_extensions must be >= 0")
+        return self
+
+
+class FinalSpec(StrictModel):
+    """The long runs at the locked LRs: every budget × seed (SPEC §1.6's 5B/30B/105B axis)."""
+
+    tokens: list[Tokens] = [105_000_000_000]
+
+    @model_validator(mode="after")
+    def _check(self) -> "FinalSpec":
+        if not self.tokens or any(t <= 0 for t in self.tokens):
+            raise ValueError("final.tokens must be a non-empty list of positive budgets")
+        if len(set(self.tokens)) != len(self.tokens):
+            raise ValueError("final.tokens lists a budget twice")
+        return self
+
+
+class NoiseSpec(StrictModel):
+    """The noise-floor control pair (SPEC §1.4): the reference arm with norm=zcrms and
+    norm=rms, which the optimizer cannot tell apart (weight decay on matrices only).
+    Their gap is the floor every reported gap is read against."""
+
+    enabled: bool = True
+    optimizer: Optimizer | None = None  # None: the first of `optimizers`
+    tokens: Tokens | None = None  # None: the largest final budget
+    seeds: list[int] | None = None  # None: the study's seeds
+
+
+class SlurmSpec(StrictModel):
+    """SLURM parameters handed to submitit (`slurm_*` in submitit's names)."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    time_min: int = 24 * 60
+    cpus_per_task: int = 8
+    mem_gb: int | None = None
+    nodes: int = 1  # >1: a run spans nodes (torchrun rendezvous on the first node)
+    array_parallelism: int = 64
+    # Run with submitit's local executor instead of sbatch: the same code path on one machine.
+    local: bool = False
+
+
+class RunnerSpec(StrictModel):
+    """Where runs execute. `local`: `workers` processes on this machine, one run per
+    process, CPU threads split between them. `slurm`: one submitit job per run."""
+
+    kind: Literal["local", "slurm"] = "local"
+    workers: int = 1
+    threads: int | None = None  # torch threads per run; None: cores // workers
+    gpus_per_run: int = 0  # >1: the run starts through torchrun
+    # Throughput of the reference arm on one worker, for the time estimate in `study plan`;
+    # other arms are scaled by their FLOPs per token.
+    tokens_per_s: float = 9000.0
+    slurm: SlurmSpec = SlurmSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> "RunnerSpec":
+        if self.workers <= 0:
+            raise ValueError(f"runner.workers must be positive, got {self.workers}")
+        if self.threads is not None and self.threads <= 0:
+            raise ValueError(f"runner.threads must be positive, got {self.threads}")
+        if self.gpus_per_run < 0:
+            raise ValueError("runner.gpus_per_run must be >= 0")
+        if self.tokens_per_s <= 0:
+            raise ValueError("runner.tokens_per_s must be positive")
+        return self
+
+
+class StudySpec(StrictModel):
+    """A whole study. `model` is the reference arm (normally the SAN, `ffn = false`)."""
+
+    name: str = "study"
+    optimizers: list[Optimizer] = ["muon"]
+    seeds: list[int] = [42]
+    model: ModelConfig = ModelConfig()
+    data: StudyData
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    matching: MatchingSpec = MatchingSpec()
+    arms: list[ArmSpec] = []
+    sweep: SweepSpec = SweepSpec()
+    final: FinalSpec = FinalSpec()
+    noise: NoiseSpec = NoiseSpec()
+    runner: RunnerSpec = RunnerSpec()
+
+    @model_validator(mode="after")
+    def _check(self) -> "StudySpec":
+        if not _NAME_RE.match(self.name.replace("-", "_")):
+            raise ValueError(f"name {self.name!r}: use lower-case letters, digits, - and _")
+        if not self.optimizers or len(set(self.optimizers)) != len(self.optimizers):
+            raise ValueError("optimizers must list muon and/or adamw, each once")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError("seeds must be a non-empty list of distinct integers")
+        # The study sets these per run; a value here would be silently ignored.
+        for key in ("tokens", "steps", "seed"):
+            if key in self.train.model_fields_set:
+                raise ValueError(f"train.{key} is set per run by the study (sweep/final/seeds)")
+        for key in ("name", "lr"):
+            if key in self.optim.model_fields_set:
+                raise ValueError(f"optim.{key} is set per run by the study (optimizers/sweep)")
+        if self.noise.optimizer is not None and self.noise.optimizer not in self.optimizers:
+            raise ValueError(f"noise.optimizer={self.noise.optimizer} is not one of optimizers")
+        if self.model.ffn and self.matching.arms:
+            raise ValueError("matching.arms needs a SAN reference (model.ffn = false); "
+                             "for a standard reference list [[arms]] and set matching.arms = []")
+        if not self.matching.arms and not self.arms:
+            raise ValueError("nothing to compare: set matching.arms or list [[arms]]")
+        names = [a.name for a in self.arms]
+        reserved = {reference_name(self), *self.matching.arms, f"{reference_name(self)}_rms"}
+        if len(set(names)) != len(names) or reserved & set(names):
+            raise ValueError("arms: names must be distinct and differ from the reference and matched arms")
+        return self
+
+    @property
+    def sweep_seed(self) -> int:
+        return self.sweep.seed if self.sweep.seed is not None else self.seeds[0]
+
+    @property
+    def noise_optimizer(self) -> Optimizer:
+        return self.noise.optimizer or self.optimizers[0]
+
+    @property
+    def noise_tokens(self) -> int:
+        return self.noise.tokens or max(self.final.tokens)
+
+    @property
+    def noise_seeds(self) -> list[int]:
+        return self.noise.seeds if self.noise.seeds is not None else list(self.seeds)
+
+
+def reference_name(spec: StudySpec) -> str:
+    """The reference arm's name: `san` for an attention-only reference, else `ref`."""
+    return "ref" if spec.model.ffn else "san"
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> StudySpec:
+    """Load and validate a study spec; `overrides` are `section.key=value` strings."""
+    return apply_overrides(StudySpec, load_toml(path), overrides, source=str(path))
