@@ -1,0 +1,140 @@
+"""Parameter routing and the optimizers of SPEC §1.3.
+
+The routing is an explicit table over parameter names and shapes, built outside the
+model and asserted complete: every parameter lands in exactly one group.
+
+    group          parameters                              muon arm             adamw arm
+    matrix         every 2-D parameter but embed.weight    Muon, decay 0.01     AdamW, decay 0.01
+                   (wq wk wv wo; w_gate w_up w_down; any
+                   2-D weight a variant adds)
+    embedding      embed.weight (tied with the head)       AdamW, no decay      AdamW, no decay
+    gain_or_gate   every parameter with fewer than 2 dims   AdamW, no decay      AdamW, no decay
+                   (norm gains, QK gains, residual gates)
+    frozen         requires_grad=False (frozen variants)   not optimized        not optimized
+
+In the AdamW-only arm the embedding is treated like the gains (no decay), so the two
+arms differ only in how the hidden matrices are updated. The Muon arm runs AdamW at
+`adam_lr` (3e-4 in the paper) beside Muon at `lr`; the AdamW arm runs everything at `lr`.
+Each group stores its peak rate as `peak_lr`; the schedule scales it each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
+
+import torch
+from torch import nn
+
+from sanlab.config import OptimConfig
+from sanlab.errors import ConfigError
+
+Group = Literal["matrix", "embedding", "gain_or_gate", "frozen"]
+GROUPS: tuple[Group, ...] = ("matrix", "embedding", "gain_or_gate", "frozen")
+
+
+def classify(name: str, param: nn.Parameter) -> Group:
+    """The routing rule for one parameter (see the module table)."""
+    if not param.requires_grad:
+        return "frozen"
+    if name == "embed.weight":
+        return "embedding"
+    if param.ndim == 2:
+        return "matrix"
+    if param.ndim < 2:
+        return "gain_or_gate"
+    raise ConfigError(f"cannot route parameter {name} with shape {tuple(param.shape)}")
+
+
+def route(model: nn.Module) -> dict[Group, list[tuple[str, nn.Parameter]]]:
+    """Split the model's parameters into the routing groups, asserting completeness."""
+    groups: dict[Group, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUPS}
+    for name, p in model.named_parameters():
+        groups[classify(name, p)].append((name, p))
+    routed = [id(p) for members in groups.values() for _, p in members]
+    every = [id(p) for p in model.parameters()]
+    assert len(routed) == len(set(routed)) == len(every) and set(routed) == set(every), (
+        "parameter routing is not a partition of the model's parameters"
+    )
+    return groups
+
+
+def routing_table(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """A JSON summary of the routing (for meta.json): names and element count per group."""
+    return {
+        g: {"params": [n for n, _ in members], "numel": sum(p.numel() for _, p in members)}
+        for g, members in route(model).items()
+    }
+
+
+@dataclass
+class Optimizers:
+    """The one or two torch optimizers of a run, stepped together.
+
+    A thin list rather than a merged optimizer: each side stays the unmodified torch
+    reference (`torch.optim.Muon`, `torch.optim.AdamW`), which is what the tests compare.
+    """
+
+    optimizers: list[torch.optim.Optimizer]
+    names: list[list[list[str]]]  # optimizer -> param group -> parameter names (checkpoint keys)
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def set_lr(self, multiplier: float) -> None:
+        """Scale every group's peak rate by the schedule multiplier."""
+        for group in self.param_groups():
+            group["lr"] = group["peak_lr"] * multiplier
+
+    def param_groups(self) -> Iterable[dict[str, Any]]:
+        for opt in self.optimizers:
+            yield from opt.param_groups
+
+    def params(self) -> list[nn.Parameter]:
+        return [p for g in self.param_groups() for p in g["params"]]
+
+
+def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
+    """Build the optimizers for `cfg.name` (muon | adamw) from the routing table."""
+    groups = route(model)
+    matrices, rest = groups["matrix"], groups["embedding"] + groups["gain_or_gate"]
+    adam_kw = dict(betas=(cfg.beta1, cfg.beta2), eps=cfg.eps)
+    opts: list[torch.optim.Optimizer] = []
+    names: list[list[list[str]]] = []
+
+    def group(members: list[tuple[str, nn.Parameter]], lr: float, wd: float) -> dict[str, Any]:
+        return {"params": [p for _, p in members], "lr": lr, "peak_lr": lr, "weight_decay": wd}
+
+    if cfg.name == "muon":
+        if matrices:
+            opts.append(torch.optim.Muon(
+                [group(matrices, cfg.lr, cfg.weight_decay)],
+                lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
+                nesterov=cfg.nesterov, ns_coefficients=tuple(cfg.ns_coefficients),
+                ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.muon_adjust_lr,
+            ))
+            names.append([[n for n, _ in matrices]])
+        if rest:
+            opts.append(torch.optim.AdamW([group(rest, cfg.adam_lr, 0.0)], lr=cfg.adam_lr, **adam_kw))
+            names.append([[n for n, _ in rest]])
+    else:
+        param_groups = [group(m, cfg.lr, wd) for m, wd in ((matrices, cfg.weight_decay), (rest, 0.0)) if m]
+        opts.append(torch.optim.AdamW(param_groups, lr=cfg.lr, **adam_kw))
+        names.append([[n for n, _ in m] for m in (matrices, rest) if m])
+    return Optimizers(opts, names)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Global gradient-norm clip over all parameters; returns the norm before clipping.
+
+    `max_norm <= 0` disables clipping but still reports the norm (a divergence signal).
+    """
+    grads = [p for p in params if p.grad is not None]
+    if max_norm > 0:
+        return float(torch.nn.utils.clip_grad_norm_(grads, max_norm))
+    return float(torch.nn.utils.get_total_norm([p.grad for p in grads]))
