@@ -1,0 +1,312 @@
+"""`sanlab prepare`: corpus → tokenizer → packed shards + manifest, written atomically.
+
+    sanlab prepare --corpus synth --out data/synth --tokens 2M
+    sanlab prepare --corpus kjv --out data/kjv
+    sanlab prepare --corpus text notes/*.txt books.jsonl --out data/mine text.field=body
+    sanlab prepare --corpus hf HuggingFaceFW/fineweb-edu hf.subset=sample-10BT --out data/fw --tokens 50M
+
+Everything is built in a temp dir next to `--out` and renamed into place at the end, so an
+interrupted or failed prepare never leaves a directory that looks complete (the manifest,
+with its checksums, is the last file written).
+
+The validation split is chosen per document by a seeded hash of its position in the
+corpus stream, so it is disjoint from training by construction and independent of batch
+sizes or chunking. The tokenizer is trained on training documents only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+from pydantic import model_validator
+from rich.console import Console
+from rich.table import Table
+
+from sanlab import __version__
+from sanlab.config import StrictModel, apply_overrides, load_toml
+from sanlab.data.regions import REGION_NAMES, Document
+from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
+from sanlab.data.synth import EXERCISES, SynthConfig, documents
+from sanlab.data.text import HFConfig, TextConfig, file_documents, hf_documents, kjv_documents
+from sanlab.data.tokenizer import (
+    TOKENIZER_FILE,
+    encode_documents,
+    load_tokenizer,
+    save_tokenizer,
+    train_tokenizer,
+    vocab_problem,
+)
+from sanlab.errors import ConfigError, DataError
+
+CORPORA = ("synth", "text", "hf", "kjv")
+_ENCODE_CHUNK = 256  # documents per batched encode call
+
+
+class PrepareConfig(StrictModel):
+    """Everything that determines a prepared dir (stored in its manifest)."""
+
+    corpus: Literal["synth", "text", "hf", "kjv"] = "synth"
+    tokens: int | None = None  # training tokens to write (at least); None = whole corpus (not synth)
+    seq_len: int = 256
+    vocab_size: int = 2048  # 16384 at paper scale (SPEC §1.5)
+    val_frac: float = 0.02  # share of documents held out for validation
+    seed: int = 0
+    tokenizer: str | None = None  # reuse a tokenizer: a prepared dir or a tokenizer.json
+    tokenizer_sample_chars: int = 4_000_000  # training text for the BPE (capped near the corpus size)
+    shard_rows: int = 65_536
+    synth: SynthConfig = SynthConfig()
+    text: TextConfig = TextConfig()
+    hf: HFConfig = HFConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrepareConfig":
+        problem = vocab_problem(self.vocab_size)
+        if problem:
+            raise ValueError(problem)
+        if not 2 <= self.seq_len <= 65_534:  # segment ids are uint16
+            raise ValueError(f"seq_len must lie in [2, 65534], got {self.seq_len}")
+        if not 0.0 < self.val_frac < 1.0:
+            raise ValueError(f"val_frac must lie in (0, 1), got {self.val_frac}")
+        for key in ("tokens", "tokenizer_sample_chars", "shard_rows"):
+            v = getattr(self, key)
+            if v is not None and v <= 0:
+                raise ValueError(f"{key} must be positive, got {v}")
+        if self.seed < 0:
+            raise ValueError(f"seed must be non-negative, got {self.seed}")
+        return self
+
+
+# --------------------------------------------------------------------------- pieces
+
+
+def parse_count(raw: str) -> int:
+    """'2M', '500k', '1e6', '2_000_000' -> int."""
+    m = re.fullmatch(r"\s*([0-9_.eE+]+)\s*([kKmMbBgG]?)\s*", raw)
+    scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+    try:
+        assert m is not None
+        value = float(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
+    except (AssertionError, ValueError):
+        raise ConfigError(f"--tokens {raw!r}: expected a count such as 2M, 500k or 1e6") from None
+    return int(value)
+
+
+def corpus_documents(cfg: PrepareConfig) -> Iterator[Document]:
+    """The chosen corpus as a stream of documents."""
+    if cfg.corpus == "synth":
+        return documents(cfg.synth, cfg.seed)
+    if cfg.corpus == "text":
+        return file_documents(cfg.text)
+    if cfg.corpus == "hf":
+        return hf_documents(cfg.hf)
+    return kjv_documents()
+
+
+def is_val(seed: int, index: int, val_frac: float) -> bool:
+    """Seeded per-document split: splitmix64 of (seed, index) as a uniform in [0, 1)."""
+    mask = (1 << 64) - 1
+    x = (seed * 0x9E3779B97F4A7C15 + index * 0xBF58476D1CE4E5B9 + 0x632BE59BD9B4E019) & mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    x ^= x >> 31
+    return x / 2.0**64 < val_frac
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise DataError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise DataError(f"--out {out}: directory exists and is not empty (use --force to replace it)")
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished temp dir into place; an old `out` is removed only after the swap."""
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+# --------------------------------------------------------------------------- prepare
+
+
+def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console: Console | None = None) -> dict[str, Any]:
+    """Tokenize and pack `cfg`'s corpus into `out`; returns the manifest."""
+    out = Path(out)
+    if cfg.corpus == "synth" and cfg.tokens is None:
+        raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
+    _check_out(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        manifest = _build(cfg, tmp, console)
+        _replace_dir(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    if console is not None:
+        print_summary(manifest, console, out)
+    return manifest
+
+
+def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, Any]:
+    stream = enumerate(corpus_documents(cfg))
+    budget = cfg.tokens
+
+    # Tokenizer: reuse one, or train on the first training documents (kept to pack later).
+    buffered: list[tuple[int, Document]] = []
+    if cfg.tokenizer is not None:
+        tok = load_tokenizer(cfg.tokenizer)
+    else:
+        # ~4 characters per token: a small budget needs only about its own text to train on.
+        want = cfg.tokenizer_sample_chars if budget is None else min(cfg.tokenizer_sample_chars, 5 * budget)
+        chars = 0
+        for index, doc in stream:
+            buffered.append((index, doc))
+            if not is_val(cfg.seed, index, cfg.val_frac):
+                chars += len(doc.plain_text())
+            if chars >= want:
+                break
+        sample = [d.plain_text() for i, d in buffered if not is_val(cfg.seed, i, cfg.val_frac)]
+        if not sample:
+            raise DataError("the corpus yielded no training documents")
+        if console is not None:
+            console.print(f"training a {cfg.vocab_size}-token BPE on {sum(map(len, sample)):,} characters")
+        tok = train_tokenizer(sample, cfg.vocab_size)
+    vocab = tok.get_vocab_size()
+    tok_path = save_tokenizer(tok, tmp)
+
+    exercises: dict[str, int] = {e: i for i, e in enumerate(EXERCISES)} if cfg.corpus == "synth" else {}
+    writers = {s: SplitWriter(tmp, s, cfg.seq_len, vocab, cfg.shard_rows) for s in ("train", "val")}
+    train = writers["train"]
+
+    def chunks() -> Iterator[list[tuple[int, Document]]]:
+        for i in range(0, len(buffered), _ENCODE_CHUNK):
+            yield buffered[i : i + _ENCODE_CHUNK]
+        chunk: list[tuple[int, Document]] = []
+        for item in stream:
+            chunk.append(item)
+            if len(chunk) == _ENCODE_CHUNK:
+                yield chunk
+                chunk = []
+        if chunk:
+            yield chunk
+
+    done = False
+    for chunk in chunks():
+        encoded = encode_documents(tok, [d for _, d in chunk])
+        for (index, doc), (ids, regions) in zip(chunk, encoded):
+            ex = exercises.setdefault(doc.exercise, len(exercises))
+            split = "val" if is_val(cfg.seed, index, cfg.val_frac) else "train"
+            writers[split].add(ids, regions, ex, index)
+            if budget is not None and train.tokens >= budget:
+                done = True
+                break
+        if done:
+            break
+
+    names = list(exercises)
+    splits = {s: w.finish(names) for s, w in writers.items()}
+    if splits["train"]["documents"] == 0:
+        raise DataError("the corpus yielded no training documents")
+    if splits["val"]["documents"] == 0:
+        raise DataError(
+            f"the validation split is empty ({splits['train']['documents']} documents in all): "
+            "raise val_frac or give more text"
+        )
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "sanlab_version": __version__,
+        "corpus": cfg.corpus,
+        "seed": cfg.seed,
+        "seq_len": cfg.seq_len,
+        "vocab_size": vocab,
+        "token_dtype": writers["train"].dtypes["tokens"],
+        "tokenizer": {"path": TOKENIZER_FILE, "dtype": "json", "bytes": tok_path.stat().st_size,
+                      "sha256": sha256_file(tok_path)},  # fmt: skip
+        "regions": list(REGION_NAMES),
+        "exercises": names,
+        "splits": splits,
+        "config": cfg.model_dump(mode="json"),
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _share_table(title: str, counts: dict[str, int], total: int) -> Table:
+    table = Table(title=title, title_justify="left")
+    table.add_column("")
+    table.add_column("tokens", justify="right")
+    table.add_column("share", justify="right")
+    for name, n in counts.items():
+        if n:
+            table.add_row(name, f"{n:,}", f"{100 * n / max(total, 1):.1f}%")
+    return table
+
+
+def print_summary(manifest: dict[str, Any], console: Console, out: Path | None = None) -> None:
+    """Documents, tokens, rows per split, and region / exercise-type token shares (training split)."""
+    table = Table(title=f"prepared {manifest['corpus']} corpus" + (f" → {out}" if out else ""), title_justify="left")
+    for col in ("split", "documents", "tokens", "rows", "padding"):
+        table.add_column(col, justify="right" if col != "split" else "left")
+    for name, s in manifest["splits"].items():
+        table.add_row(name, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['rows']:,}", f"{s['pad_tokens']:,}")
+    console.print(table)
+    train = manifest["splits"]["train"]
+    console.print(_share_table("train tokens by region", train["region_tokens"], train["tokens"]))
+    console.print(_share_table("train tokens by exercise type", train["exercise_tokens"], train["tokens"]))
+    console.print(f"vocab {manifest['vocab_size']:,} · seq_len {manifest['seq_len']} · seed {manifest['seed']}")
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--corpus", choices=CORPORA, help="synth (default), text files, a Hugging Face dataset, or kjv (built-in English)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the prepared dir to write")
+    parser.add_argument("--tokens", metavar="N", help="training tokens to write, e.g. 2M, 500k, 1e6")
+    parser.add_argument("--config", metavar="TOML", help="prepare settings (overridden by key=value)")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    parser.add_argument("items", nargs="*", metavar="INPUT|key=value",
+                        help="input files or dirs (text), a dataset name (hf), and key=value overrides")  # fmt: skip
+
+
+def config_from_args(args: argparse.Namespace) -> PrepareConfig:
+    data = load_toml(args.config) if args.config else {}
+    source = args.config or "prepare"
+    overrides = [i for i in args.items if "=" in i]
+    inputs = [i for i in args.items if "=" not in i]
+    if args.corpus:
+        overrides.insert(0, f"corpus={args.corpus}")
+    if args.tokens is not None:
+        overrides.append(f"tokens={parse_count(args.tokens)}")
+    cfg = apply_overrides(PrepareConfig, data, overrides, source=source)
+    if inputs:
+        if cfg.corpus == "text":
+            cfg.text.paths = cfg.text.paths + inputs
+        elif cfg.corpus == "hf" and len(inputs) == 1:
+            cfg.hf.name = inputs[0]
+        else:
+            raise ConfigError(f"unexpected input {inputs[0]!r} for --corpus {cfg.corpus}")
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    prepare(cfg, args.out, force=args.force, console=Console())
+    return 0
