@@ -81,6 +81,10 @@ class StudyData(DataConfig):
         for item in self.prepare:
             if "=" not in item:
                 raise ValueError(f"data.prepare entry {item!r} is not key=value")
+            key = item.split("=", 1)[0].strip()
+            if key in ("corpus", "tokens", "seq_len", "vocab_size"):
+                raise ValueError(f"data.prepare: {key} is set by data.corpus / data.tokens / "
+                                 "data.seq_len / model.vocab_size")
         return self
 
 

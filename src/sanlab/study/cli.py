@@ -1,0 +1,179 @@
+"""`sanlab study plan|run|status|table`: a controlled study from one spec file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sanlab.errors import EXIT_OK
+from sanlab.study.spec import format_tokens
+
+_EPILOG = """\
+examples:
+  sanlab study plan examples/quick.toml
+  sanlab study plan examples/paper.toml --json
+  sanlab study run examples/quick.toml --out runs/quick runner.workers=2
+  sanlab study status runs/quick
+  sanlab study table runs/quick
+Spec keys can be overridden as section.key=value after the spec file.
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    p = sub.add_parser("plan", help="every run the study will do, with its cost")
+    p.add_argument("spec", help="study spec (TOML)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--out", help="a study dir whose results refine the plan (locked LRs)")
+    p.add_argument("--json", action="store_true", help="machine-readable plan")
+    r = sub.add_parser("run", help="run (or continue) the study in a study dir")
+    r.add_argument("spec", help="study spec (TOML)")
+    r.add_argument("overrides", nargs="*", metavar="key=value")
+    r.add_argument("--out", required=True, help="the study dir (rerun to resume)")
+    s = sub.add_parser("status", help="progress of a study dir")
+    s.add_argument("dir")
+    s.add_argument("--json", action="store_true")
+    t = sub.add_parser("table", help="the gap table and the LR sweep table of a study dir")
+    t.add_argument("dir")
+    t.add_argument("--json", action="store_true")
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:.2f}M"
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from sanlab.study.plan import plan_study
+    from sanlab.study.spec import load_spec
+    from sanlab.study.store import ResultStore
+    from sanlab.study.table import locks
+
+    spec = load_spec(args.spec, args.overrides)
+    records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}
+    plan = plan_study(spec, args.out, records)
+    if records:
+        lock = locks(spec, plan.arms, records, set(records))
+        plan = plan_study(spec, args.out, records, lock)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2))
+        return EXIT_OK
+    console = Console()
+    arms = Table(title=f"Arms of study '{spec.name}' (T={spec.data.seq_len})")
+    for col in ("arm", "role", "config", "total params", "non-emb params", "train GFLOPs/token", "mismatch"):
+        arms.add_column(col, justify="left" if col in ("arm", "role", "config") else "right")
+    for a in plan.arms:
+        arms.add_row(a.name, a.role, a.label, _fmt_params(a.params_total),
+                     _fmt_params(a.params_non_embedding), f"{a.flops_per_token / 1e9:.4f}",
+                     "—" if a.mismatch is None else f"{a.mismatch:+.2%}")
+    console.print(arms)
+    runs = Table(title=f"{len(plan.runs)} runs")
+    for col in ("run id", "phase", "arm", "config", "params", "GFLOPs/tok", "tokens", "lr", "seed",
+                "PFLOPs", "est. time", "note"):
+        runs.add_column(col, justify="right" if col in ("params", "GFLOPs/tok", "tokens", "lr", "seed",
+                                                        "PFLOPs", "est. time") else "left")
+    labels = {a.name: a.label for a in plan.arms}
+    for r in plan.runs:
+        runs.add_row(r.run_id, r.phase, r.arm, labels.get(r.arm, ""), _fmt_params(r.params_total),
+                     f"{r.flops_per_token / 1e9:.4f}", format_tokens(r.tokens), f"{r.lr:g}",
+                     str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
+                     _fmt_seconds(plan.run_seconds(r)), r.note)
+    console.print(runs)
+    for note in plan.notes:
+        console.print(f"note: {note}", highlight=False)
+    console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)} "
+                  f"on {plan.workers} worker(s) at {plan.tokens_per_s:g} tokens/s for the reference "
+                  "arm (runner.tokens_per_s; other arms scaled by FLOPs/token)", highlight=False)
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    from sanlab.study.orchestrate import Study
+    from sanlab.study.spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    return Study(spec, Path(args.out)).run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    from sanlab.study.orchestrate import load_saved_spec
+    from sanlab.study.plan import plan_study
+    from sanlab.study.store import ResultStore
+    from sanlab.study.table import locks
+
+    spec = load_saved_spec(args.dir)
+    records = ResultStore(args.dir).runs()
+    arms_plan = plan_study(spec, args.dir, records)
+    plan = plan_study(spec, args.dir, records, locks(spec, arms_plan.arms, records, set(records)))
+    rows = []
+    for r in plan.runs:
+        rec = records.get(r.run_id)
+        status = rec["status"] if rec else _live_status(Path(args.dir) / "runs" / r.run_id)
+        val = ((rec or {}).get("final") or {}).get("val_loss")
+        rows.append({"run_id": r.run_id, "phase": r.phase, "status": status, "val_loss": val,
+                     "wall_s": (rec or {}).get("wall_s"), "note": r.note})
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    if args.json:
+        print(json.dumps({"runs": rows, "counts": counts}, indent=2))
+        return EXIT_OK
+    console = Console()
+    table = Table(title=f"Study '{spec.name}' in {args.dir}")
+    for col in ("run id", "phase", "status", "val loss", "wall", "note"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["run_id"], row["phase"], row["status"],
+                      "" if row["val_loss"] is None else f"{row['val_loss']:.4f}",
+                      "" if row["wall_s"] is None else _fmt_seconds(row["wall_s"]), row["note"])
+    console.print(table)
+    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    return EXIT_OK
+
+
+def _live_status(run_dir: Path) -> str:
+    """A run not in the store yet: `running` / `interrupted` from its meta.json, else `pending`."""
+    try:
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return "pending"
+    return str(meta.get("status", "pending"))
+
+
+def _table(args: argparse.Namespace) -> int:
+    from sanlab.study.orchestrate import load_saved_spec
+    from sanlab.study.plan import build_arms
+    from sanlab.study.store import ResultStore
+    from sanlab.study.table import gaps, locks, print_tables, sweep_rows
+
+    spec = load_saved_spec(args.dir)
+    arms = build_arms(spec)
+    records = ResultStore(args.dir).runs()
+    if args.json:
+        rows, noise = gaps(spec, arms, records, locks(spec, arms, records, set(records)))
+        print(json.dumps({"gaps": [g.to_dict() for g in rows],
+                          "noise_floor": [g.to_dict() for g in noise],
+                          "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)]}, indent=2))
+        return EXIT_OK
+    print_tables(spec, arms, records, Console())
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"plan": _plan, "run": _run, "status": _status, "table": _table}[args.action](args)

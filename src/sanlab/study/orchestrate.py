@@ -1,0 +1,219 @@
+"""`study run`: sweep, boundary extension, lock, final runs, noise floor (SPEC §1.4).
+
+Study dir layout:
+
+    DIR/study.json        the resolved spec this dir was last run with (status/table read it)
+    DIR/results.jsonl     the results store (see store.py)
+    DIR/runs/RUN_ID/      one trainer run dir per run
+    DIR/jobs/             per-run job file, outcome, lock and log
+    DIR/data/             the prepared corpus, when the spec asks the study to prepare it
+    DIR/slurm/            submitit's folder (SLURM runner)
+
+Everything is validated before the first run starts (spec, matching, data), so bad
+input is one line and exit 2 with nothing started. The orchestration itself is
+stateless: what is done is read back from the store on every round, so a rerun after
+a kill continues where the store says the study is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from sanlab.errors import DataError
+from sanlab.study.plan import (
+    FINAL_STATUSES,
+    PlannedRun,
+    StudyArm,
+    build_arms,
+    cell_decision,
+    cells,
+    default_data_dir,
+    final_runs,
+    merge,
+    sweep_results,
+    sweep_runs,
+)
+from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
+from sanlab.study.spec import StudySpec
+from sanlab.study.store import ResultStore
+from sanlab.study.table import locks, print_tables
+
+SPEC_FILE = "study.json"
+
+
+def save_spec(spec: StudySpec, study_dir: Path) -> None:
+    study_dir.mkdir(parents=True, exist_ok=True)
+    (study_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
+
+
+def load_saved_spec(study_dir: str | Path) -> StudySpec:
+    from sanlab.config import validate
+
+    path = Path(study_dir) / SPEC_FILE
+    if not path.is_file():
+        raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
+    return validate(StudySpec, json.loads(path.read_text()), source=str(path))
+
+
+def prepare_config(spec: StudySpec) -> Any:
+    """The `sanlab prepare` settings the spec asks for (validated like `sanlab prepare`'s)."""
+    from sanlab.config import apply_overrides
+    from sanlab.data.prepare import PrepareConfig
+
+    overrides = [f"corpus={spec.data.corpus}", f"tokens={spec.data.tokens}",
+                 f"seq_len={spec.data.seq_len}", f"vocab_size={spec.model.vocab_size}",
+                 *spec.data.prepare]
+    return apply_overrides(PrepareConfig, {}, overrides, source="data.prepare")
+
+
+def resolve_data(spec: StudySpec, study_dir: Path, *, prepare: bool,
+                 console: Console | None = None) -> Path:
+    """The prepared data dir, preparing it first when the spec says how and `prepare`."""
+    data_dir = Path(default_data_dir(spec, study_dir))
+    if (data_dir / "manifest.json").is_file():
+        _check_data(spec, data_dir)
+        return data_dir
+    if spec.data.corpus is None:
+        raise DataError(f"data.dir: {data_dir} is not a prepared data dir (no manifest.json); "
+                        "run `sanlab prepare` or set data.corpus so the study prepares it")
+    cfg = prepare_config(spec)
+    if prepare:
+        from sanlab.data.prepare import prepare as prepare_corpus
+
+        prepare_corpus(cfg, data_dir, console=console)
+        _check_data(spec, data_dir)
+    return data_dir
+
+
+def _check_data(spec: StudySpec, data_dir: Path) -> None:
+    """The prepared rows and vocabulary must be the ones the models are built for."""
+    from sanlab.data.shards import load_manifest
+
+    manifest = load_manifest(data_dir, verify=False)
+    if manifest.get("vocab_size") != spec.model.vocab_size:
+        raise DataError(f"model.vocab_size={spec.model.vocab_size} but {data_dir} was prepared "
+                        f"with vocab_size={manifest.get('vocab_size')}")
+    if manifest.get("seq_len") != spec.data.seq_len:
+        raise DataError(f"data.seq_len={spec.data.seq_len} but {data_dir} holds rows of "
+                        f"seq_len={manifest.get('seq_len')}")
+
+
+class Study:
+    """One `study run` invocation over a study dir."""
+
+    def __init__(self, spec: StudySpec, study_dir: str | Path, *, console: Console | None = None,
+                 train_fn: str = DEFAULT_TRAIN_FN,
+                 runner: LocalRunner | SlurmRunner | None = None) -> None:
+        self.spec = spec
+        self.dir = Path(study_dir)
+        self.console = console or Console()
+        self.train_fn = train_fn
+        self.store = ResultStore(self.dir)
+        self.runner = runner or make_runner(spec.runner, self.dir)
+        self.attempted: set[str] = set()  # run ids executed by this invocation
+        self.arms: list[StudyArm] = []
+        self.data_dir = ""
+
+    # ---------------------------------------------------------------- checks
+
+    def check(self) -> None:
+        """Everything that can be wrong with the input, before any run starts."""
+        self.arms = build_arms(self.spec)
+        self.data_dir = str(resolve_data(self.spec, self.dir, prepare=False))
+
+    # ---------------------------------------------------------------- execution
+
+    def _execute(self, runs: list[PlannedRun], what: str) -> None:
+        records = self.store.runs()
+        todo = [r for r in runs if records.get(r.run_id, {}).get("status") not in FINAL_STATUSES]
+        skipped = len(runs) - len(todo)
+        if skipped:
+            self.console.print(f"{what}: {skipped} run(s) already finished, skipped")
+        if not todo:
+            return
+        by_id = {r.run_id: r for r in todo}
+        self.console.print(f"{what}: {len(todo)} run(s)")
+        jobs = [Job(run_id=r.run_id, run_dir=str(self.dir / "runs" / r.run_id),
+                    config=json.loads(r.config.model_dump_json()), jobs_dir=str(self.dir / "jobs"),
+                    train_fn=self.train_fn) for r in todo]
+        count = [0]
+
+        def on_done(job: Job, outcome: dict[str, Any]) -> None:
+            r = by_id[job.run_id]
+            self.attempted.add(r.run_id)
+            self.store.append({
+                "type": "run", "run_id": r.run_id, "phases": r.phases, "arm": r.arm,
+                "kind": r.kind, "optimizer": r.optimizer, "multiplier": r.multiplier, "lr": r.lr,
+                "seed": r.seed, "tokens": r.tokens, "params": r.params_total,
+                "params_non_embedding": r.params_non_embedding,
+                "flops_per_token": r.flops_per_token, "run_dir": job.run_dir,
+                "config": job.config, **outcome,
+            })
+            count[0] += 1
+            val = (outcome.get("final") or {}).get("val_loss")
+            loss = f"val_loss {val:.4f}" if isinstance(val, (int, float)) else ""
+            err = f" — {outcome['error']}" if outcome.get("error") else ""
+            self.console.print(f"  [{count[0]}/{len(todo)}] {r.run_id}: {outcome['status']} {loss} "
+                               f"({outcome.get('wall_s', 0):.0f} s){err}", highlight=False)
+
+        self.runner.run(jobs, on_done)
+
+    def _sweep(self) -> None:
+        """Rounds of sweep points until every cell has locked its LR."""
+        spec = self.spec
+        round_no = 0
+        while True:
+            records = self.store.runs()
+            batch: list[PlannedRun] = []
+            for arm, opt in cells(spec, self.arms):
+                d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted))
+                if not d.done:
+                    note = "boundary extension" if round_no else ""
+                    batch += sweep_runs(spec, arm, opt, d.pending, self.data_dir, note=note)
+            if not batch:
+                return
+            round_no += 1
+            self._execute(merge(batch), f"sweep round {round_no}")
+
+    def _record_locks(self) -> dict[tuple[str, str], float]:
+        records = self.store.runs()
+        lock = locks(self.spec, self.arms, records, set(records))
+        stored = self.store.locks()
+        for arm, opt in cells(self.spec, self.arms):
+            key = (arm.name, opt)
+            if key not in lock:
+                self.console.print(f"[red]{arm.name} {opt}: every sweep point failed; no final runs[/red]")
+                continue
+            results = sweep_results(self.spec, arm, opt, records, set(records))
+            d = cell_decision(self.spec, results)
+            if stored.get(key, {}).get("lr") != lock[key]:
+                self.store.append({"type": "lock", "arm": arm.name, "optimizer": opt,
+                                   "multiplier": d.best, "lr": lock[key], "at_edge": d.at_edge,
+                                   "losses": {str(k): v for k, v in results.items()}})
+            self.console.print(f"lock {arm.name} {opt}: lr {lock[key]:g}"
+                               + (" (still at an edge of the sweep)" if d.at_edge else ""))
+        return lock
+
+    def run(self) -> int:
+        """The whole study; returns 0 when every run finished (completed or diverged)."""
+        self.check()
+        save_spec(self.spec, self.dir)
+        self.data_dir = str(resolve_data(self.spec, self.dir, prepare=True, console=self.console))
+        if self.spec.sweep.enabled:
+            self._sweep()
+        lock = self._record_locks()
+        finals = merge(final_runs(self.spec, self.arms, lock, self.data_dir))
+        self._execute(finals, "final + noise-floor runs")
+        records = self.store.runs()
+        print_tables(self.spec, self.arms, records, self.console)
+        bad = sorted(rid for rid in self.attempted if records[rid].get("status") not in FINAL_STATUSES)
+        if bad:
+            self.console.print(f"[red]{len(bad)} run(s) did not finish: {', '.join(bad)} "
+                               "(rerun `sanlab study run` to retry / resume them)[/red]")
+            return 1
+        return 0
+

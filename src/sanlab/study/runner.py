@@ -1,0 +1,277 @@
+"""Where a study's runs execute: local worker processes or SLURM through submitit.
+
+Every run goes through `execute(job)`, wherever it runs:
+
+1. it takes an exclusive `flock` on the run's lock file, so a run left going by a
+   killed study (or a second `study run` on the same dir) is never trained by two
+   processes at once — the later one waits and then finds it finished;
+2. it calls the trainer with `resume=True`, which returns a finished run as it is,
+   continues an interrupted one from its checkpoint and starts a new one otherwise;
+3. a run needing several GPUs is started through `torchrun`, whose ranks run this
+   module's entry point and train in-process;
+4. whatever happens, it returns an outcome dict (`status`, `final`, `error`, …) — a
+   failing run is an outcome, not an exception, so the study goes on.
+
+Runners:
+- `LocalRunner`: `workers` concurrent runs, each in its own Python process
+  (`python -m sanlab.study.runner JOB OUT`, one run per process, so a crash or an
+  out-of-memory kill takes down only that run) with the CPU threads split between
+  them. Children ask the kernel for SIGTERM when the study process dies
+  (`PR_SET_PDEATHSIG`), so killing the study also stops its runs, which save a
+  checkpoint on SIGTERM and resume on the next `study run`.
+- `SlurmRunner`: one submitit job per run (`cluster="local"` runs the same path on
+  this machine through submitit's local executor).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sanlab.study.spec import RunnerSpec
+
+DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
+OnDone = Callable[["Job", dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs, as plain JSON data (it crosses process and SLURM boundaries)."""
+
+    run_id: str
+    run_dir: str
+    config: dict[str, Any]
+    jobs_dir: str  # job files, outcome files, lock files and logs of the study
+    threads: int | None = None  # torch threads for this run (CPU)
+    gpus: int = 0  # >1: torchrun with one process per GPU
+    nodes: int = 1
+    train_fn: str = DEFAULT_TRAIN_FN  # "module:function" with the trainer's signature
+
+    @property
+    def job_file(self) -> Path:
+        return Path(self.jobs_dir) / f"{self.run_id}.json"
+
+    @property
+    def outcome_file(self) -> Path:
+        return Path(self.jobs_dir) / f"{self.run_id}.outcome.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return Path(self.jobs_dir) / f"{self.run_id}.lock"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.jobs_dir) / f"{self.run_id}.log"
+
+    def write(self) -> None:
+        Path(self.jobs_dir).mkdir(parents=True, exist_ok=True)
+        _write_json(self.job_file, asdict(self))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Job":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _failed(error: str) -> dict[str, Any]:
+    return {"status": "failed", "final": {}, "error": error}
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _resolve(path: str) -> Callable[..., dict[str, Any]]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
+
+
+def train_in_process(job: Job) -> dict[str, Any]:
+    """Train (or return / resume) one run in this process; never raises."""
+    t0 = time.time()
+    if job.threads:
+        # Read by torch when it starts its thread pool; set directly if it already has.
+        os.environ["OMP_NUM_THREADS"] = str(job.threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(job.threads)
+    try:
+        from sanlab.config import Config, validate
+
+        cfg = validate(Config, job.config, source=f"run {job.run_id}")
+        meta = _resolve(job.train_fn)(cfg, job.run_dir, resume=True)
+    except Exception as e:  # a crashing run is a recorded outcome; the study goes on
+        traceback.print_exc()
+        return {**_failed(f"{type(e).__name__}: {e}"), "wall_s": time.time() - t0}
+    meta = dict(meta or {})
+    return {
+        "status": meta.get("status", "failed"),
+        "final": meta.get("final") or {},
+        "error": meta.get("error"),
+        "accounting": meta.get("accounting"),
+        "wall_s": time.time() - t0,
+    }
+
+
+def _torchrun(job: Job) -> dict[str, Any]:
+    """Start a multi-GPU run through torchrun; its ranks run `main` on the job file."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={job.gpus}"]
+    if job.nodes > 1:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        cmd += [f"--nnodes={job.nodes}", f"--node-rank={env.node}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={env.hostnames[0]}:29500", f"--rdzv-id={job.run_id}"]
+    else:
+        cmd += ["--standalone"]
+    cmd += ["-m", "sanlab.study.runner", str(job.job_file), str(job.outcome_file)]
+    job.outcome_file.unlink(missing_ok=True)
+    rc = subprocess.run(cmd).returncode
+    if job.outcome_file.is_file():
+        return json.loads(job.outcome_file.read_text())  # type: ignore[no-any-return]
+    return _failed(f"torchrun exited with code {rc} (see {job.log_file})")
+
+
+def execute(job: Job) -> dict[str, Any]:
+    """Run one job under its lock (see the module docstring); never raises."""
+    job.write()
+    if job.nodes > 1 and os.environ.get("SLURM_NODEID", "0") != "0":
+        return _torchrun(job)  # only the first node holds the lock and reports
+    with open(job.lock_file, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # waits for a run left going by a killed study
+        if job.gpus > 1:
+            return _torchrun(job)
+        return train_in_process(job)
+
+
+# --------------------------------------------------------------------------- runners
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class LocalRunner:
+    """`workers` concurrent runs on this machine, each in its own process."""
+
+    def __init__(self, spec: RunnerSpec) -> None:
+        self.workers = spec.workers
+        self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
+
+    def _one(self, job: Job) -> dict[str, Any]:
+        job.write()
+        job.outcome_file.unlink(missing_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
+               "SANLAB_PARENT_PID": str(os.getpid())}
+        with open(job.log_file, "a") as log:
+            rc = subprocess.run(
+                [sys.executable, "-m", "sanlab.study.runner", str(job.job_file), str(job.outcome_file)],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            ).returncode
+        if job.outcome_file.is_file():
+            return json.loads(job.outcome_file.read_text())  # type: ignore[no-any-return]
+        return _failed(f"worker exited with code {rc} (see {job.log_file})")
+
+    def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
+        """Run every job, calling `on_done(job, outcome)` in this thread as each finishes."""
+        jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads}) for j in jobs]
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            pending: dict[Future[dict[str, Any]], Job] = {pool.submit(self._one, j): j for j in jobs}
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    on_done(pending.pop(fut), fut.result())
+
+
+class SlurmRunner:
+    """One submitit job per run: sbatch on a cluster, or submitit's local executor."""
+
+    def __init__(self, spec: RunnerSpec, folder: str | Path) -> None:
+        import submitit
+
+        s = spec.slurm
+        self.executor = submitit.AutoExecutor(folder=str(folder), cluster="local" if s.local else None)
+        params: dict[str, Any] = {
+            "timeout_min": s.time_min, "nodes": s.nodes, "tasks_per_node": 1,
+            "cpus_per_task": s.cpus_per_task, "name": "sanlab",
+        }
+        if spec.gpus_per_run:
+            params["gpus_per_node"] = spec.gpus_per_run
+        if s.mem_gb is not None:
+            params["mem_gb"] = s.mem_gb
+        if not s.local:
+            params["slurm_array_parallelism"] = s.array_parallelism
+            for key in ("partition", "account", "qos", "constraint"):
+                if getattr(s, key) is not None:
+                    params[f"slurm_{key}"] = getattr(s, key)
+        self.executor.update_parameters(**params)
+        self.threads = spec.threads
+        self.gpus, self.nodes = spec.gpus_per_run, s.nodes
+
+    def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
+        import submitit
+
+        jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus,
+                       "nodes": self.nodes}) for j in jobs]
+        with self.executor.batch():
+            submitted = [self.executor.submit(execute, j) for j in jobs]
+        by_id = {s.job_id: j for s, j in zip(submitted, jobs)}
+        for s in submitit.helpers.as_completed(submitted):
+            try:
+                outcome = s.result()
+            except Exception as e:  # the job itself died (timeout, preemption, node failure)
+                outcome = _failed(f"slurm job {s.job_id}: {type(e).__name__}: {str(e).splitlines()[0]}")
+            on_done(by_id[s.job_id], outcome)
+
+
+def make_runner(spec: RunnerSpec, study_dir: str | Path) -> LocalRunner | SlurmRunner:
+    if spec.kind == "slurm":
+        return SlurmRunner(spec, Path(study_dir) / "slurm")
+    return LocalRunner(spec)
+
+
+# --------------------------------------------------------------------------- worker entry
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m sanlab.study.runner JOB.json OUTCOME.json`: one run in this process.
+
+    Started by `LocalRunner` (then it takes the lock and may start torchrun) or as a
+    torchrun rank (RANK in the environment: train in-process; rank 0 reports).
+    """
+    job_file, outcome_file = Path(argv[0]), Path(argv[1])
+    job = Job.read(job_file)
+    if "RANK" in os.environ:
+        outcome = train_in_process(job)
+        if os.environ["RANK"] != "0":
+            return 0
+    else:
+        parent = os.environ.get("SANLAB_PARENT_PID")
+        _die_with_parent()
+        if parent is not None and os.getppid() != int(parent):
+            return 1  # the study died before the death signal was armed
+        outcome = execute(job)
+    _write_json(outcome_file, outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

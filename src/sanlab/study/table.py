@@ -1,0 +1,255 @@
+"""The study's answer as tables: the gap table and the LR sweep table (SPEC §1.4, §1.6).
+
+Both are computed from the spec and the results store alone, so they can be printed at
+any time, also while a study is still running (missing cells show as "…").
+
+Gap: Δ = standard − SAN validation loss (nats; negative = the standard arm is ahead),
+per seed pair (the same seed in both arms) and as mean ± spread (sample standard
+deviation over seed pairs), and as % of the SAN loss. The noise floor is the gap
+between the two halves of the control pair (rms − zcrms norm, same seeds); a gap
+whose |mean| is not above |noise floor| + its spread is marked "within noise".
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from rich.console import Console
+from rich.table import Table
+
+from sanlab.study.plan import (
+    StudyArm,
+    cell_decision,
+    cells,
+    noise_arm,
+    round_lr,
+    run_id,
+    sweep_results,
+)
+from sanlab.study.spec import StudySpec, format_tokens
+
+
+def _loss(records: Mapping[str, dict], run_id: str) -> float | None:
+    rec = records.get(run_id)
+    if rec is None or rec.get("status") != "completed":
+        return None
+    v = (rec.get("final") or {}).get("val_loss")
+    return float(v) if v is not None and math.isfinite(v) else None
+
+
+def _mean_spread(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+@dataclass
+class Gap:
+    """One arm vs the reference at one optimizer and budget."""
+
+    arm: str
+    role: str
+    label: str
+    optimizer: str
+    tokens: int
+    per_seed: dict[int, float] = field(default_factory=dict)  # seed -> Δ (standard − SAN)
+    san_loss: float | None = None  # mean over paired seeds
+    other_loss: float | None = None
+    sign: int = 1  # +1: Δ = arm − reference; −1: reference − arm (keeps "standard − SAN")
+
+    @property
+    def mean(self) -> float | None:
+        return _mean_spread(list(self.per_seed.values()))[0]
+
+    @property
+    def spread(self) -> float | None:
+        return _mean_spread(list(self.per_seed.values()))[1]
+
+    @property
+    def percent(self) -> float | None:
+        return None if self.mean is None or not self.san_loss else 100 * self.mean / self.san_loss
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "role": self.role, "label": self.label, "optimizer": self.optimizer,
+                "tokens": self.tokens, "per_seed": {str(k): v for k, v in self.per_seed.items()},
+                "mean": self.mean, "spread": self.spread, "percent": self.percent,
+                "san_loss": self.san_loss, "standard_loss": self.other_loss}
+
+
+def _pair(a: StudyArm, b: StudyArm, opt: str, tokens: int, seeds: list[int],
+          lr_a: float, lr_b: float, records: Mapping[str, dict], sign: int, role: str) -> Gap:
+    """Gap of arm `b` against arm `a` over the seeds where both finished."""
+    gap = Gap(b.name, role, b.label, opt, tokens, sign=sign)
+    la_all, lb_all = [], []
+    for seed in seeds:
+        la = _loss(records, run_id(a, opt, lr_a, tokens, seed))
+        lb = _loss(records, run_id(b, opt, lr_b, tokens, seed))
+        if la is not None and lb is not None:
+            gap.per_seed[seed] = sign * (lb - la)
+            la_all.append(la)
+            lb_all.append(lb)
+    if la_all:
+        san, other = (la_all, lb_all) if sign > 0 else (lb_all, la_all)
+        gap.san_loss, gap.other_loss = statistics.fmean(san), statistics.fmean(other)
+    return gap
+
+
+def locks(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+          attempted: set[str]) -> dict[tuple[str, str], float]:
+    """The locked LR of every cell whose sweep is done (the base LR when the sweep is off).
+
+    `attempted`: failed runs in it count as bad sweep points; others as not yet run.
+    Tables pass every stored run (what the last `study run` decided on).
+    """
+    out: dict[tuple[str, str], float] = {}
+    for arm, opt in cells(spec, arms):
+        base = spec.sweep.base_lr.get(arm.kind, opt)
+        if not spec.sweep.enabled:
+            out[(arm.name, opt)] = round_lr(base)
+            continue
+        d = cell_decision(spec, sweep_results(spec, arm, opt, records, attempted))
+        if d.done and d.best is not None:
+            out[(arm.name, opt)] = round_lr(base * d.best)
+    return out
+
+
+def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+         lock: Mapping[tuple[str, str], float]) -> tuple[list[Gap], list[Gap]]:
+    """(gaps of every arm vs the reference, noise-floor pairs) from stored results."""
+    ref = arms[0]
+    out: list[Gap] = []
+    for arm in arms[1:]:
+        for opt in spec.optimizers:
+            if (ref.name, opt) not in lock or (arm.name, opt) not in lock:
+                continue
+            # Keep Δ = standard − SAN whichever side the reference is on.
+            sign = -1 if (ref.kind == "ffn" and arm.kind == "san") else 1
+            for tokens in spec.final.tokens:
+                out.append(_pair(ref, arm, opt, tokens, spec.seeds, lock[(ref.name, opt)],
+                                 lock[(arm.name, opt)], records, sign, arm.role))
+    noise: list[Gap] = []
+    opt = spec.noise_optimizer
+    if spec.noise.enabled and (ref.name, opt) in lock:
+        lr = lock[(ref.name, opt)]
+        noise.append(_pair(ref, noise_arm(spec), opt, spec.noise_tokens, spec.noise_seeds,
+                           lr, lr, records, 1, "noise"))
+    return out, noise
+
+
+def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
+    return "…" if v is None else fmt.format(v)
+
+
+def _verdict(g: Gap, floor: Gap | None) -> str:
+    if g.mean is None:
+        return "…"
+    favours = "standard" if g.mean < 0 else "SAN"
+    if floor is None or floor.mean is None:
+        return f"favours {favours} (no floor yet)"
+    margin = abs(floor.mean) + (floor.spread or 0.0) + (g.spread or 0.0)
+    if abs(g.mean) <= margin:
+        return "within noise"
+    return f"favours {favours}, {abs(g.mean) / max(abs(floor.mean), 1e-12):.0f}× floor"
+
+
+def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+              lock: Mapping[tuple[str, str], float]) -> Table:
+    rows, noise = gaps(spec, arms, records, lock)
+    floor = noise[0] if noise else None
+    ref = arms[0]
+    seeds = ", ".join(f"s{s}" for s in spec.seeds)
+    table = Table(title=f"Gap to the reference ({ref.name}: {ref.label}) — Δ = standard − SAN "
+                        f"validation loss, nats (seed pairs {seeds})")
+    for col, j in (("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
+                   ("SAN loss", "right"), ("std loss", "right"), ("Δ per seed", "right"),
+                   ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")):
+        table.add_column(col, justify=j)  # type: ignore[arg-type]
+    for g in rows:
+        per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or "…"
+        ms = "…" if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
+        table.add_row(f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
+                      _f(g.san_loss, "{:.4f}"), _f(g.other_loss, "{:.4f}"), per, ms,
+                      _f(g.percent, "{:+.2f}%"), _verdict(g, floor))
+    if floor is not None:
+        per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or "…"
+        ms = "…" if floor.mean is None else _f(floor.mean) + (
+            "" if floor.spread is None else f" ± {floor.spread:.4f}")
+        table.add_section()
+        table.add_row(f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
+                      format_tokens(floor.tokens), _f(floor.san_loss, "{:.4f}"),
+                      _f(floor.other_loss, "{:.4f}"), per, ms, _f(floor.percent, "{:+.2f}%"), "")
+    return table
+
+
+@dataclass
+class SweepRow:
+    arm: str
+    optimizer: str
+    base_lr: float
+    losses: dict[float, float | None]  # multiplier -> loss (None: diverged / failed)
+    best: float | None
+    done: bool
+    at_edge: bool
+
+    @property
+    def lock(self) -> float | None:
+        return round_lr(self.base_lr * self.best) if self.best is not None and self.done else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"arm": self.arm, "optimizer": self.optimizer, "base_lr": self.base_lr,
+                "losses": {str(k): v for k, v in self.losses.items()}, "best": self.best,
+                "done": self.done, "at_edge": self.at_edge, "lock": self.lock}
+
+
+def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> list[SweepRow]:
+    rows = []
+    for arm, opt in cells(spec, arms):
+        results = sweep_results(spec, arm, opt, records, set(records))
+        d = cell_decision(spec, results)
+        rows.append(SweepRow(arm.name, opt, spec.sweep.base_lr.get(arm.kind, opt), results, d.best,
+                             d.done, d.at_edge and d.done and d.best is not None))
+    return rows
+
+
+def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> tuple[Table, list[str]]:
+    """SPEC §1.4's layout: multipliers as columns, best in bold, the locked LR; plus warnings."""
+    rows = sweep_rows(spec, arms, records)
+    mults = sorted(set(spec.sweep.multipliers).union(*(r.losses.keys() for r in rows)))
+    table = Table(title=f"LR sweep: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
+                        f"seed {spec.sweep_seed} (best in bold)")
+    table.add_column("arm × optimizer")
+    table.add_column("base LR", justify="right")
+    for m in mults:
+        table.add_column(f"{m:g}×", justify="right")
+    table.add_column("lock", justify="right")
+    warnings = []
+    for r in rows:
+        cells_ = []
+        for m in mults:
+            if m not in r.losses:
+                cells_.append("" if m not in spec.sweep.multipliers or r.done else "…")
+            elif r.losses[m] is None:
+                cells_.append("div/fail")
+            else:
+                txt = f"{r.losses[m]:.4f}"
+                cells_.append(f"[bold]{txt}[/bold]" if m == r.best else txt)
+        lock = "…" if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else "")
+        table.add_row(f"{r.arm} {r.optimizer}", f"{r.base_lr:g}", *cells_, lock)
+        if r.at_edge:
+            warnings.append(f"warning: {r.arm} {r.optimizer}: best LR {r.lock:g} is still at an edge "
+                            "of the sweep (extension off or limit reached); the optimum may lie beyond")
+    return table, warnings
+
+
+def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+                 console: Console) -> None:
+    lock = locks(spec, arms, records, set(records))
+    if spec.sweep.enabled:
+        table, warnings = sweep_table(spec, arms, records)
+        console.print(table)
+        for w in warnings:
+            console.print(f"[yellow]{w}[/yellow]")
+    console.print(gap_table(spec, arms, records, lock))

@@ -1,0 +1,49 @@
+"""A stand-in trainer for orchestration tests: same signature as `sanlab.train.trainer.train`.
+
+Its validation loss is a known function of the arm and LR, so the tests can predict the
+sweep, the locks and the gaps. Like the trainer it returns a finished run as it is
+without training again, and it counts real trainings in `calls.txt` next to the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sanlab.config import Config
+
+# Optimum as a multiple of SPEC §1.3's base LR: the SAN at 1×, the standard arms at 4×
+# (so their sweeps need boundary extension).
+BASE = {("san", "muon"): 0.02, ("ffn", "muon"): 0.04, ("san", "adamw"): 6e-4, ("ffn", "adamw"): 2.4e-3}
+
+
+def expected_loss(cfg: Config) -> float | None:
+    kind = "ffn" if cfg.model.ffn else "san"
+    m = cfg.optim.lr / BASE[(kind, cfg.optim.name)]
+    opt = 4.0 if kind == "ffn" else 1.0
+    if m >= 32:
+        return None  # diverges
+    arm = -0.001 * cfg.model.n_layers * (cfg.model.ffn_dim if cfg.model.ffn else 0) / 256
+    norm = 0.0015 if cfg.model.norm == "rms" else 0.0
+    return 3.0 + 0.01 * math.log2(m / opt) ** 2 + arm + norm + 0.0001 * cfg.train.seed
+
+
+def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    out = Path(out_dir)
+    meta_path = out / "meta.json"
+    if meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["status"] in ("completed", "diverged"):
+            return meta
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / "calls.txt", "a") as f:
+        f.write(out.name + "\n")
+    if cfg.model.n_layers == 13:
+        raise RuntimeError("boom")
+    loss = expected_loss(cfg)
+    status = "diverged" if loss is None else "completed"
+    meta = {"status": status, "final": {"val_loss": loss, "tokens": cfg.train.tokens}}
+    meta_path.write_text(json.dumps(meta))
+    return meta
