@@ -46,13 +46,19 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # At least fp32 (SPEC §1.1); fp64 stays fp64 so property tests can be exact.
-        x32 = x if x.dtype == torch.float64 else x.float()
+        return self.normalize(upcast(x)).to(x.dtype)
+
+    def normalize(self, x32: torch.Tensor) -> torch.Tensor:
+        """The norm on an already-upcast tensor, result left in its dtype."""
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         gain = self.weight.to(x32.dtype)
-        if self.zero_centered:
-            gain = 1.0 + gain
-        return (y * gain).to(x.dtype)
+        return y * (1.0 + gain if self.zero_centered else gain)
+
+
+def upcast(x: torch.Tensor) -> torch.Tensor:
+    """At least fp32 (norms and RoPE run in fp32, SPEC §1.1); fp64 stays fp64 so
+    property tests can be exact."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
@@ -73,7 +79,7 @@ def rope_tables(
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half RoPE. x: (B, T, H, D); cos/sin: (B, T, 1, D). Computed in fp32."""
-    x32 = x if x.dtype == torch.float64 else x.float()
+    x32 = upcast(x)
     half = x32.shape[-1] // 2
     rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
     return (x32 * cos + rotated * sin).to(x.dtype)

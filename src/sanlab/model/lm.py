@@ -62,20 +62,59 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
 
 
+def _loss_chunk_rows(logits: torch.Tensor) -> int:
+    """Rows per chunk: on the CPU ~512K logits (2 MB fp32) so every pass stays in cache;
+    on accelerators one chunk (a loop of small kernels would cost more than it saves)."""
+    N, V = logits.shape
+    return max(1, (1 << 19) // V) if logits.device.type == "cpu" else N
+
+
+class _CrossEntropyZLoss(torch.autograd.Function):
+    """Σ_i w_i·CE_i and Σ_i w_i·lse_i² over the logits, with a hand-written backward.
+
+    Autograd through logsumexp + gather streams several (N, V) fp32 temporaries
+    through memory; here each chunk of rows is upcast, reduced and (in the backward)
+    turned into its softmax gradient while it is in cache.
+    d/dx [w(lse − x_t) + c·w·lse²] = w·p·(1 + 2c·lse) − w·onehot(t), with p = softmax(x).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor):  # type: ignore[override]
+        dt = torch.promote_types(logits.dtype, torch.float32)  # at least fp32
+        lse = torch.empty(logits.shape[0], dtype=dt, device=logits.device)  # (N,)
+        step = _loss_chunk_rows(logits)
+        for i in range(0, logits.shape[0], step):
+            lse[i : i + step] = torch.logsumexp(logits[i : i + step].to(dt), dim=-1)
+        target_logit = logits.gather(-1, targets[:, None]).squeeze(-1).to(dt)
+        ctx.save_for_backward(logits, targets, weights, lse)
+        return ((lse - target_logit) * weights).sum(), (lse.square() * weights).sum()
+
+    @staticmethod
+    def backward(ctx, g_ce: torch.Tensor, g_z: torch.Tensor):  # type: ignore[override]
+        logits, targets, weights, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        coef = weights * (g_ce + 2.0 * g_z * lse)  # (N,)
+        step = _loss_chunk_rows(logits)
+        for i in range(0, logits.shape[0], step):
+            j = slice(i, i + step)
+            p = torch.sub(logits[j].to(lse.dtype), lse[j, None]).exp_()  # softmax of the chunk
+            p.mul_(coef[j, None])
+            p.scatter_add_(-1, targets[j, None], (-weights[j] * g_ce)[:, None])
+            grad[j] = p
+        return grad, None, None
+
+
 def lm_loss(
     logits: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, z_loss: float = 1e-4
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean CE over `loss_mask` tokens plus z_loss · logsumexp(logits)² (SPEC §1.1).
 
-    Returns (loss to optimise, cross-entropy alone). Targets outside the mask
-    (document boundaries, padding) contribute nothing.
+    logits (B, T, V), targets (B, T), loss_mask (B, T) bool. Returns (loss to
+    optimise, cross-entropy alone). Targets outside the mask (document boundaries,
+    padding) contribute nothing.
     """
-    logits32 = logits.float()
-    mask = loss_mask.to(logits32.dtype)
-    n = mask.sum().clamp_min(1.0)
-    lse = torch.logsumexp(logits32, dim=-1)  # (B, T)
-    target_logit = logits32.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    ce = ((lse - target_logit) * mask).sum() / n
-    if z_loss:
-        return ce + z_loss * (lse.pow(2) * mask).sum() / n, ce
-    return ce, ce
+    V = logits.shape[-1]
+    mask = loss_mask.reshape(-1).to(torch.promote_types(logits.dtype, torch.float32))
+    weights = mask / mask.sum().clamp_min(1.0)
+    ce, z = _CrossEntropyZLoss.apply(logits.reshape(-1, V), targets.reshape(-1), weights)
+    return ce + z_loss * z, ce

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from sanlab.config import ModelConfig
-from sanlab.model.layers import AttentionContext, HookPoint, apply_rope, attend, make_norm
+from sanlab.model.layers import AttentionContext, HookPoint, RMSNorm, apply_rope, attend, make_norm, upcast
 
 MIXERS: dict[str, type[nn.Module]] = {}
 
@@ -63,13 +63,19 @@ class SoftmaxAttention(nn.Module):
     def output_weights(self) -> list[nn.Parameter]:
         return [self.wo.weight]
 
+    @staticmethod
+    def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, ctx: AttentionContext) -> torch.Tensor:
+        """Per-head QK-norm THEN RoPE, both in fp32 with one cast each way. (B, T, h, D)."""
+        x32 = upcast(x)
+        if norm is not None:
+            x32 = norm.normalize(x32)
+        return apply_rope(x32, ctx.cos, ctx.sin).to(x.dtype)
+
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape
         q = self.wq(u).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
         k = self.wk(u).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
         v = self.wv(u).view(B, T, self.n_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)  # norm THEN RoPE
-        q, k = apply_rope(q, ctx.cos, ctx.sin), apply_rope(k, ctx.cos, ctx.sin)
+        q, k = self._norm_rope(q, self.q_norm, ctx), self._norm_rope(k, self.k_norm, ctx)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx, self.pattern)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
