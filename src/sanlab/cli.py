@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from typing import Sequence
 
@@ -67,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sanlab: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `sanlab … | head`: the reader left; silence the flush at exit (Python docs recipe).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
 
 
 def entry() -> None:
