@@ -203,17 +203,23 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
         if chunk:
             yield chunk
 
-    done = False
+    # Once the training budget is met, documents are drawn only until the validation split
+    # holds at least one, so even a tiny budget gives a usable prepared dir.
+    val = writers["val"]
+    finished = False
     for chunk in chunks():
         encoded = encode_documents(tok, [d for _, d in chunk])
         for (index, doc), (ids, regions) in zip(chunk, encoded):
-            ex = exercises.setdefault(doc.exercise, len(exercises))
-            split = "val" if is_val(cfg.seed, index, cfg.val_frac) else "train"
-            writers[split].add(ids, regions, ex, index)
-            if budget is not None and train.tokens >= budget:
-                done = True
+            full = budget is not None and train.tokens >= budget
+            finished = full and val.documents > 0
+            if finished:
                 break
-        if done:
+            held_out = is_val(cfg.seed, index, cfg.val_frac)
+            if full and not held_out:
+                continue
+            ex = exercises.setdefault(doc.exercise, len(exercises))
+            (val if held_out else train).add(ids, regions, ex, index)
+        if finished:
             break
 
     names = list(exercises)
