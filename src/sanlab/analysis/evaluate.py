@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
@@ -20,7 +21,13 @@ from sanlab.analysis.attention import AttentionCollector
 from sanlab.analysis.losses import TokenTable
 from sanlab.analysis.metrics import segment_positions
 from sanlab.analysis.stream import StreamCollector, stream_hooks
+from sanlab.errors import DataError
 from sanlab.data.regions import PAD_ID
+
+# Token frequencies for the frequency buckets are counted on at most this many training
+# tokens: ranks of all but the rarest tokens are stable long before, and it keeps the
+# count under a second on any corpus size.
+MAX_COUNT_TOKENS = 1 << 25
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,44 @@ class EvalSample:
             token=self.targets[m],
             exercise_names=self.exercise_names,
         )
+
+
+def load_sample(data_dir: str | Path, rows: int) -> EvalSample:
+    """The first `rows` rows of the validation split's fixed order (the rows the trainer
+    evaluates on), with per-token exercise types and training-split token counts."""
+    import numpy as np
+
+    from sanlab.data.loader import Loader
+    from sanlab.data.shards import open_split
+
+    loader = Loader(data_dir, split="val", batch_rows=1, verify=False)
+    batches = list(loader.eval_batches(rows, batch_rows=rows))
+    if not batches:
+        raise DataError(f"{data_dir}: the validation split has no rows")
+    b = batches[0]
+    doc_ex = torch.from_numpy(loader.doc_exercise)  # (documents,)
+    exercise = doc_ex[b["doc_ids"].clamp_min(0)]  # (R, T); PAD targets are masked out anyway
+    counts = None
+    if "train" in loader.manifest["splits"]:
+        counts = np.zeros(loader.vocab_size, np.int64)
+        budget = MAX_COUNT_TOKENS
+        for shard in open_split(data_dir, loader.manifest, "train"):
+            toks = shard["tokens"]
+            take = min(len(toks), max(budget // toks.shape[1], 0))
+            if take == 0:
+                break
+            counts += np.bincount(np.asarray(toks[:take]).reshape(-1), minlength=loader.vocab_size)[: loader.vocab_size]
+            budget -= take * toks.shape[1]
+    return EvalSample(
+        inputs=b["inputs"],
+        targets=b["targets"],
+        segment_ids=b["segment_ids"],
+        region_ids=b["region_ids"],
+        loss_mask=b["loss_mask"],
+        exercise=exercise,
+        exercise_names=tuple(loader.exercise_names),
+        token_counts=torch.from_numpy(counts) if counts is not None else None,
+    )
 
 
 @dataclass
