@@ -98,7 +98,8 @@ def test_no_target_crosses_a_document_boundary(hand_dir) -> None:
 
 def test_prepare_writes_a_complete_manifest(synth_dir: Path) -> None:
     m = load_manifest(synth_dir)
-    assert m["seq_len"] == 64 and m["vocab_size"] <= 400 and m["corpus"] == "synth"
+    assert m["seq_len"] == 64 and m["vocab_size"] == 400 and m["corpus"] == "synth"
+    assert m["tokenizer_vocab_size"] <= 400
     train, val = m["splits"]["train"], m["splits"]["val"]
     assert train["tokens"] >= 6000 and val["documents"] > 0
     assert sum(train["region_tokens"].values()) == train["tokens"]
@@ -138,6 +139,8 @@ def test_shards_roll_over_and_load_across_shards(synth_dir: Path, tmp_path: Path
 def test_reusing_a_tokenizer(synth_dir: Path, tmp_path: Path) -> None:
     prepare(_cfg(f"tokenizer={synth_dir}", "seed=2"), tmp_path / "reuse")
     assert (tmp_path / "reuse" / "tokenizer.json").read_bytes() == (synth_dir / "tokenizer.json").read_bytes()
+    with pytest.raises(ConfigError, match="more than vocab_size=300"):
+        prepare(_cfg(f"tokenizer={synth_dir}", "vocab_size=300"), tmp_path / "small")
 
 
 # --------------------------------------------------------------------------- bad input

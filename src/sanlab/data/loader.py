@@ -32,6 +32,8 @@ from sanlab.data.regions import PAD_ID
 from sanlab.data.shards import doc_metadata, load_manifest, open_split
 from sanlab.errors import ConfigError, DataError
 
+__all__ = ["Batch", "Loader", "load_manifest"]  # load_manifest is part of this module's contract
+
 Batch = dict[str, torch.Tensor]
 _VAL_SALT = 0x5A11  # separates the fixed validation order from any training permutation
 

@@ -184,7 +184,11 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
         if console is not None:
             console.print(f"training a {cfg.vocab_size}-token BPE on {sum(map(len, sample)):,} characters")
         tok = train_tokenizer(sample, cfg.vocab_size)
-    vocab = tok.get_vocab_size()
+    # The manifest's vocab_size is the model's embedding size: the one asked for, even when
+    # the BPE ran out of merges on a small corpus (ids then simply never reach the top rows).
+    vocab = cfg.vocab_size
+    if tok.get_vocab_size() > vocab:
+        raise ConfigError(f"tokenizer {cfg.tokenizer} has {tok.get_vocab_size()} tokens, more than vocab_size={vocab}")
     tok_path = save_tokenizer(tok, tmp)
 
     exercises: dict[str, int] = {e: i for i, e in enumerate(EXERCISES)} if cfg.corpus == "synth" else {}
@@ -239,6 +243,7 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
         "seed": cfg.seed,
         "seq_len": cfg.seq_len,
         "vocab_size": vocab,
+        "tokenizer_vocab_size": tok.get_vocab_size(),
         "token_dtype": writers["train"].dtypes["tokens"],
         "tokenizer": {"path": TOKENIZER_FILE, "dtype": "json", "bytes": tok_path.stat().st_size,
                       "sha256": sha256_file(tok_path)},  # fmt: skip
@@ -276,7 +281,8 @@ def print_summary(manifest: dict[str, Any], console: Console, out: Path | None =
     train = manifest["splits"]["train"]
     console.print(_share_table("train tokens by region", train["region_tokens"], train["tokens"]))
     console.print(_share_table("train tokens by exercise type", train["exercise_tokens"], train["tokens"]))
-    console.print(f"vocab {manifest['vocab_size']:,} · seq_len {manifest['seq_len']} · seed {manifest['seed']}")
+    console.print(f"vocab {manifest['vocab_size']:,} (BPE uses {manifest['tokenizer_vocab_size']:,}) · "
+                  f"seq_len {manifest['seq_len']} · seed {manifest['seed']}")
 
 
 # --------------------------------------------------------------------------- CLI
