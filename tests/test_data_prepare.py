@@ -224,3 +224,11 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path: Path, capsys, args: list[
     err = capsys.readouterr().err.strip()
     assert err.startswith("sanlab: error:") and message in err and "\n" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_builtin_english_corpus_prepares_offline(tmp_path: Path) -> None:
+    m = prepare(apply_overrides(PrepareConfig, {}, ["corpus=kjv", "tokens=4000", "vocab_size=400", "seq_len=64"]),
+                tmp_path / "kjv")  # fmt: skip
+    assert m["exercises"] == ["text"] and m["splits"]["val"]["documents"] >= 1
+    assert m["splits"]["train"]["region_tokens"]["other"] == m["splits"]["train"]["tokens"]
+    assert unpack_documents(tmp_path / "kjv", "train")[0].tolist()[0] == BOS_ID

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+import types
 from pathlib import Path
 
 import pyarrow as pa
@@ -98,3 +100,19 @@ def test_builtin_english_corpus_reads_chapters_offline() -> None:
     assert first.text.startswith("Genesis 1\nIn the beginning God created the heaven and the earth.")
     assert second.text.startswith("Genesis 2\n")
     assert first.exercise == "text"
+
+
+def test_hf_records_stream_through_the_same_mapping(monkeypatch) -> None:
+    """The HF path offline: a stand-in `datasets` module serves SYNTH and plain records."""
+    calls = []
+
+    def load_dataset(name, subset, split, streaming):
+        calls.append((name, subset, split, streaming))
+        return iter([SYNTH_RECORD, {"query": "", "synthetic_answer": ""}, SYNTH_RECORD])
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    docs = list(hf_documents(HFConfig(name="PleIAs/SYNTH")))
+    assert calls == [("PleIAs/SYNTH", None, "train", True)]
+    assert len(docs) == 2 and docs[0].region_text(QUERY) == "user\nName a river."
+    with pytest.raises(DataError, match="no text field 'content'"):
+        list(hf_documents(HFConfig(name="x", field="content", record="plain")))
