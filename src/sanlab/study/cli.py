@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from sanlab.errors import EXIT_OK
 from sanlab.study.spec import format_tokens
+from sanlab.study.table import make_console
 
 _EPILOG = """\
 examples:
@@ -74,7 +74,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return EXIT_OK
-    console = Console()
+    console = make_console()
     arms = Table(title=f"Arms of study '{spec.name}' (T={spec.data.seq_len})")
     for col in ("arm", "role", "config", "total params", "non-emb params", "train GFLOPs/token", "mismatch"):
         arms.add_column(col, justify="left" if col in ("arm", "role", "config") else "right")
@@ -84,7 +84,8 @@ def _plan(args: argparse.Namespace) -> int:
                      "—" if a.mismatch is None else f"{a.mismatch:+.2%}")
     console.print(arms)
     runs = Table(title=f"{len(plan.runs)} runs")
-    for col in ("run id", "phase", "arm", "config", "params", "GFLOPs/tok", "tokens", "lr", "seed",
+    runs.add_column("run id", no_wrap=True)
+    for col in ("phase", "arm", "config", "params", "GFLOPs/tok", "tokens", "lr", "seed",
                 "PFLOPs", "est. time", "note"):
         runs.add_column(col, justify="right" if col in ("params", "GFLOPs/tok", "tokens", "lr", "seed",
                                                         "PFLOPs", "est. time") else "left")
@@ -98,7 +99,7 @@ def _plan(args: argparse.Namespace) -> int:
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
     console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)} "
-                  f"on {plan.workers} worker(s) at {plan.tokens_per_s:g} tokens/s for the reference "
+                  f"with {plan.workers} run(s) in parallel at {plan.tokens_per_s:g} tokens/s for the reference "
                   "arm (runner.tokens_per_s; other arms scaled by FLOPs/token)", highlight=False)
     return EXIT_OK
 
@@ -134,7 +135,7 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"runs": rows, "counts": counts}, indent=2))
         return EXIT_OK
-    console = Console()
+    console = make_console()
     table = Table(title=f"Study '{spec.name}' in {args.dir}")
     for col in ("run id", "phase", "status", "val loss", "wall", "note"):
         table.add_column(col)
@@ -171,7 +172,7 @@ def _table(args: argparse.Namespace) -> int:
                           "noise_floor": [g.to_dict() for g in noise],
                           "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)]}, indent=2))
         return EXIT_OK
-    print_tables(spec, arms, records, Console())
+    print_tables(spec, arms, records, make_console())
     return EXIT_OK
 
 

@@ -40,7 +40,7 @@ from sanlab.study.plan import (
 from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
-from sanlab.study.table import locks, print_tables
+from sanlab.study.table import locks, make_console, print_tables
 
 SPEC_FILE = "study.json"
 
@@ -110,7 +110,7 @@ class Study:
                  runner: LocalRunner | SlurmRunner | None = None) -> None:
         self.spec = spec
         self.dir = Path(study_dir)
-        self.console = console or Console()
+        self.console = console or make_console()
         self.train_fn = train_fn
         self.store = ResultStore(self.dir)
         self.runner = runner or make_runner(spec.runner, self.dir)

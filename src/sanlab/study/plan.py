@@ -251,7 +251,7 @@ class StudyPlan:
     runs: list[PlannedRun]
     notes: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
-    workers: int = 1
+    workers: int = 1  # runs in parallel (local workers, or the SLURM array parallelism)
 
     def run_seconds(self, run: PlannedRun) -> float:
         """Time estimate: the reference's throughput scaled by FLOPs per token."""
@@ -324,4 +324,5 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
     if provisional and spec.sweep.enabled:
         notes.append("final / noise runs show the base LR (×1); the sweep locks the real LR, "
                      "so their LR and run id may change")
-    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, spec.runner.workers)
+    parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
+    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel)

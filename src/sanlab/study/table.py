@@ -32,6 +32,13 @@ from sanlab.study.plan import (
 from sanlab.study.spec import StudySpec, format_tokens
 
 
+def make_console() -> Console:
+    """A terminal's own width; 160 columns when writing to a file or pipe (logs, CI), where
+    rich would otherwise squeeze the wide study tables into 80."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
 def _loss(records: Mapping[str, dict], run_id: str) -> float | None:
     rec = records.get(run_id)
     if rec is None or rec.get("status") != "completed":
