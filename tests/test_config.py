@@ -92,3 +92,31 @@ def test_cli_bad_model_input_exits_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("sanlab: error:") and message in err and "\n" not in err
+
+
+def test_override_into_dict_field_keeps_siblings():
+    from sanlab.config import StrictModel, apply_overrides
+
+    class Inner(StrictModel):
+        mix: dict[str, float] = {"a": 1.0, "b": 2.0}
+        size: int = 3
+
+    class Outer(StrictModel):
+        inner: Inner = Inner()
+
+    cfg = apply_overrides(Outer, {}, ["inner.mix.b=0.5", "inner.mix.c=4"])
+    assert cfg.inner.mix == {"a": 1.0, "b": 0.5, "c": 4.0} and cfg.inner.size == 3
+    cfg = apply_overrides(Outer, {"inner": {"mix": {"a": 9.0}}}, ["inner.mix.b=1"])
+    assert cfg.inner.mix == {"a": 9.0, "b": 1.0}
+    with pytest.raises(ConfigError, match="inner.mix.b=x"):
+        apply_overrides(Outer, {}, ["inner.mix.b=x"])
+    with pytest.raises(ConfigError, match="has no sub-keys"):
+        apply_overrides(Outer, {}, ["inner.size.x=1"])
+
+
+def test_override_of_synth_mix_weight():
+    from sanlab.data.prepare import PrepareConfig
+
+    cfg = load_config(None, ["synth.mix.math=5", "synth.people=50"], cls=PrepareConfig)
+    assert cfg.synth.mix["math"] == 5.0 and cfg.synth.people == 50
+    assert set(cfg.synth.mix) == set(PrepareConfig().synth.mix)  # the other weights stay

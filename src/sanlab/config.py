@@ -11,8 +11,11 @@ Other tools reuse the same machinery for their own configs (`StrictModel`,
 
 from __future__ import annotations
 
+import collections.abc
 import json
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, TypeVar
 
@@ -217,18 +220,38 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: malformed TOML: {e}") from None
 
 
-def _field_annotation(cls: type[BaseModel], path: list[str], full: str) -> Any:
-    """The type annotation of the dotted field `path` inside `cls`."""
+def _dict_value_type(annotation: Any) -> Any | None:
+    """The value type of a `dict[str, V]` annotation (also inside `Optional`), else None."""
+    if typing.get_origin(annotation) in (dict, Mapping, collections.abc.Mapping):
+        return typing.get_args(annotation)[1]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if (value := _dict_value_type(arg)) is not None:
+                return value
+    return None
+
+
+def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tuple[Any, Any]]:
+    """For each component of the dotted `path`, its (annotation, default value).
+
+    Components walk through nested config models and into `dict[str, V]` fields, whose
+    keys are free (`synth.mix.math=0.3` sets one weight of a mix).
+    """
+    steps: list[tuple[Any, Any]] = []
     current: Any = cls
     for i, part in enumerate(path):
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(part)
+            if field is None:
+                raise ConfigError(f"override {full}: unknown key {'.'.join(path[: i + 1])}")
+            default = None if field.is_required() else field.get_default(call_default_factory=True)
+            current = field.annotation
+        elif (value_type := _dict_value_type(current)) is not None:
+            default, current = None, value_type
+        else:
             raise ConfigError(f"override {full}: {'.'.join(path[:i])} has no sub-keys")
-        field = current.model_fields.get(part)
-        if field is None:
-            where = ".".join(path[: i + 1])
-            raise ConfigError(f"override {full}: unknown key {where}")
-        current = field.annotation
-    return current
+        steps.append((current, default))
+    return steps
 
 
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
@@ -264,15 +287,23 @@ def apply_overrides(
         path = [p for p in key.strip().split(".") if p]
         if not path:
             raise ConfigError(f"override {item!r}: empty key")
-        annotation = _field_annotation(cls, path, key)
-        value = _parse_value(annotation, raw.strip(), key)
+        steps = _resolve_path(cls, path, key)
+        value = _parse_value(steps[-1][0], raw.strip(), key)
         node = merged
-        for part in path[:-1]:
+        for part, (_, default) in zip(path[:-1], steps[:-1]):
             if not isinstance(node.get(part), dict):
-                node[part] = {}
+                # Start from the field's default so one override keeps its siblings.
+                node[part] = _plain(default) if isinstance(default, (BaseModel, dict)) else {}
             node = node[part]
         node[path[-1]] = value.model_dump() if isinstance(value, BaseModel) else value
     return validate(cls, merged, source=source)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-like copy of a config value (models dumped, tuples as lists)."""
+    if isinstance(value, BaseModel):
+        return json.loads(value.model_dump_json())
+    return json.loads(json.dumps(value, default=list))
 
 
 def load_config(
