@@ -142,3 +142,28 @@ def _error_argparse(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
         main(argv)
     assert e.value.code == 2
     return capsys.readouterr().err
+
+
+def test_same_run_twice_and_foreign_data(trained: dict[str, Path], capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    assert "given twice" in _error(capsys, ["analyze", str(trained["san"]), "--vs", str(trained["san"])])
+    data2 = tmp_path / "data2"
+    shutil.copytree(trained["data"], data2)
+    (data2 / "tokenizer.json").write_text((data2 / "tokenizer.json").read_text() + " ")
+    err = _error(capsys, ["analyze", str(trained["san"]), "--data", str(data2), "--skip", "spectra"])
+    assert "tokenizers differ: evaluation data" in err
+
+
+def test_diverged_run_is_recorded_not_a_crash(trained: dict[str, Path], tmp_path: Path) -> None:
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=512)
+
+    def diverge(m) -> None:
+        m.blocks[0].attn.wo.weight.fill_(float("nan"))
+
+    run = write_run(tmp_path / "nan", cfg, {"latest": diverge, "milestone-000": lambda m: None,
+                                            "milestone-100": diverge}, data_dir=trained["data"])  # fmt: skip
+    assert main(["analyze", str(run), "--out", str(tmp_path / "out"), "--eval-rows", "4"]) == 0
+    result = json.loads((tmp_path / "out" / "analysis.json").read_text())["runs"]["nan"]
+    assert result["losses"]["loss"] is None  # NaN is written as null
+    o_last = [r for r in result["spectra"]["per_matrix"] if r["type"] == "O" and r["milestone"] == 1.0]
+    assert o_last[0]["stable_rank"] is None
+    assert next(c for c in result["spectra"]["crystallisation"] if c["type"] == "O")["milestone"] is None

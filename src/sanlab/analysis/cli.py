@@ -74,11 +74,9 @@ def _names(paths: list[Path]) -> list[str]:
 
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `sanlab analyze` computes, as one JSON-ready dict."""
-    import torch
-
     from sanlab.analysis import losses as L
     from sanlab.analysis.evaluate import evaluate, load_sample
-    from sanlab.analysis.rundir import RunDir, check_same_tokenizer, checkpoint_name
+    from sanlab.analysis.rundir import RunDir, check_data_tokenizer, check_same_tokenizer, checkpoint_name
     from sanlab.analysis.spectra import DEFAULT_TOL, run_spectra
     from sanlab.analysis.stream import gate_values
 
@@ -89,8 +87,14 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args.device)
     batch_rows = args.batch_rows or (16 if device == "cuda" else 4)
     tol = DEFAULT_TOL if args.crystal_tol is None else args.crystal_tol
+    if not 0 < tol <= 1:
+        raise ConfigError(f"--crystal-tol must lie in (0, 1], got {tol}")
     ckpt = checkpoint_name(args.checkpoint)
     paths = list(args.runs) + ([args.vs] if args.vs is not None else [])
+    resolved = [p.resolve() for p in paths]
+    dup = next((p for i, p in enumerate(paths) if resolved[i] in resolved[:i]), None)
+    if dup is not None:
+        raise ConfigError(f"{dup} is given twice (as a run and/or as --vs)")
     labels = _names(paths)
     runs = [RunDir.open(p) for p in paths]
     sections = [s for s in SECTIONS if s not in args.skip]
@@ -122,6 +126,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     sample = table = None
     if needs_sample:
         data_dir = runs[0].data_dir(args.data)
+        for run, own in zip(runs, data_dirs):
+            check_data_tokenizer(run, own, data_dir)
         sample = load_sample(data_dir, args.eval_rows)
         table = sample.token_table()
         result["sample"] = {

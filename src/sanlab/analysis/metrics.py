@@ -28,14 +28,23 @@ LOCAL_DISTANCES: tuple[int, ...] = (0, 1, 2, 3)
 
 
 def singular_values(w: Tensor) -> Tensor:
-    """Singular values of a 2-D matrix in float64, descending: (min(m, n),)."""
+    """Singular values of a 2-D matrix in float64, descending: (min(m, n),).
+
+    A matrix with a non-finite entry (a diverged run) gets NaN singular values, so
+    every rank computed from them is NaN rather than an exception.
+    """
     if w.ndim != 2:
         raise ValueError(f"expected a 2-D matrix, got shape {tuple(w.shape)}")
-    return torch.linalg.svdvals(w.detach().to(torch.float64).cpu())
+    w = w.detach().to(torch.float64).cpu()
+    if not bool(torch.isfinite(w).all()):
+        return torch.full((min(w.shape),), float("nan"), dtype=torch.float64)
+    return torch.linalg.svdvals(w)
 
 
 def stable_rank(s: Tensor) -> float:
-    """‖W‖²_F / ‖W‖²₂ from singular values; 0 for the zero matrix."""
+    """‖W‖²_F / ‖W‖²₂ from singular values; 0 for the zero matrix, NaN for NaN input."""
+    if bool(s.isnan().any()):
+        return float("nan")
     top = float(s.max()) if s.numel() else 0.0
     return float((s**2).sum()) / top**2 if top > 0 else 0.0
 
@@ -52,6 +61,8 @@ def entropy_effective_rank(s: Tensor) -> float:
 
     Equals k for k equal non-zero singular values; lies in [1, len(s)] otherwise.
     """
+    if bool(s.isnan().any()):
+        return float("nan")
     p = normalized_spectrum(s)
     if float(p.sum()) == 0.0:
         return 0.0
@@ -130,6 +141,8 @@ class CovarianceAccumulator:
             return torch.zeros(self.dim, dtype=torch.float64)
         mu = self.total / self.n
         cov = self.gram - self.n * torch.outer(mu, mu)
+        if not bool(torch.isfinite(cov).all()):  # a diverged model's states
+            return torch.full((self.dim,), float("nan"), dtype=torch.float64)
         eig = torch.linalg.eigvalsh(0.5 * (cov + cov.T))
         # round-off below this floor is not a direction of the data
         eig = torch.where(eig > eig.max() * self.dim * 1e-12, eig, torch.zeros_like(eig))

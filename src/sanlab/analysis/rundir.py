@@ -155,3 +155,13 @@ def check_same_tokenizer(a: RunDir, a_data: Path | None, b: RunDir, b_data: Path
             f"tokenizers differ: {a_data}/tokenizer.json (run {a.path}) vs "
             f"{b_data}/tokenizer.json (run {b.path}); per-token losses are not comparable"
         )
+
+
+def check_data_tokenizer(run: RunDir, run_data: Path | None, data_dir: Path) -> None:
+    """Raise a one-line error when the evaluation data was tokenized differently from a run's own data."""
+    own, other = tokenizer_hash(run_data), tokenizer_hash(data_dir)
+    if own is not None and other is not None and own != other:
+        raise DataError(
+            f"tokenizers differ: evaluation data {data_dir} vs {run_data} that run {run.path} was "
+            "trained on; per-token losses would be meaningless"
+        )

@@ -63,10 +63,15 @@ def state_spectra(state: dict[str, Tensor], device: str | torch.device = "cpu") 
     dtype = torch.float32 if torch.device(device).type == "cuda" else torch.float64
     out: dict[tuple[int, str], Tensor] = {}
     for items in groups.values():
-        stack = torch.stack([w for _, w in items]).to(device, dtype)  # (n, m, k)
-        s = torch.linalg.svdvals(stack).to("cpu", torch.float64)  # (n, min(m, k))
-        for (key, _), sv in zip(items, s):
-            out[key] = sv
+        ok = [(key, w) for key, w in items if bool(torch.isfinite(w).all())]
+        for key, w in items:
+            if not bool(torch.isfinite(w).all()):  # a diverged run: NaN spectra, recorded not raised
+                out[key] = M.singular_values(w)
+        if ok:
+            stack = torch.stack([w for _, w in ok]).to(device, dtype)  # (n, m, k)
+            s = torch.linalg.svdvals(stack).to("cpu", torch.float64)  # (n, min(m, k))
+            for (key, _), sv in zip(ok, s):
+                out[key] = sv
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], _type_key(kv[0][1]))))
 
 
