@@ -1,0 +1,67 @@
+"""`sanlab train [CONFIG.toml] [section.key=value …] --out RUN_DIR [--resume] [--force] [--nproc N]`.
+
+Exit codes: 0 completed (or already complete), 2 user error, 3 diverged (a recorded
+result), 4 interrupted by a signal after saving a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from sanlab.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
+
+_EXIT = {"completed": EXIT_OK, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("items", nargs="*", metavar="[CONFIG.toml] [section.key=value]",
+                        help="an optional TOML config, then overrides such as data.dir=DIR train.tokens=1e6")
+    parser.add_argument("--out", required=True, type=Path, metavar="RUN_DIR", help="the run directory")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in RUN_DIR from its latest checkpoint (its config.json "
+                             "is the base config; overrides that change it need --force)")
+    parser.add_argument("--force", action="store_true",
+                        help="start over in an existing RUN_DIR, or with --resume accept a changed config")
+    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+                        help="data-parallel processes on this machine (launches torch.distributed.run)")
+
+
+def _split_items(items: list[str]) -> tuple[str | None, list[str]]:
+    paths = [i for i in items if "=" not in i]
+    if len(paths) > 1:
+        raise ConfigError(f"expected at most one config file, got {' '.join(paths)}")
+    return (paths[0] if paths else None), [i for i in items if "=" in i]
+
+
+def run(args: argparse.Namespace) -> int:
+    from sanlab.config import Config, apply_overrides, load_config
+    from sanlab.train import dist, rundir
+    from sanlab.train.trainer import train
+
+    path, overrides = _split_items(args.items)
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
+    stored = args.out / rundir.CONFIG_FILE
+    if args.resume and path is None and stored.is_file():
+        # Resuming needs no config: the run dir has it; overrides apply on top of it.
+        data = rundir.read_json(stored)
+        if data is None:
+            raise ConfigError(f"{stored}: unreadable run config")
+        cfg = apply_overrides(Config, data, overrides, source=str(stored))
+    else:
+        cfg = load_config(path, overrides)
+    if args.nproc > 1 and not dist.in_torchrun():
+        argv = ["train", *args.items, "--out", str(args.out)]
+        argv += ["--resume"] * args.resume + ["--force"] * args.force
+        return dist.launch(args.nproc, argv)
+    meta = train(cfg, args.out, resume=args.resume, force=args.force)
+    if os.environ.get("RANK", "0") != "0":
+        # Under torchrun a non-zero exit makes the launcher stop the other ranks: only rank 0
+        # reports the run's status (and so the job's exit code) once it has written it.
+        return EXIT_OK
+    final = meta.get("final", {})
+    print(f"{meta['status']}: {args.out}  steps {final.get('steps')}  "
+          f"train_loss {final.get('train_loss')}  val_loss {final.get('val_loss')}")
+    return _EXIT.get(meta["status"], EXIT_OK)

@@ -1,0 +1,123 @@
+"""Exact resume on CPU: a run stopped by SIGTERM or killed by SIGKILL, then resumed, logs
+bit-identical losses to the uninterrupted run; and the refusals around resuming."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sanlab.cli import main
+from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from sanlab.train.trainer import train
+from test_train_loop import TINY, metrics, tiny_config
+
+STEPS = 150
+RUN = ["train.steps=150", "train.checkpoint_every=4", "train.eval_every=7", "train.threads=1"]
+
+
+def exact(rows: list[dict]) -> list[tuple]:
+    """What must match bit for bit (timings excluded)."""
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss")) for r in rows]
+
+
+@pytest.fixture(scope="module")
+def reference(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[tuple]:
+    run = tmp_path_factory.mktemp("ref") / "run"
+    assert train(tiny_config(train_data_dir, *RUN), run)["status"] == "completed"
+    return exact(metrics(run))
+
+
+def start(data_dir: Path, run: Path) -> subprocess.Popen:
+    args = [f"data.dir={data_dir}", *TINY, *RUN]
+    return subprocess.Popen([sys.executable, "-m", "sanlab", "train", *args, "--out", str(run)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int) -> int:
+    """Poll metrics.jsonl until it reaches `step`; return the last step seen."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            lines = (run / "metrics.jsonl").read_text().splitlines()
+            last = json.loads(lines[-1])["step"] if lines else 0
+        except (OSError, json.JSONDecodeError, IndexError):
+            last = 0
+        if last >= step:
+            return last
+        time.sleep(0.002)
+    raise AssertionError("the run did not get going")
+
+
+def resume(run: Path) -> None:
+    assert main(["train", "--out", str(run), "--resume"]) == EXIT_OK  # config from the run dir
+    assert json.loads((run / "meta.json").read_text())["status"] == "completed"
+
+
+def test_sigterm_saves_and_resume_is_bit_identical(train_data_dir: Path, tmp_path: Path,
+                                                   reference: list[tuple]) -> None:
+    run = tmp_path / "run"
+    proc = start(train_data_dir, run)
+    wait_for_step(proc, run, 5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == EXIT_INTERRUPTED
+    meta = json.loads((run / "meta.json").read_text())
+    stopped = meta["final"]["steps"]
+    assert meta["status"] == "interrupted" and 5 <= stopped < STEPS
+    state = json.loads((run / "checkpoints" / "latest" / "state.json").read_text())
+    assert state["step"] == stopped  # a checkpoint was written at the stop, between the regular ones
+    resume(run)
+    assert exact(metrics(run)) == reference
+
+
+def test_sigkill_then_resume_is_bit_identical(train_data_dir: Path, tmp_path: Path,
+                                              reference: list[tuple]) -> None:
+    run = tmp_path / "run"
+    proc = start(train_data_dir, run)
+    wait_for_step(proc, run, 10)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert json.loads((run / "meta.json").read_text())["status"] == "running"
+    # What a kill mid-write leaves behind past the checkpoint: a whole line and half of one.
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 10_000, "loss": 0.0}) + '\n{"step": 10')
+    resume(run)
+    assert exact(metrics(run)) == reference
+
+
+def test_resume_refuses_another_config_unless_forced(train_data_dir: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    base = ["train", f"data.dir={train_data_dir}", *TINY, "train.eval_every=0"]
+    assert main([*base, "train.steps=4", "--out", str(run)]) == EXIT_OK
+    capsys.readouterr()
+    assert main([*base, "train.steps=8", "--out", str(run), "--resume"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "different config: train.steps" in err
+    assert main([*base, "train.steps=4", "--out", str(run)]) == EXIT_OK  # same config: already complete
+    # --force with --resume continues under the new config (here: a longer run).
+    assert main(["train", "train.steps=8", "--out", str(run), "--resume", "--force"]) == EXIT_OK
+    rows = metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+
+
+def test_corrupt_checkpoint_is_one_line(train_data_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run"
+    base = ["train", f"data.dir={train_data_dir}", *TINY, "train.eval_every=0"]
+    assert main([*base, "train.steps=2", "--out", str(run)]) == EXIT_OK
+    f = run / "checkpoints" / "latest" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main([*base, "train.steps=3", "--out", str(run), "--resume", "--force"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "checksum mismatch" in err
