@@ -58,7 +58,8 @@ def calls(study_dir: Path) -> list[str]:
     return path.read_text().split() if path.is_file() else []
 
 
-def test_full_study_sweeps_locks_and_tabulates(data_dir: Path, tmp_path: Path) -> None:
+def test_full_study_sweeps_locks_and_tabulates(data_dir: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     spec = make_spec(data_dir)
     console = Console(record=True, width=200)
     assert Study(spec, tmp_path, console=console, train_fn="study_fakes:train").run() == 0
@@ -85,6 +86,18 @@ def test_full_study_sweeps_locks_and_tabulates(data_dir: Path, tmp_path: Path) -
     assert noise[0].mean == pytest.approx(0.0015)
     text = console.export_text()
     assert "noise floor" in text and "LR sweep" in text and "Gap to the reference" in text
+
+    # status and table read the study dir alone.
+    from sanlab.cli import main
+
+    capsys.readouterr()
+    assert main(["study", "status", str(tmp_path), "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["counts"] == {"completed": len(records)}
+    assert main(["study", "table", str(tmp_path), "--json"]) == 0
+    table = json.loads(capsys.readouterr().out)
+    assert [g["arm"] for g in table["gaps"]] == ["iso_param", "iso_flop", "iso_depth"]
+    assert table["noise_floor"][0]["mean"] == pytest.approx(0.0015)
 
     # A rerun trains nothing again.
     before = calls(tmp_path)

@@ -47,7 +47,7 @@ SPEC_FILE = "study.json"
 
 def save_spec(spec: StudySpec, study_dir: Path) -> None:
     study_dir.mkdir(parents=True, exist_ok=True)
-    (study_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json"), indent=2) + "\n")
+    (study_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json", exclude_unset=True), indent=2) + "\n")
 
 
 def load_saved_spec(study_dir: str | Path) -> StudySpec:

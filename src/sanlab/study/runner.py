@@ -30,6 +30,7 @@ import fcntl
 import importlib
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def train_in_process(job: Job) -> dict[str, Any]:
         "final": meta.get("final") or {},
         "error": meta.get("error"),
         "accounting": meta.get("accounting"),
+        "tokens_per_s": meta.get("tokens_per_s"),
         "wall_s": time.time() - t0,
     }
 
@@ -175,24 +177,37 @@ class LocalRunner:
     def __init__(self, spec: RunnerSpec) -> None:
         self.workers = spec.workers
         self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
+        self.gpus = spec.gpus_per_run
+        # Each worker owns a fixed set of GPUs: worker i sees devices i·g … i·g + g − 1.
+        self.gpu_slots: queue.Queue[str] = queue.Queue()
+        for w in range(self.workers if self.gpus else 0):
+            self.gpu_slots.put(",".join(str(w * self.gpus + g) for g in range(self.gpus)))
 
     def _one(self, job: Job) -> dict[str, Any]:
         job.write()
         job.outcome_file.unlink(missing_ok=True)
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
                "SANLAB_PARENT_PID": str(os.getpid())}
-        with open(job.log_file, "a") as log:
-            rc = subprocess.run(
-                [sys.executable, "-m", "sanlab.study.runner", str(job.job_file), str(job.outcome_file)],
-                stdout=log, stderr=subprocess.STDOUT, env=env,
-            ).returncode
+        slot = self.gpu_slots.get() if self.gpus else None
+        if slot is not None:
+            env["CUDA_VISIBLE_DEVICES"] = slot
+        try:
+            with open(job.log_file, "a") as log:
+                rc = subprocess.run(
+                    [sys.executable, "-m", "sanlab.study.runner", str(job.job_file), str(job.outcome_file)],
+                    stdout=log, stderr=subprocess.STDOUT, env=env,
+                ).returncode
+        finally:
+            if slot is not None:
+                self.gpu_slots.put(slot)
         if job.outcome_file.is_file():
             return json.loads(job.outcome_file.read_text())  # type: ignore[no-any-return]
         return _failed(f"worker exited with code {rc} (see {job.log_file})")
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
         """Run every job, calling `on_done(job, outcome)` in this thread as each finishes."""
-        jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads}) for j in jobs]
+        jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus})
+                for j in jobs]
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             pending: dict[Future[dict[str, Any]], Job] = {pool.submit(self._one, j): j for j in jobs}
             while pending:

@@ -153,13 +153,14 @@ def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
 def _verdict(g: Gap, floor: Gap | None) -> str:
     if g.mean is None:
         return "…"
-    favours = "standard" if g.mean < 0 else "SAN"
+    favours = "std" if g.mean < 0 else "SAN"
     if floor is None or floor.mean is None:
-        return f"favours {favours} (no floor yet)"
-    margin = abs(floor.mean) + (floor.spread or 0.0) + (g.spread or 0.0)
-    if abs(g.mean) <= margin:
+        return f"{favours} ahead (no floor yet)"
+    # The floor's size: its mean gap or its seed-to-seed spread, whichever is larger.
+    size = max(abs(floor.mean), floor.spread or 0.0)
+    if abs(g.mean) <= size + (g.spread or 0.0):
         return "within noise"
-    return f"favours {favours}, {abs(g.mean) / max(abs(floor.mean), 1e-12):.0f}× floor"
+    return f"{favours} ahead, {abs(g.mean) / max(size, 1e-12):.0f}× floor"
 
 
 def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
@@ -251,6 +252,16 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
     return table, warnings
 
 
+def throughput(records: Mapping[str, dict]) -> dict[str, float]:
+    """Measured training tokens/s per arm (mean over its finished runs): what sizes
+    `runner.tokens_per_s` for the next plan."""
+    per: dict[str, list[float]] = {}
+    for r in records.values():
+        if r.get("tokens_per_s"):
+            per.setdefault(r["arm"], []).append(float(r["tokens_per_s"]))
+    return {arm: statistics.fmean(v) for arm, v in per.items()}
+
+
 def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
                  console: Console) -> None:
     lock = locks(spec, arms, records, set(records))
@@ -260,3 +271,8 @@ def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, di
         for w in warnings:
             console.print(f"[yellow]{w}[/yellow]")
     console.print(gap_table(spec, arms, records, lock))
+    tps = throughput(records)
+    if tps:
+        console.print("measured throughput (training tokens/s per run): "
+                      + ", ".join(f"{a.name} {tps[a.name]:,.0f}" for a in arms if a.name in tps),
+                      highlight=False)
