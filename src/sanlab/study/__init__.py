@@ -1,1 +1,3 @@
-
+"""Controlled studies (SPEC §1.2–1.4): matched arms, per-arm LR sweeps with boundary
+extension, seeds and budgets, local and SLURM runners, the results store and the gap
+table. `sanlab study plan|run|status|table` is the command line (study/cli.py)."""
