@@ -22,14 +22,9 @@ from sanlab.study.store import ResultStore
 TESTS = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from sanlab.config import apply_overrides
-    from sanlab.data.prepare import PrepareConfig, prepare
-
-    out = tmp_path_factory.mktemp("study-e2e") / "data"
-    prepare(apply_overrides(PrepareConfig, {}, ["tokens=20000", "seq_len=32", "vocab_size=512"]), out)
-    return out
+@pytest.fixture
+def data_dir(study_data_dir: Path) -> Path:
+    return study_data_dir
 
 
 SPEC = """
