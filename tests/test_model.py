@@ -390,3 +390,22 @@ def test_fused_loss_gradient_matches_autograd():
     assert torch.autograd.gradcheck(
         lambda x: lm_loss(x, targets, mask, z_loss=0.05)[0], (logits.detach().requires_grad_(),)
     )
+
+
+def test_fused_loss_is_exact_across_chunks():
+    """With a vocabulary large enough to split 10 rows into chunks, loss and gradient are unchanged."""
+    from sanlab.model.lm import _loss_chunk_rows
+
+    torch.manual_seed(0)
+    V = 1 << 17
+    logits = torch.randn(2, 5, V, dtype=torch.float64, requires_grad=True)
+    assert _loss_chunk_rows(logits.reshape(-1, V)) < 10  # several chunks
+    targets = torch.randint(0, V, (2, 5))
+    mask = torch.tensor([[1, 1, 0, 1, 1], [1, 0, 1, 1, 1]], dtype=torch.bool)
+    loss, _ = lm_loss(logits, targets, mask, z_loss=1e-3)
+    (g,) = torch.autograd.grad(loss, logits)
+    lse = torch.logsumexp(logits, -1)
+    ref = ((lse - logits.gather(-1, targets[..., None]).squeeze(-1))[mask] + 1e-3 * lse[mask] ** 2).mean()
+    (g_ref,) = torch.autograd.grad(ref, logits)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(g, g_ref)
