@@ -60,7 +60,7 @@ def _fmt_seconds(s: float) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from sanlab.study.plan import plan_study
+    from sanlab.study.plan import model_label, plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
     from sanlab.study.table import locks
@@ -89,9 +89,8 @@ def _plan(args: argparse.Namespace) -> int:
                 "PFLOPs", "est. time", "note"):
         runs.add_column(col, justify="right" if col in ("params", "GFLOPs/tok", "tokens", "lr", "seed",
                                                         "PFLOPs", "est. time") else "left")
-    labels = {a.name: a.label for a in plan.arms}
     for r in plan.runs:
-        runs.add_row(r.run_id, r.phase, r.arm, labels.get(r.arm, ""), _fmt_params(r.params_total),
+        runs.add_row(r.run_id, r.phase, r.arm, model_label(r.config.model), _fmt_params(r.params_total),
                      f"{r.flops_per_token / 1e9:.4f}", format_tokens(r.tokens), f"{r.lr:g}",
                      str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
                      _fmt_seconds(plan.run_seconds(r)), r.note)

@@ -51,8 +51,13 @@ class StudyArm:
 
     @property
     def label(self) -> str:
-        m = self.model
-        return f"{m.n_layers}L d{m.d_model} " + (f"d_ff {m.ffn_dim}" if m.ffn else "no FFN")
+        return model_label(self.model)
+
+
+def model_label(m: ModelConfig) -> str:
+    """A short shape description, `5L d64 no FFN`; a non-default norm is named (`…, rms norm`)."""
+    label = f"{m.n_layers}L d{m.d_model} " + (f"d_ff {m.ffn_dim}" if m.ffn else "no FFN")
+    return label if m.norm == "zcrms" else f"{label}, {m.norm} norm"
 
 
 @dataclass
