@@ -1,11 +1,11 @@
 """Data throughput: `sanlab prepare` and the loader, against what training consumes.
 
 Prepare rows time the whole pipeline (generate or read, train the BPE, tokenize, pack,
-hash, rename). The loader must never be the bottleneck: it has to deliver batches at least 50× faster
-than a default CPU model trains on them. The reference consumption is the measured
-training rate DESIGN.md records for a 10-layer attention-only model on this machine's
-CPU (bf16 autocast, T=256, batch 16, vocab 2,048, d=128): ~9,000 tokens/s. The model is
-not imported here, so this benchmark measures the data side alone.
+hash, rename). The loader must never be the bottleneck: it has to deliver batches at
+least 50× faster than a default CPU model trains on them. The training need is measured
+in the same run: full training steps (bf16 autocast, fused loss, backward, Muon + AdamW)
+of the default SAN and of the default-width standard arm with one layer — the fastest
+consumer of tokens — on batches from the same loader.
 
     python benchmarks/bench_data.py [--tokens 1M --seq-len 256 --batch 16 --steps 2000]
 """
@@ -24,7 +24,6 @@ from sanlab.config import apply_overrides
 from sanlab.data.loader import Loader
 from sanlab.data.prepare import PrepareConfig, parse_count, prepare
 
-TRAIN_REFERENCE_TOK_S = 9_000.0  # DESIGN.md: 10-layer SAN, d=128, bf16, T=256, B=16, 2 CPU cores
 REQUIRED_RATIO = 50.0
 
 
@@ -50,6 +49,37 @@ def _loader_rate(data_dir: Path, batch: int, steps: int, world_size: int) -> flo
     return steps * batch * loader.seq_len / best
 
 
+def _training_rate(data_dir: Path, batch: int, steps: int, **model: object) -> float:
+    """Tokens per second of full training steps of the default model with `model` overrides."""
+    import torch
+
+    from sanlab.config import Config
+    from sanlab.model.lm import LM, lm_loss
+    from sanlab.train.optim import build_optimizers, clip_grad_norm
+
+    torch.manual_seed(0)
+    loader = Loader(data_dir, batch_rows=batch, seed=0)
+    cfg = Config().model.model_copy(update={"vocab_size": loader.vocab_size, **model})
+    lm = LM(cfg)
+    optims = build_optimizers(lm, Config().optim)
+
+    def step(i: int) -> None:
+        b = loader.batch(i)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = lm_loss(lm(b["inputs"], b["segment_ids"]), b["targets"], b["loss_mask"])
+        loss.backward()
+        clip_grad_norm(optims.params(), 1.0)
+        optims.step()
+        optims.zero_grad()
+
+    for i in range(2):
+        step(i)
+    t0 = time.perf_counter()
+    for i in range(steps):
+        step(i)
+    return steps * batch * loader.seq_len / (time.perf_counter() - t0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1M")
@@ -57,9 +87,10 @@ def main() -> int:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--batch", type=int, default=16, help="rows per rank per step")
     p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--train-steps", type=int, default=8, help="timed training steps per model")
     p.add_argument("--skip-kjv", action="store_true", help="skip the built-in English corpus")
     a = p.parse_args()
-    console = Console()
+    console = Console(width=120)
     base = [f"seq_len={a.seq_len}", f"vocab_size={a.vocab}"]
 
     table = Table(title="sanlab data throughput", title_justify="left")
@@ -72,16 +103,20 @@ def main() -> int:
         if not a.skip_kjv:
             secs, n = _prepare([*base, "corpus=kjv"], Path(tmp) / "kjv")
             table.add_row("prepare kjv", f"{n:,}", f"{secs:.2f}", f"{n / secs:,.0f}", "")
+        need = 0.0
+        for name, model in (("SAN, default 4L d128", {}), ("standard, 1L d128", {"ffn": True, "n_layers": 1})):
+            rate = _training_rate(synth, a.batch, a.train_steps, **model)
+            need = max(need, rate)
+            table.add_row(f"training: {name}", f"{a.train_steps * a.batch * a.seq_len:,}", "", f"{rate:,.0f}", "")
         ratios = []
         for ws in (1, 4):
             rate = _loader_rate(synth, a.batch, a.steps, ws)
-            ratios.append(rate / TRAIN_REFERENCE_TOK_S)
+            ratios.append(rate / need)
             table.add_row(f"loader {a.batch}×{a.seq_len}, rank 0/{ws}", f"{a.steps * a.batch * a.seq_len:,}",
                           "", f"{rate:,.0f}", f"{ratios[-1]:,.0f}×")  # fmt: skip
-    table.add_row("training (reference)", "", "", f"{TRAIN_REFERENCE_TOK_S:,.0f}", "1×")
     console.print(table)
     ok = min(ratios) >= REQUIRED_RATIO
-    console.print(f"loader / training need: {min(ratios):,.0f}× (required ≥ {REQUIRED_RATIO:.0f}×): "
+    console.print(f"loader / fastest training need: {min(ratios):,.0f}× (required ≥ {REQUIRED_RATIO:.0f}×): "
                   + ("[green]ok[/green]" if ok else "[red]too slow[/red]"))  # fmt: skip
     return 0 if ok else 1
 
