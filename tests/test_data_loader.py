@@ -107,3 +107,23 @@ def test_bad_loader_arguments(data_dir: Path, tmp_path: Path) -> None:
         Loader(data_dir, split="test")
     with pytest.raises(DataError, match="not a prepared data dir"):
         Loader(tmp_path)
+
+
+def test_regions_belong_to_the_target_token(data_dir: Path) -> None:
+    """region_ids describe the token being predicted: the first token after `<think>` is
+    trace, special-token targets are other, and a role header counts with its turn."""
+    from sanlab.data.regions import (
+        ANSWER, BOS_ID, END_THINK_ID, EOS_ID, IM_END_ID, IM_START_ID, OTHER, QUERY, THINK_ID, TRACE,
+    )
+
+    n_rows = Loader(data_dir, batch_rows=1, seed=0).n_rows
+    b = Loader(data_dir, batch_rows=min(64, n_rows), seed=0).batch(0)
+    regions, mask = b["region_ids"], b["loss_mask"]
+    after_think = (b["inputs"] == THINK_ID) & mask
+    assert after_think.any()
+    assert (regions[after_think] == TRACE).all()
+    special = torch.isin(b["targets"], torch.tensor([EOS_ID, IM_START_ID, IM_END_ID, THINK_ID, END_THINK_ID]))
+    assert (regions[special & mask] == OTHER).all()
+    assert (regions[(b["inputs"] == BOS_ID) & mask] == OTHER).all()  # BOS -> <|im_start|>
+    after_start = (b["inputs"] == IM_START_ID) & mask  # `user` / `assistant` headers
+    assert set(regions[after_start].tolist()) == {QUERY, ANSWER}

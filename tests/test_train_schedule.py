@@ -25,6 +25,10 @@ def test_wsd_stable_then_cosine_to_final_fraction() -> None:
     assert 0.99 < first_decay < 1.0
     # Halfway through the decay the cosine is at the midpoint between peak and floor.
     assert wsd(850 + 74, TOTAL, 0.05, 0.15, 0.05) == pytest.approx(0.05 + 0.95 * 0.5)
+    # About a quarter of the way in (38 of 150 decay steps done), the cosine (0.857) lies
+    # well above a linear ramp (0.759).
+    quarter = 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * 38 / 150))
+    assert wsd(850 + 37, TOTAL, 0.05, 0.15, 0.05) == pytest.approx(quarter)
     assert wsd(999, TOTAL, 0.05, 0.15, 0.05) == pytest.approx(0.05)  # last step at the floor
     values = [wsd(s, TOTAL, 0.05, 0.15, 0.05) for s in range(850, 1000)]
     assert all(a > b for a, b in zip(values, values[1:]))  # strictly decreasing
