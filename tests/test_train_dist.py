@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,15 @@ def test_two_processes_match_one(train_data_dir: Path, tmp_path: Path) -> None:
         if "val_loss" in a:
             assert b["val_loss"] == pytest.approx(a["val_loss"], rel=1e-5)
     assert meta["final"]["val_loss"] == pytest.approx(single["final"]["val_loss"], rel=1e-5)
+
+
+def test_exit_worker_skips_finalisation_only_under_torchrun(tmp_path: Path) -> None:
+    """A torchrun worker exits with its code before interpreter finalisation (no atexit
+    handler runs); a plain process just gets the code back."""
+    assert dist.exit_worker(3) == 3  # not under torchrun here
+    marker = tmp_path / "atexit-ran"
+    code = (f"import atexit, pathlib; atexit.register(lambda: pathlib.Path({str(marker)!r}).touch()); "
+            "from sanlab.train.dist import exit_worker; exit_worker(3)")
+    env = {**os.environ, "RANK": "1", "WORLD_SIZE": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert proc.returncode == 3 and not marker.exists()

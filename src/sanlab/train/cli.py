@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         # Under torchrun a non-zero exit makes the launcher stop the other ranks: only rank 0
         # reports the run's status (and so the job's exit code) once it has written it.
-        return EXIT_OK
+        return dist.exit_worker(EXIT_OK)
     final = meta.get("final", {})
     print(f"{meta['status']}: {args.out}  steps {final.get('steps')}  "
           f"train_loss {final.get('train_loss')}  val_loss {final.get('val_loss')}")
-    return _EXIT.get(meta["status"], EXIT_OK)
+    return dist.exit_worker(_EXIT.get(meta["status"], EXIT_OK))
