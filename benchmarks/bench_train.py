@@ -9,6 +9,7 @@ Achieved FLOP/s uses the SPEC §1.2 training FLOPs/token (the same formula for b
 the shapes are equal) against a bf16/fp32 matmul peak measured in this same run.
 
     python benchmarks/bench_train.py [--d 256 --layers 4 --heads 8 --kv-heads 4 ...]
+    python benchmarks/bench_train.py --grid     # several CPU shapes, one summary table
 """
 
 from __future__ import annotations
@@ -120,9 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sanlab.accounting import count_flops
-    from sanlab.config import ModelConfig
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -138,21 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="add a torch.compile'd sanlab row (~25 s to compile)")
+    p.add_argument("--grid", action="store_true",
+                   help="compare over the CPU shapes of GRID (d, heads, seq_len, batch) in one table")
     a = p.parse_args(argv)
+    if a.grid:
+        return _grid(a)
     a.d_ff = a.d_ff or 4 * a.d
-
-    arms = ["sanlab", "llama"] + (["sanlab+compile"] if a.compile else [])
-    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-    for _ in range(a.rounds):
-        for arm in results:
-            results[arm].append(_run_arm(arm, a))
-    peak = _matmul_peak(a)
+    best, peak, flops_per_token = _compare(a)
     tokens = a.batch * a.seq_len
-    flops_per_token = count_flops(ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads,
-                                              n_kv_heads=a.kv_heads, vocab_size=a.vocab, ffn=True,
-                                              d_ff=a.d_ff), a.seq_len).train
-    best = {arm: min(rs, key=lambda r: r["step_s"]) for arm, rs in results.items()}
-
     table = Table(title=(f"training step, d={a.d} L={a.layers} H={a.heads}/{a.kv_heads} d_ff={a.d_ff} "
                          f"V={a.vocab} T={a.seq_len} B={a.batch} {a.precision} AdamW, "
                          f"{a.threads} threads; matmul peak {peak / 1e9:.0f} GFLOP/s"))
@@ -165,10 +156,50 @@ def main(argv: list[str] | None = None) -> int:
                       f"{achieved / 1e9:.1f}", f"{achieved / peak:.1%}")
     console = Console()
     console.print(table)
-    for arm in arms:
+    for arm in best:
         if arm != "llama":
             ratio = best["llama"]["step_s"] / best[arm]["step_s"]
             console.print(f"{arm} / llama tokens/s: {ratio:.2f}x (target >= 1.2x)")
+    return 0
+
+
+# (d_model, heads, kv_heads, seq_len, batch rows): the default CPU model (d=128, 4/2 heads)
+# and a wider one, at the two row lengths either side of the CPU attention-kernel switch.
+GRID = [(128, 4, 2, 128, 32), (128, 4, 2, 256, 16), (256, 8, 4, 128, 16), (256, 8, 4, 256, 8)]
+
+
+def _compare(a: argparse.Namespace) -> tuple[dict[str, dict[str, Any]], float, int]:
+    """Best round per arm, the matmul peak, and the SPEC §1.2 training FLOPs per token."""
+    from sanlab.accounting import count_flops
+    from sanlab.config import ModelConfig
+
+    arms = ["sanlab", "llama"] + (["sanlab+compile"] if a.compile else [])
+    results: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    for _ in range(a.rounds):
+        for arm in results:
+            results[arm].append(_run_arm(arm, a))
+    flops_per_token = count_flops(ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads,
+                                              n_kv_heads=a.kv_heads, vocab_size=a.vocab, ffn=True,
+                                              d_ff=a.d_ff), a.seq_len).train
+    return {arm: min(rs, key=lambda r: r["step_s"]) for arm, rs in results.items()}, _matmul_peak(a), flops_per_token
+
+
+def _grid(a: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"training tokens/s, sanlab standard arm vs Llama, L={a.layers} V={a.vocab} "
+                        f"{a.precision} AdamW, {a.threads} threads")
+    for col in ("d", "heads", "T", "B", "sanlab", "llama", "sanlab / llama"):
+        table.add_column(col, justify="right")
+    for d, heads, kv_heads, seq_len, batch in GRID:
+        shape = argparse.Namespace(**{**vars(a), "d": d, "heads": heads, "kv_heads": kv_heads,
+                                      "seq_len": seq_len, "batch": batch, "d_ff": 4 * d, "compile": False})
+        best, _, _ = _compare(shape)
+        tps = {arm: batch * seq_len / r["step_s"] for arm, r in best.items()}
+        table.add_row(str(d), f"{heads}/{kv_heads}", str(seq_len), str(batch), f"{tps['sanlab']:,.0f}",
+                      f"{tps['llama']:,.0f}", f"{tps['sanlab'] / tps['llama']:.2f}x")
+    Console().print(table)
     return 0
 
 
