@@ -34,8 +34,9 @@ class RMSNorm(nn.Module):
     """RMS norm computed in fp32.
 
     zero_centered=True is the paper's ZCN: (1 + γ) ⊙ z / RMS(z) with γ initialised
-    to 0, so weight decay pulls the gain towards 1 rather than 0 (SPEC §1.1).
-    zero_centered=False is plain RMS norm with γ initialised to 1.
+    to 0, so the parameter's origin is the identity scale (SPEC §1.1).
+    zero_centered=False is plain RMS norm with γ initialised to 1; with the gains
+    undecayed the two differ by a constant shift (the noise-floor pair of SPEC §1.4).
     """
 
     def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = True) -> None:
