@@ -121,3 +121,24 @@ def test_corrupt_checkpoint_is_one_line(train_data_dir: Path, tmp_path: Path,
     assert main([*base, "train.steps=3", "--out", str(run), "--resume", "--force"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "checksum mismatch" in err
+
+
+def test_corrupt_data_shard_is_one_line(train_data_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A data file whose bytes changed (same size) is caught by its checksum before training,
+    in either split (the run verifies the whole manifest once)."""
+    import shutil
+
+    for split in ("train", "val"):
+        data = tmp_path / f"data-{split}"
+        shutil.copytree(train_data_dir, data)
+        f = data / f"{split}-00000.tokens.bin"
+        raw = bytearray(f.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        f.write_bytes(bytes(raw))
+        capsys.readouterr()
+        argv = ["train", f"data.dir={data}", *TINY, "train.steps=2", "--out", str(tmp_path / f"run-{split}")]
+        assert main(argv) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "checksum mismatch" in err, err
+        assert not (tmp_path / f"run-{split}" / "checkpoints").exists()

@@ -111,8 +111,11 @@ def _loader(cfg: Config, split: str, rows: int, d: dist.Dist) -> Any:
         raise ConfigError("data.dir is not set (point it at a directory made by `sanlab prepare`)")
     if not Path(cfg.data.dir).is_dir():
         raise DataError(f"data.dir={cfg.data.dir}: no such directory")
+    # sha256 of every data file once per run: rank 0's train loader checks the whole
+    # manifest (all splits); the val loader and the other ranks read the same files, so
+    # they check sizes only (hashing is ~1 s/GB, minutes per loader at paper scale).
     return Loader(cfg.data.dir, split=split, batch_rows=rows, seed=cfg.train.seed,
-                  rank=d.rank, world_size=d.world_size)
+                  rank=d.rank, world_size=d.world_size, verify=split == "train" and d.is_main)
 
 
 def _micro_batches(batch: Batch, rows: int) -> list[Batch]:
