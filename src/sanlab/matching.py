@@ -37,6 +37,13 @@ ROLES: dict[Target, str] = {"params": "iso-param", "flops": "iso-FLOP", "depth":
 _MAX_STEPS = 100_000
 
 
+def model_label(c: ModelConfig) -> str:
+    """A short shape description: `20L d512, no FFN` or `4L d512, d_ff 2048`; a
+    non-default norm is named (`…, rms norm`)."""
+    label = f"{c.n_layers}L d{c.d_model}, " + (f"d_ff {c.ffn_dim}" if c.ffn else "no FFN")
+    return label if c.norm == "zcrms" else f"{label}, {c.norm} norm"
+
+
 @dataclass(frozen=True)
 class Arm:
     """One model of a matched set, with its accounting and how far it is from the reference."""
@@ -51,10 +58,7 @@ class Arm:
 
     @property
     def label(self) -> str:
-        """A short shape description: `20L d512, no FFN` or `4L d512, d_ff 2048`."""
-        c = self.config
-        ffn = f"d_ff {c.ffn_dim}" if c.ffn else "no FFN"
-        return f"{c.n_layers}L d{c.d_model}, {ffn}"
+        return model_label(self.config)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.config

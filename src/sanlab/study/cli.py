@@ -60,7 +60,8 @@ def _fmt_seconds(s: float) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from sanlab.study.plan import model_label, plan_study
+    from sanlab.matching import model_label
+    from sanlab.study.plan import plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
     from sanlab.study.table import locks

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from sanlab.config import Config, ModelConfig, to_toml_dict, validate
 from sanlab.errors import ConfigError
-from sanlab.matching import match
+from sanlab.matching import match, model_label
 from sanlab.study.spec import (
     ArmKind,
     Optimizer,
@@ -52,12 +52,6 @@ class StudyArm:
     @property
     def label(self) -> str:
         return model_label(self.model)
-
-
-def model_label(m: ModelConfig) -> str:
-    """A short shape description, `5L d64 no FFN`; a non-default norm is named (`…, rms norm`)."""
-    label = f"{m.n_layers}L d{m.d_model} " + (f"d_ff {m.ffn_dim}" if m.ffn else "no FFN")
-    return label if m.norm == "zcrms" else f"{label}, {m.norm} norm"
 
 
 @dataclass
