@@ -265,11 +265,11 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             t0 = time.perf_counter()
             mult = lr_multiplier(cfg.optim, step, plan.steps)
             optims.set_lr(mult)
-            batch = {k: v.to(d.device, non_blocking=True) for k, v in next(train_data).items()}  # step `step`
-            micro = _micro_batches(batch, plan.micro_rows)
-            # Token counts first: each micro-batch's loss is weighted by its share of the
-            # global step (× world_size, because DDP averages gradients over ranks).
+            micro = _micro_batches(next(train_data), plan.micro_rows)  # step `step`, on the CPU
+            # Token counts first (on the CPU: no device sync): each micro-batch's loss is
+            # weighted by its share of the global step (× world_size: DDP averages over ranks).
             counts = [float(mb["loss_mask"].sum()) for mb in micro]
+            micro = [{k: v.to(d.device, non_blocking=True) for k, v in mb.items()} for mb in micro]
             (n_total,) = d.sum([sum(counts)])
             ce_sum = torch.zeros((), dtype=torch.float64, device=d.device)
             for i, (mb, n) in enumerate(zip(micro, counts)):
