@@ -109,7 +109,7 @@ class AttentionContext:
     backend: str  # "explicit" | "sdpa" | "flex"
     _dense_mask: torch.Tensor | None = None
     _block_mask: object | None = None
-    _additive: dict[tuple[torch.dtype, int], torch.Tensor] = field(default_factory=dict)
+    _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
 
     @property
     def dense_mask(self) -> torch.Tensor:
@@ -122,14 +122,12 @@ class AttentionContext:
             self._dense_mask = (same & causal)[:, None]
         return self._dense_mask
 
-    def additive_mask(self, dtype: torch.dtype, rep: int) -> torch.Tensor:
-        """(B, 1, rep·T, T): 0 where attention is allowed, -inf elsewhere, repeated for the
-        `rep` query heads of a KV group stacked along the query axis."""
-        key = (dtype, rep)
-        if key not in self._additive:
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, T, T): 0 where attention is allowed, -inf elsewhere."""
+        if dtype not in self._additive:
             bias = torch.zeros(self.dense_mask.shape, dtype=dtype, device=self.segment_ids.device)
-            self._additive[key] = bias.masked_fill_(~self.dense_mask, float("-inf")).repeat(1, 1, rep, 1)
-        return self._additive[key]
+            self._additive[dtype] = bias.masked_fill_(~self.dense_mask, float("-inf"))
+        return self._additive[dtype]
 
     @property
     def block_mask(self) -> object:
@@ -146,19 +144,31 @@ class AttentionContext:
         return self._block_mask
 
 
-# On the CPU, rows up to this length use the explicit kernel. Measured on a 2-core
-# AVX512-BF16 CPU (attention forward + backward under bf16 autocast, D 16-64): 4.6x
-# faster than SDPA's CPU flash kernel at T = 64, 1.4-1.6x at T = 128, slower from
-# T ~ 192. The score bound caps what it materialises (B·H·T² fp32 probabilities a layer).
-CPU_EXPLICIT_MAX_LEN = 128
+# On the CPU the explicit kernel (`_ExplicitAttention`) runs while the probabilities it
+# keeps for the backward, about B·H·T·(T + chunk)/2 fp32 values a layer, stay under this
+# bound; SDPA beyond. Measured on a 2-core AVX512-BF16 CPU (attention forward + backward,
+# bf16 autocast, 2048 tokens a batch, H 8/4, D 32): 3.0x faster than SDPA's CPU flash
+# kernel at T = 128, 1.7x at T = 256, 1.6x at T = 512, 1.3x at T = 1024
+# (benchmarks/bench_attention.py).
 CPU_EXPLICIT_MAX_SCORES = 1 << 24
+# Query rows per block of the explicit kernel: blocks above the diagonal are skipped, so
+# a causal layer computes ~(T + chunk)/(2T) of the full score matrix. 64 was fastest at
+# every T from 128 to 1024 on that CPU (32 and 128 within 10%).
+EXPLICIT_CHUNK = 64
+
+
+def explicit_scores(batch: int, heads: int, seq_len: int) -> int:
+    """Probabilities the explicit kernel keeps for the backward (one layer)."""
+    chunk = min(EXPLICIT_CHUNK, seq_len)
+    return batch * heads * seq_len * (seq_len + chunk) // 2
 
 
 def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
     """The attention kernel for this batch when `cfg.attn_backend` is `auto`.
 
     CUDA: FlexAttention with a document block mask (when it imports). CPU: the explicit
-    kernel for short rows, SDPA with a dense mask otherwise (FlexAttention has no CPU
+    kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_SCORES`, SDPA with a dense
+    mask otherwise (FlexAttention has no CPU
     backward in this torch, so an explicit `flex` request falls back to SDPA there).
     """
     requested, device = cfg.attn_backend, tokens.device
@@ -167,8 +177,7 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
             requested = "flex"
         else:
             B, T = tokens.shape
-            small = T <= CPU_EXPLICIT_MAX_LEN and B * cfg.n_heads * T * T <= CPU_EXPLICIT_MAX_SCORES
-            requested = "explicit" if small else "sdpa"
+            requested = "explicit" if explicit_scores(B, cfg.n_heads, T) <= CPU_EXPLICIT_MAX_SCORES else "sdpa"
     if requested == "flex":
         if device.type != "cuda":
             return "sdpa"
@@ -207,27 +216,88 @@ def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: object)
     return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
 
 
+class _ExplicitAttention(torch.autograd.Function):
+    """softmax(q kᵀ/√D + M) v in (at least) fp32, block-causal, with a hand-written backward.
+
+    q (B, H, T, D); k, v (B, Hkv, T, D) in any dtype; bias (B, 1, T, T) additive mask in
+    the compute dtype. GQA without copying K/V: the `rep` query heads of a KV group are
+    stacked along the query axis, so every product is one (B·Hkv)-batched matmul.
+
+    The query axis is cut into blocks of `chunk` rows; block [s, e) only meets keys [0, e)
+    (the rest is masked by causality), so a layer computes ~(T + chunk)/(2T) of the
+    score matrix and each block's scores are still in cache when they are normalised.
+    The forward keeps each block's probabilities P; the backward is, per block,
+    dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K/√D, dK += dSᵀ Q/√D.
+    Scores and probabilities are never rounded below fp32 (under bf16 autocast that
+    would double the error at realistic score sizes); the result has v's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, chunk):  # type: ignore[override]
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        rep = H // Hkv
+        dt = torch.promote_types(q.dtype, torch.float32)
+        scale = D**-0.5
+        q5 = q.to(dt).reshape(B, Hkv, rep, T, D)
+        k3 = k.to(dt).reshape(B * Hkv, T, D)
+        v3 = v.to(dt).reshape(B * Hkv, T, D)
+        out = torch.empty(B, Hkv, rep, T, D, dtype=dt, device=q.device)
+        probs = []
+        for s in range(0, T, chunk):
+            e = min(T, s + chunk)
+            qb = q5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
+            scores = torch.bmm(qb, k3[:, :e].transpose(1, 2)).mul_(scale)
+            scores.view(B, Hkv, rep, e - s, e).add_(bias[:, :, None, s:e, :e])
+            p = torch.softmax(scores, dim=-1)
+            del scores
+            out[:, :, :, s:e] = torch.bmm(p, v3[:, :e]).view(B, Hkv, rep, e - s, D)
+            probs.append(p)
+        ctx.save_for_backward(q5, k3, v3, out, *probs)
+        ctx.chunk, ctx.dtypes = chunk, (q.dtype, k.dtype, v.dtype)
+        return out.view(B, H, T, D).to(v.dtype)
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        q5, k3, v3, out, *probs = ctx.saved_tensors
+        B, Hkv, rep, T, D = q5.shape
+        chunk, scale = ctx.chunk, D**-0.5
+        do5 = dout.to(q5.dtype).reshape(B, Hkv, rep, T, D)
+        delta = (do5 * out).sum(-1, keepdim=True)  # rowsum(dO ⊙ O) = rowsum(P ⊙ dP)
+        dq = torch.empty_like(q5)
+        dk, dv = torch.zeros_like(k3), torch.zeros_like(v3)
+        for p, s in zip(probs, range(0, T, chunk)):
+            e = min(T, s + chunk)
+            dob = do5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
+            dv[:, :e].baddbmm_(p.transpose(1, 2), dob)
+            ds = torch.bmm(dob, v3[:, :e].transpose(1, 2))
+            ds.view(B, Hkv, rep, e - s, e).sub_(delta[:, :, :, s:e]).mul_(p.view(B, Hkv, rep, e - s, e))
+            dq[:, :, :, s:e] = torch.bmm(ds, k3[:, :e]).mul_(scale).view(B, Hkv, rep, e - s, D)
+            qb = q5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
+            dk[:, :e].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
+        qt, kt, vt = ctx.dtypes
+        H = Hkv * rep
+        return (dq.view(B, H, T, D).to(qt), dk.view(B, Hkv, T, D).to(kt), dv.view(B, Hkv, T, D).to(vt),
+                None, None)
+
+
 def _explicit(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext, pattern_hook: HookPoint | None
 ) -> torch.Tensor:
-    """softmax(q kᵀ/√d + M) v computed in (at least) fp32 from q, k, v in their dtype,
-    as SDPA's CPU kernel does: rounding the scores or the probabilities to bf16 under
-    autocast would double the error at realistic score sizes. The result has v's dtype.
-
-    GQA without copying K/V: the `rep` query heads of a KV group are stacked along the
-    query axis, (B, H, T, D) -> (B, Hkv, rep·T, D); query head h reads KV head h // rep.
-    """
-    B, H, T, D = q.shape
-    Hkv = k.shape[1]
-    rep = H // Hkv
+    """The explicit kernel; with a pattern hook, plain autograd ops that materialise the
+    whole (B, H, T, T) probability tensor for the hook (same arithmetic, fp32 scores)."""
     dt = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):  # keep the scores in fp32 under autocast
-        qg = (q.to(dt) * D**-0.5).reshape(B, Hkv, rep * T, D)
-        scores = qg @ k.to(dt).transpose(-1, -2) + ctx.additive_mask(dt, rep)  # (B, Hkv, rep·T, T)
-        probs = torch.softmax(scores, dim=-1)
-        if pattern_hook is not None:
-            probs = pattern_hook(probs.view(B, H, T, T)).reshape(B, Hkv, rep * T, T)
-        return (probs @ v.to(dt)).to(v.dtype).view(B, H, T, D)
+        bias = ctx.additive_mask(dt)
+        if pattern_hook is None:
+            return _ExplicitAttention.apply(q, k, v, bias, EXPLICIT_CHUNK)
+        B, H, T, D = q.shape
+        Hkv = k.shape[1]
+        q5 = (q.to(dt) * D**-0.5).reshape(B, Hkv, H // Hkv, T, D)
+        scores = q5 @ k.to(dt)[:, :, None].transpose(-1, -2) + bias[:, :, None]  # (B, Hkv, rep, T, T)
+        probs = pattern_hook(torch.softmax(scores, dim=-1).view(B, H, T, T))
+        out = probs.view(B, Hkv, H // Hkv, T, T) @ v.to(dt)[:, :, None]
+        return out.to(v.dtype).view(B, H, T, D)
 
 
 def attend(
