@@ -269,12 +269,12 @@ class _ExplicitAttention(torch.autograd.Function):
         for p, s in zip(probs, range(0, T, chunk)):
             e = min(T, s + chunk)
             dob = do5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
-            dv[:, :e].baddbmm_(p.transpose(1, 2), dob)
+            dv[:, :e] += torch.bmm(p.transpose(1, 2), dob)  # (baddbmm_ on a slice loops per matrix)
             ds = torch.bmm(dob, v3[:, :e].transpose(1, 2))
             ds.view(B, Hkv, rep, e - s, e).sub_(delta[:, :, :, s:e]).mul_(p.view(B, Hkv, rep, e - s, e))
             dq[:, :, :, s:e] = torch.bmm(ds, k3[:, :e]).mul_(scale).view(B, Hkv, rep, e - s, D)
             qb = q5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
-            dk[:, :e].baddbmm_(ds.transpose(1, 2), qb, alpha=scale)
+            dk[:, :e] += torch.bmm(ds.transpose(1, 2), qb).mul_(scale)
         qt, kt, vt = ctx.dtypes
         H = Hkv * rep
         return (dq.view(B, H, T, D).to(qt), dk.view(B, Hkv, T, D).to(kt), dv.view(B, Hkv, T, D).to(vt),
