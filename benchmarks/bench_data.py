@@ -54,7 +54,7 @@ def _training_rate(data_dir: Path, batch: int, steps: int, **model: object) -> f
     import torch
 
     from sanlab.config import Config
-    from sanlab.model.lm import LM, lm_loss
+    from sanlab.model.lm import LM
     from sanlab.train.optim import build_optimizers, clip_grad_norm
 
     torch.manual_seed(0)
@@ -66,7 +66,7 @@ def _training_rate(data_dir: Path, batch: int, steps: int, **model: object) -> f
     def step(i: int) -> None:
         b = loader.batch(i)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _ = lm_loss(lm(b["inputs"], b["segment_ids"]), b["targets"], b["loss_mask"])
+            loss, _ = lm(b["inputs"], b["segment_ids"], b["targets"], b["loss_mask"], 1e-4)
         loss.backward()
         clip_grad_norm(optims.params(), 1.0)
         optims.step()

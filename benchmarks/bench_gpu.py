@@ -56,7 +56,7 @@ def time_arm(cfg, backend: str, a: argparse.Namespace, device) -> dict:
     import torch
 
     from sanlab.config import OptimConfig
-    from sanlab.model.lm import LM, lm_loss
+    from sanlab.model.lm import LM
     from sanlab.train.optim import build_optimizers, clip_grad_norm
 
     torch.manual_seed(0)
@@ -70,7 +70,7 @@ def time_arm(cfg, backend: str, a: argparse.Namespace, device) -> dict:
 
     def step() -> None:
         with amp:
-            loss, _ = lm_loss(model(inputs, seg), targets, mask)
+            loss, _ = model(inputs, seg, targets, mask, 1e-4)
         loss.backward()
         clip_grad_norm(optims.params(), 1.0)
         optims.step()

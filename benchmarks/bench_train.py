@@ -36,7 +36,7 @@ def _build(arm: str, a: argparse.Namespace) -> tuple[Any, Any]:
     torch.manual_seed(0)
     if arm.startswith("sanlab"):
         from sanlab.config import ModelConfig
-        from sanlab.model.lm import LM, lm_loss
+        from sanlab.model.lm import LM
 
         model = LM(ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
                                vocab_size=a.vocab, ffn=True, d_ff=a.d_ff))
@@ -44,7 +44,7 @@ def _build(arm: str, a: argparse.Namespace) -> tuple[Any, Any]:
         mask = torch.ones(a.batch, a.seq_len, dtype=torch.bool)
 
         def loss_fn(tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return lm_loss(forward(tokens), targets, mask, 1e-4)[0]
+            return forward(tokens, None, targets, mask, 1e-4)[0]  # the trainer's fused head + loss
     else:
         from transformers import LlamaConfig, LlamaForCausalLM
 

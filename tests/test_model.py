@@ -179,6 +179,36 @@ def test_attention_kernels_agree():
     assert explicit[0] <= 1.5 * sdpa[0] and explicit[1] <= 1.5 * sdpa[1], (explicit, sdpa)
 
 
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 4, 5)])
+def test_rms_norm_kernel_matches_torch(shape):
+    """The hand-written RMS norm equals F.rms_norm in value and gradients (fp64), and its
+    backward passes gradcheck."""
+    import torch.nn.functional as F
+
+    from sanlab.model.layers import _RMSNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True) * 3
+    gain = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(shape, dtype=torch.float64)
+    ours = _RMSNorm.apply(x, gain, 1e-6)
+    ref = F.rms_norm(x, (shape[-1],), gain, 1e-6)
+    torch.testing.assert_close(ours, ref)
+    ref_grads = torch.autograd.grad(ref, (x, gain), dy, retain_graph=True)
+    for a, b in zip(torch.autograd.grad(ours, (x, gain), dy), ref_grads):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, g: _RMSNorm.apply(x, g, 1e-6), (x.detach().requires_grad_(), gain))
+    # fp32 in and out under bf16 autocast, forward and backward (autocast would round the
+    # mean square and the gain's gradient to bf16)
+    x32, g32 = x.detach().float().requires_grad_(), gain.detach().float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = _RMSNorm.apply(x32, g32, 1e-6)
+        grads = torch.autograd.grad(out, (x32, g32), dy.float())
+    torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
 def test_backend_choice():
     from sanlab.model.layers import resolve_backend
 
@@ -461,42 +491,82 @@ def test_cuda_document_mask_is_exact():
             start += len(doc)
 
 
-def test_fused_loss_gradient_matches_autograd():
-    """The hand-written backward of CE + z-loss equals autograd through the plain formula."""
-    torch.manual_seed(0)
-    logits = torch.randn(3, 5, 11, dtype=torch.float64, requires_grad=True)
-    targets = torch.randint(0, 11, (3, 5))
-    mask = torch.rand(3, 5) > 0.3
-    loss, _ = lm_loss(logits, targets, mask, z_loss=0.05)
-    (g_fused,) = torch.autograd.grad(loss, logits)
+def _reference_loss(x, weight, targets, mask, z):
+    """CE + z·lse² over masked tokens by plain autograd ops (SPEC §1.1)."""
+    logits = x @ weight.t()
     lse = torch.logsumexp(logits, -1)
     ce = lse - logits.gather(-1, targets[..., None]).squeeze(-1)
-    ref = (ce[mask] + 0.05 * lse[mask].pow(2)).mean()
-    (g_ref,) = torch.autograd.grad(ref, logits)
+    return (ce[mask] + z * lse[mask].pow(2)).mean(), ce[mask].mean()
+
+
+def test_fused_head_loss_matches_autograd():
+    """The fused head + CE + z-loss (gradients computed in the forward) equals autograd
+    through the plain formula, in value and in both gradients, and passes gradcheck."""
+    from sanlab.model.lm import head_loss
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 4, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    mask = torch.rand(3, 5) > 0.3
+    loss, ce = head_loss(x, weight, targets, mask, z_loss=0.05)
+    ref, ref_ce = _reference_loss(x, weight, targets, mask, 0.05)
     torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(g_fused, g_ref)
-    assert torch.autograd.gradcheck(
-        lambda x: lm_loss(x, targets, mask, z_loss=0.05)[0], (logits.detach().requires_grad_(),)
-    )
+    torch.testing.assert_close(ce, ref_ce)
+    assert not ce.requires_grad
+    g = torch.autograd.grad(3.0 * loss, (x, weight))  # a non-unit incoming gradient
+    g_ref = torch.autograd.grad(3.0 * ref, (x, weight))
+    for a, b in zip(g, g_ref):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, w: head_loss(x, w, targets, mask, z_loss=0.05)[0], (x, weight))
+    # the logits path computes the same loss
+    logits_loss = lm_loss(x @ weight.t(), targets, mask, z_loss=0.05)
+    torch.testing.assert_close(logits_loss[0], ref)
+    torch.testing.assert_close(logits_loss[1], ref_ce)
 
 
-def test_fused_loss_is_exact_across_chunks():
-    """With a vocabulary large enough to split 10 rows into chunks, loss and gradient are unchanged."""
-    from sanlab.model.lm import _loss_chunk_rows
+def test_fused_head_loss_is_exact_across_chunks():
+    """With a vocabulary large enough to split 10 rows into chunks, loss and gradients are unchanged."""
+    from sanlab.model.lm import _loss_chunk_rows, head_loss
 
     torch.manual_seed(0)
     V = 1 << 17
-    logits = torch.randn(2, 5, V, dtype=torch.float64, requires_grad=True)
-    assert _loss_chunk_rows(logits.reshape(-1, V)) < 10  # several chunks
+    assert _loss_chunk_rows(10, V, torch.device("cpu")) < 10  # several chunks
+    x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, 3, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, V, (2, 5))
     mask = torch.tensor([[1, 1, 0, 1, 1], [1, 0, 1, 1, 1]], dtype=torch.bool)
-    loss, _ = lm_loss(logits, targets, mask, z_loss=1e-3)
-    (g,) = torch.autograd.grad(loss, logits)
-    lse = torch.logsumexp(logits, -1)
-    ref = ((lse - logits.gather(-1, targets[..., None]).squeeze(-1))[mask] + 1e-3 * lse[mask] ** 2).mean()
-    (g_ref,) = torch.autograd.grad(ref, logits)
+    loss, _ = head_loss(x, weight, targets, mask, z_loss=1e-3)
+    ref, _ = _reference_loss(x, weight, targets, mask, 1e-3)
     torch.testing.assert_close(loss, ref)
-    torch.testing.assert_close(g, g_ref)
+    for a, b in zip(torch.autograd.grad(loss, (x, weight)), torch.autograd.grad(ref, (x, weight))):
+        torch.testing.assert_close(a, b)
+
+
+def test_model_forward_with_targets_is_the_training_loss():
+    """LM(tokens, seg, targets, mask, z) equals lm_loss on LM(tokens, seg)'s logits, with the
+    same parameter gradients, in fp32 and under bf16 autocast (the head matmul in bf16)."""
+    torch.manual_seed(0)
+    model = LM(tiny(ffn=True))
+    tokens = torch.randint(0, 64, (2, 12))
+    seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    targets, mask = tokens.roll(-1, 1), torch.rand(2, 12) > 0.2
+    for bf16, tol in ((False, 1e-6), (True, 2e-2)):
+        results = []
+        for fused in (True, False):
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                if fused:
+                    loss, ce = model(tokens, seg, targets, mask, 1e-3)
+                else:
+                    loss, ce = lm_loss(model(tokens, seg), targets, mask, 1e-3)
+            loss.backward()
+            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+            results.append((loss.detach(), ce, grads))
+        (l1, c1, g1), (l2, c2, g2) = results
+        torch.testing.assert_close(l1, l2, rtol=tol, atol=tol)
+        torch.testing.assert_close(c1, c2, rtol=tol, atol=tol)
+        assert float((g1 - g2).norm() / g2.norm()) < tol
 
 
 def test_explicit_kernel_keeps_scores_in_fp32_under_autocast():

@@ -41,8 +41,17 @@ class LM(nn.Module):
             elif name.endswith("norm.weight"):
                 p.fill_(0.0 if self.cfg.norm == "zcrms" else 1.0)
 
-    def forward(self, tokens: torch.Tensor, segment_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens, segment_ids: (B, T) -> logits (B, T, V).
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        segment_ids: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        loss_mask: torch.Tensor | None = None,
+        z_loss: float = 0.0,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """tokens, segment_ids: (B, T) -> logits (B, T, V); with `targets` (B, T) the
+        training loss instead: (loss to optimise, cross-entropy alone), as `lm_loss`,
+        from the fused head + loss (`head_loss`) that never materialises the logits.
 
         Tokens with different segment ids never attend to each other and RoPE
         positions restart at every document start, so a packed row gives each
@@ -53,6 +62,10 @@ class LM(nn.Module):
         for block in self.blocks:
             x = block(x, ctx)
         x = self.final(self.final_norm(x))
+        if targets is not None:
+            if loss_mask is None:
+                loss_mask = torch.ones_like(targets, dtype=torch.bool)
+            return head_loss(x, self.embed.weight, targets, loss_mask, z_loss)
         return F.linear(x, self.embed.weight)  # tied head, (B, T, V)
 
 
@@ -62,48 +75,77 @@ def token_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(B * T, V), targets.reshape(B * T), reduction="none").view(B, T)
 
 
-def _loss_chunk_rows(logits: torch.Tensor) -> int:
-    """Rows per chunk of the loss. On the CPU ~512K logits (2 MB in fp32), so every pass
-    over a chunk stays in cache; on accelerators ~128M (512 MB), which bounds the fp32
-    temporaries (a 16×2048-token micro-batch at V=16,384 would otherwise need 2 GB)
-    while keeping the number of kernel launches small."""
-    budget = 1 << 19 if logits.device.type == "cpu" else 1 << 27
-    return max(1, budget // logits.shape[1])
+def _loss_chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
+    """Rows per chunk of the fused head + loss. On the CPU ~512K logits (2 MB in fp32),
+    so every pass over a chunk stays in cache; on accelerators ~128M (512 MB), which
+    bounds the fp32 temporaries (a 16×2048-token micro-batch at V=16,384 would otherwise
+    need 2 GB) while keeping the number of kernel launches small."""
+    budget = 1 << 19 if device.type == "cpu" else 1 << 27
+    return max(1, min(n_rows, budget // vocab))
 
 
-class _CrossEntropyZLoss(torch.autograd.Function):
-    """Σ_i w_i·CE_i and Σ_i w_i·lse_i² over the logits, with a hand-written backward.
+class _HeadCrossEntropyZLoss(torch.autograd.Function):
+    """Σ_i w_i·(CE_i + c·lse_i²) over logits = x Wᵀ, chunk by chunk, gradients included.
 
-    Autograd through logsumexp + gather streams several (N, V) fp32 temporaries
-    through memory; here each chunk of rows is upcast, reduced and (in the backward)
-    turned into its softmax gradient while it is in cache.
-    d/dx [w(lse − x_t) + c·w·lse²] = w·p·(1 + 2c·lse) − w·onehot(t), with p = softmax(x).
+    Autograd through head → logsumexp → gather streams the (N, V) logits and several
+    fp32 temporaries of that size through memory. Here each chunk of rows is projected,
+    reduced and turned into its gradient while it is in cache, and only dx (N, d) and
+    dW (V, d) are kept for the backward, which scales them by the incoming gradient:
+    d/dlogits [w(lse − x_t) + c·w·lse²] = w·p·(1 + 2c·lse) − w·onehot(t), p = softmax.
+    The matmuls run in x's dtype (bf16 under autocast, as the unfused head's), every
+    reduction in at least fp32. Returns (loss, cross-entropy), the second not differentiable.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor):  # type: ignore[override]
-        dt = torch.promote_types(logits.dtype, torch.float32)  # at least fp32
-        lse = torch.empty(logits.shape[0], dtype=dt, device=logits.device)  # (N,)
-        step = _loss_chunk_rows(logits)
-        for i in range(0, logits.shape[0], step):
-            lse[i : i + step] = torch.logsumexp(logits[i : i + step].to(dt), dim=-1)
-        target_logit = logits.gather(-1, targets[:, None]).squeeze(-1).to(dt)
-        ctx.save_for_backward(logits, targets, weights, lse)
-        return ((lse - target_logit) * weights).sum(), (lse.square() * weights).sum()
+    def forward(ctx, x, weight, targets, weights, c):  # type: ignore[override]
+        dt = torch.promote_types(x.dtype, torch.float32)
+        w_x = weight.to(x.dtype)
+        grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        N, V = x.shape[0], weight.shape[0]
+        ce = torch.zeros((), dtype=dt, device=x.device)
+        z = torch.zeros((), dtype=dt, device=x.device)
+        if grad:
+            dx = torch.empty_like(x)
+            dw = torch.zeros(weight.shape, dtype=dt, device=x.device)
+        step = _loss_chunk_rows(N, V, x.device)
+        for i in range(0, N, step):
+            j = slice(i, i + step)
+            logits = (x[j] @ w_x.t()).to(dt)  # (n, V), a new tensor in every dtype
+            lse = torch.logsumexp(logits, dim=-1)
+            t, w = targets[j, None], weights[j]
+            ce += ((lse - logits.gather(-1, t).squeeze(-1)) * w).sum()
+            z += (lse.square() * w).sum()
+            if grad:
+                g = logits.sub_(lse[:, None]).exp_().mul_((w * (1.0 + 2.0 * c * lse))[:, None])
+                g = g.scatter_add_(-1, t, -w[:, None]).to(x.dtype)
+                dx[j] = g @ w_x
+                dw += g.t() @ x[j]
+        if grad:
+            ctx.save_for_backward(dx, dw)
+        ctx.mark_non_differentiable(ce)
+        return ce + c * z, ce
 
     @staticmethod
-    def backward(ctx, g_ce: torch.Tensor, g_z: torch.Tensor):  # type: ignore[override]
-        logits, targets, weights, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)
-        coef = weights * (g_ce + 2.0 * g_z * lse)  # (N,)
-        step = _loss_chunk_rows(logits)
-        for i in range(0, logits.shape[0], step):
-            j = slice(i, i + step)
-            p = torch.sub(logits[j].to(lse.dtype), lse[j, None]).exp_()  # softmax of the chunk
-            p.mul_(coef[j, None])
-            p.scatter_add_(-1, targets[j, None], (-weights[j] * g_ce)[:, None])
-            grad[j] = p
-        return grad, None, None
+    def backward(ctx, g_loss, g_ce):  # type: ignore[override]
+        dx, dw = ctx.saved_tensors
+        return dx * g_loss.to(dx.dtype), dw * g_loss, None, None, None
+
+
+def head_loss(
+    x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, loss_mask: torch.Tensor, z_loss: float = 1e-4
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`lm_loss(x @ weightᵀ, targets, loss_mask, z_loss)` without the logits.
+
+    x (B, T, d) final hidden states, weight (V, d) the (tied) head. Under autocast the
+    head matmul runs in the autocast dtype, as `F.linear` would.
+    """
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        x = x.to(torch.get_autocast_dtype(dev))
+    mask = loss_mask.reshape(-1).to(torch.promote_types(x.dtype, torch.float32))
+    weights = mask / mask.sum().clamp_min(1.0)
+    with torch.autocast(dev, enabled=False):
+        return _HeadCrossEntropyZLoss.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), weights, z_loss)
 
 
 def lm_loss(
@@ -113,10 +155,13 @@ def lm_loss(
 
     logits (B, T, V), targets (B, T), loss_mask (B, T) bool. Returns (loss to
     optimise, cross-entropy alone). Targets outside the mask (document boundaries,
-    padding) contribute nothing.
+    padding) contribute nothing. Training uses the fused `head_loss` (through
+    `LM.forward(..., targets=...)`); this is the same loss for logits already at hand.
     """
-    V = logits.shape[-1]
-    mask = loss_mask.reshape(-1).to(torch.promote_types(logits.dtype, torch.float32))
+    logits32 = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    mask = loss_mask.reshape(-1).to(logits32.dtype)
     weights = mask / mask.sum().clamp_min(1.0)
-    ce, z = _CrossEntropyZLoss.apply(logits.reshape(-1, V), targets.reshape(-1), weights)
-    return ce + z_loss * z, ce
+    flat = logits32.reshape(-1, logits32.shape[-1])
+    lse = torch.logsumexp(flat, dim=-1)
+    ce = ((lse - flat.gather(-1, targets.reshape(-1, 1)).squeeze(-1)) * weights).sum()
+    return ce + z_loss * (lse.square() * weights).sum(), ce

@@ -29,7 +29,7 @@ from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
 from sanlab.data.regions import REGION_NAMES
 from sanlab.errors import ConfigError, DataError
-from sanlab.model.lm import LM, lm_loss, token_losses
+from sanlab.model.lm import LM, token_losses
 from sanlab.train import checkpoint, dist, rundir
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import build_optimizers, clip_grad_norm, routing_table
@@ -275,8 +275,9 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             for i, (mb, n) in enumerate(zip(micro, counts)):
                 with d.no_sync(train_model, sync=i == len(micro) - 1):
                     with amp():
-                        logits = train_model(mb["inputs"], mb["segment_ids"])  # (b, T, V)
-                        loss, ce = lm_loss(logits, mb["targets"], mb["loss_mask"], t.z_loss)
+                        # the fused head + loss: the (b, T, V) logits are never materialised
+                        loss, ce = train_model(mb["inputs"], mb["segment_ids"], mb["targets"], mb["loss_mask"],
+                                               t.z_loss)
                     (loss * (n * d.world_size / max(n_total, 1.0))).backward()
                 ce_sum += ce.detach().double() * n
             (ce_total,) = d.sum([float(ce_sum)])
