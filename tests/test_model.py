@@ -272,9 +272,50 @@ def test_capturing_the_pattern_does_not_change_the_output():
     torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
 
 
+def test_gated_residual_kernel_matches_formula():
+    """x + σ(g)·h: value and all three gradients equal autograd through the formula (fp64,
+    gradcheck), and with a bf16 update the stream stays fp32."""
+    from sanlab.model.blocks import residual_update
+
+    torch.manual_seed(0)
+    x, h = (torch.randn(2, 5, 6, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    g = torch.tensor([0.3], dtype=torch.float64, requires_grad=True)
+    ours, ref = residual_update("gated", x, h, g), x + torch.sigmoid(g) * h
+    torch.testing.assert_close(ours, ref)
+    dy = torch.randn_like(x)
+    for a, b in zip(torch.autograd.grad(ours, (x, h, g), dy), torch.autograd.grad(ref, (x, h, g), dy)):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, h, g: residual_update("gated", x, h, g), (x, h, g))
+    out = residual_update("gated", x.detach().float(), h.detach().bfloat16(), g.detach().float())
+    assert out.dtype == torch.float32
+
+
+def _rope_reference(x, cos, sin):
+    """Rotate-half RoPE by the formula: x·cos + (−x₂, x₁)·sin."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def test_rope_kernel_matches_formula():
+    """The two-pass RoPE equals the formula in value and gradient (fp64), preserves norms,
+    and returns the input dtype."""
+    from sanlab.model.layers import apply_rope, rope_tables
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 3, 8, dtype=torch.float64, requires_grad=True)
+    cos, sin = (t.double() for t in rope_tables(torch.randint(0, 50, (2, 9)), 8, 10000.0))
+    ours, ref = apply_rope(x, cos, sin), _rope_reference(x, cos, sin)
+    torch.testing.assert_close(ours, ref)
+    dy = torch.randn_like(x)
+    torch.testing.assert_close(torch.autograd.grad(ours, x, dy)[0], torch.autograd.grad(ref, x, dy)[0])
+    torch.testing.assert_close(ours.norm(dim=-1), x.norm(dim=-1))
+    assert torch.autograd.gradcheck(lambda x: apply_rope(x, cos, sin), (x,))
+    assert apply_rope(x.detach().bfloat16(), cos.float(), sin.float()).dtype == torch.bfloat16
+
+
 def test_attention_pattern_matches_formula():
     """A = softmax(RoPE(ZCN_h(W_q u)) RoPE(ZCN_h(W_k u))ᵀ / √d_h + M): norm THEN RoPE, GQA, 1/√d_h."""
-    from sanlab.model.layers import apply_rope, rope_tables
+    from sanlab.model.layers import rope_tables
 
     torch.manual_seed(0)
     model = LM(tiny(n_layers=1)).double()
@@ -289,8 +330,8 @@ def test_attention_pattern_matches_formula():
         return (1 + gain) * z / torch.sqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6)
 
     cos, sin = rope_tables(torch.arange(T)[None], 8, 10000.0)
-    q = apply_rope(zcn(attn.wq(u).view(1, T, 4, 8), attn.q_norm.weight), cos, sin).transpose(1, 2)
-    k = apply_rope(zcn(attn.wk(u).view(1, T, 2, 8), attn.k_norm.weight), cos, sin).transpose(1, 2)
+    q = _rope_reference(zcn(attn.wq(u).view(1, T, 4, 8), attn.q_norm.weight), cos, sin).transpose(1, 2)
+    k = _rope_reference(zcn(attn.wk(u).view(1, T, 2, 8), attn.k_norm.weight), cos, sin).transpose(1, 2)
     k = k.repeat_interleave(2, dim=1)
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(8)
     scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))

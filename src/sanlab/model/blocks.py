@@ -30,12 +30,34 @@ def residual_scalar(mode: str) -> nn.Parameter | None:
 
 def residual_update(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     if mode == "gated":
-        return x + torch.sigmoid(g).to(h.dtype) * h
+        return _GatedResidual.apply(x, h, g)
     if mode == "rezero":
         return x + g.to(h.dtype) * h
     if mode == "standard":
         return x + h
     return h
+
+
+class _GatedResidual(torch.autograd.Function):
+    """x + σ(g)·h in one pass (x the fp32 stream, h a sublayer's update, often bf16), with
+    dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h (summed in fp32). Autograd through the cast,
+    the product and the promoting add makes twice the passes over the stream."""
+
+    @staticmethod
+    def forward(ctx, x, h, g):  # type: ignore[override]
+        s = torch.sigmoid(g)
+        ctx.save_for_backward(h, s)
+        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)))
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        h, s = ctx.saved_tensors
+        dy_h = dy.to(h.dtype)
+        dh = dy_h * s.to(h.dtype) if ctx.needs_input_grad[1] else None
+        dg = None
+        if ctx.needs_input_grad[2]:
+            dg = (s * (1 - s)) * torch.sum(dy_h * h, dtype=s.dtype)
+        return dy, dh, dg
 
 
 class Block(nn.Module):

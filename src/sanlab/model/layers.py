@@ -108,11 +108,36 @@ def rope_tables(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE. x: (B, T, H, D); cos/sin: (B, T, 1, D). Computed in fp32."""
-    x32 = upcast(x)
-    half = x32.shape[-1] // 2
-    rotated = torch.cat([-x32[..., half:], x32[..., :half]], dim=-1)
-    return (x32 * cos + rotated * sin).to(x.dtype)
+    """Rotate-half RoPE, x·cos + rotate_half(x)·sin. x: (B, T, H, D); cos/sin: (B, T, 1, D)
+    from `rope_tables` (both halves equal). Computed in fp32, returned in x's dtype."""
+    half = x.shape[-1] // 2
+    return _RoPE.apply(upcast(x), cos[..., :half], sin[..., :half]).to(x.dtype)
+
+
+class _RoPE(torch.autograd.Function):
+    """(x₁, x₂) -> (x₁c − x₂s, x₂c + x₁s) over the two halves of the last dim; the backward
+    is the inverse rotation (dy₁c + dy₂s, dy₂c − dy₁s). Two passes each way, where the
+    autograd graph of cat/neg/mul/add makes about five."""
+
+    @staticmethod
+    def forward(ctx, x, c, s):  # type: ignore[override]
+        ctx.save_for_backward(c, s)
+        return _RoPE._rotate(x, c, s, 1.0)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        c, s = ctx.saved_tensors
+        return _RoPE._rotate(dy, c, s, -1.0), None, None
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: float) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
+        o1, o2 = out[..., :half], out[..., half:]
+        torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-sign)
+        torch.mul(x2, c, out=o2).addcmul_(x1, s, value=sign)
+        return out
 
 
 def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
