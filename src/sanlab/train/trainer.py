@@ -31,6 +31,7 @@ from sanlab.data.regions import REGION_NAMES
 from sanlab.errors import ConfigError, DataError
 from sanlab.model.lm import LM, token_losses
 from sanlab.train import checkpoint, dist, rundir
+from sanlab.train.host import tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import build_optimizers, clip_grad_norm, routing_table
 from sanlab.train.schedule import lr_multiplier
@@ -185,6 +186,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     # ---- setup: seeds, threads, model, optimizers, data
     if t.threads:
         torch.set_num_threads(t.threads)
+    malloc_tuned = d.device.type == "cpu" and tune_cpu_allocator()  # see train/host.py
     torch.manual_seed(t.seed)
     np.random.seed(t.seed)
     random.seed(t.seed)
@@ -226,7 +228,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             truncate_metrics(out / rundir.METRICS_FILE, start)
     meta.update({
         "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
-        "device": rundir.device_info(d.device, t.precision, d.world_size),
+        "device": {**rundir.device_info(d.device, t.precision, d.world_size), "malloc_tuned": malloc_tuned},
         "accounting": accounting_summary(cfg.model, cfg.data.seq_len)
                       | {"params_module": count_module_params(model).total},
         "routing": {g: v["numel"] for g, v in routing_table(model).items()},
