@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from sanlab.config import ModelConfig
@@ -76,9 +77,12 @@ class SoftmaxAttention(nn.Module):
 
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape
-        q = self.wq(u).view(B, T, self.n_heads, self.head_dim)  # (B, T, H, D)
-        k = self.wk(u).view(B, T, self.n_kv_heads, self.head_dim)  # (B, T, Hkv, D)
-        v = self.wv(u).view(B, T, self.n_kv_heads, self.head_dim)
+        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        # One product for Q, K and V (three parameters, so Muon still sees each matrix):
+        # u is read and cast once, and dL/du is a single fp32-accumulated matmul.
+        qkv = F.linear(u, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight]))
+        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         q, k = self._norm_rope(q, self.q_norm, ctx), self._norm_rope(k, self.k_norm, ctx)
         y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx, self.pattern)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
