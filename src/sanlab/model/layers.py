@@ -133,7 +133,12 @@ class _RoPE(torch.autograd.Function):
     def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: float) -> torch.Tensor:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
-        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, c.dtype), device=x.device)
+        dtype = torch.promote_types(x.dtype, c.dtype)
+        if x.dim() == 4:  # (B, T, H, D) laid out as (B, H, T, D): attention reads heads without a copy
+            B, T, H, D = x.shape
+            out = torch.empty(B, H, T, D, dtype=dtype, device=x.device).transpose(1, 2)
+        else:
+            out = torch.empty(x.shape, dtype=dtype, device=x.device)
         o1, o2 = out[..., :half], out[..., half:]
         torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-sign)
         torch.mul(x2, c, out=o2).addcmul_(x1, s, value=sign)
