@@ -191,22 +191,43 @@ def test_rms_norm_kernel_matches_torch(shape):
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True) * 3
     gain = torch.randn(shape[-1], dtype=torch.float64, requires_grad=True)
     dy = torch.randn(shape, dtype=torch.float64)
-    ours = _RMSNorm.apply(x, gain, 1e-6)
+    ours = _RMSNorm.apply(x, gain, 1e-6, x.dtype)
     ref = F.rms_norm(x, (shape[-1],), gain, 1e-6)
     torch.testing.assert_close(ours, ref)
     ref_grads = torch.autograd.grad(ref, (x, gain), dy, retain_graph=True)
     for a, b in zip(torch.autograd.grad(ours, (x, gain), dy), ref_grads):
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(lambda x, g: _RMSNorm.apply(x, g, 1e-6), (x.detach().requires_grad_(), gain))
+    assert torch.autograd.gradcheck(lambda x, g: _RMSNorm.apply(x, g, 1e-6, x.dtype), (x.detach().requires_grad_(), gain))
     # fp32 in and out under bf16 autocast, forward and backward (autocast would round the
     # mean square and the gain's gradient to bf16)
     x32, g32 = x.detach().float().requires_grad_(), gain.detach().float().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = _RMSNorm.apply(x32, g32, 1e-6)
+        out = _RMSNorm.apply(x32, g32, 1e-6, torch.float32)
         grads = torch.autograd.grad(out, (x32, g32), dy.float())
     torch.testing.assert_close(out.double(), ref.detach(), rtol=1e-5, atol=1e-5)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+    # bf16 out (a norm that feeds a matmul): the fp32 result rounded once, and a bf16
+    # incoming gradient gives fp32 gradients
+    x32.grad = g32.grad = None
+    out = _RMSNorm.apply(x32, g32, 1e-6, torch.bfloat16)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref.detach().float().bfloat16(), rtol=0, atol=0)
+    out.backward(dy.bfloat16())
+    assert x32.grad.dtype == g32.grad.dtype == torch.float32
+    grads_ref = torch.autograd.grad(ref, (x, gain), dy.bfloat16().double())
+    for a, b in zip((x32.grad, g32.grad), grads_ref):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
+def test_norm_feeding_a_matmul_writes_the_autocast_dtype():
+    from sanlab.model.layers import RMSNorm
+
+    norm, x = RMSNorm(8, feeds_matmul=True), torch.randn(3, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert norm(x).dtype == torch.bfloat16
+        assert RMSNorm(8)(x).dtype == torch.float32  # a norm feeding the stream stays fp32
+    assert norm(x).dtype == torch.float32  # no autocast, no cast
 
 
 def test_backend_choice():
@@ -584,13 +605,16 @@ def test_fused_head_loss_matches_autograd():
     torch.testing.assert_close(logits_loss[1], ref_ce)
 
 
-def test_fused_head_loss_is_exact_across_chunks():
-    """With a vocabulary large enough to split 10 rows into chunks, loss and gradients are unchanged."""
-    from sanlab.model.lm import _loss_chunk_rows, head_loss
+def test_fused_head_loss_is_exact_across_chunks(monkeypatch):
+    """Split into chunks of 3 rows (the last one short), loss and gradients are unchanged."""
+    import sanlab.model.lm as lm
+    from sanlab.model.lm import head_loss
 
+    assert lm._loss_chunk_rows(10, 1 << 24, torch.device("cpu")) == 1  # a huge vocabulary: a row at a time
+    assert lm._loss_chunk_rows(10, 64, torch.device("cpu")) == 10  # a small one: one chunk
+    monkeypatch.setattr(lm, "_loss_chunk_rows", lambda n, v, device: 3)
     torch.manual_seed(0)
-    V = 1 << 17
-    assert _loss_chunk_rows(10, V, torch.device("cpu")) < 10  # several chunks
+    V = 50
     x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(V, 3, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, V, (2, 5))

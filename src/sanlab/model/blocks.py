@@ -65,7 +65,7 @@ class Block(nn.Module):
         super().__init__()
         self.residual = cfg.residual
         self.resid_pre = HookPoint()
-        self.attn_norm = make_norm(cfg, cfg.d_model)
+        self.attn_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
         self.attn = build_mixer(cfg, layer_idx)
         self.attn_post_norm = make_norm(cfg, cfg.d_model) if cfg.sandwich_norm else None
         self.attn_out = HookPoint()
@@ -76,7 +76,7 @@ class Block(nn.Module):
                 raise ConfigError(
                     f"model.ffn_type: unknown state mixer {cfg.ffn_type!r} (known: {', '.join(STATE_MIXERS)})"
                 )
-            self.ffn_norm = make_norm(cfg, cfg.d_model)
+            self.ffn_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
             self.ffn = STATE_MIXERS[cfg.ffn_type](cfg.d_model, cfg.ffn_dim)
             self.ffn_post_norm = make_norm(cfg, cfg.d_model) if cfg.sandwich_norm else None
             self.ffn_out = HookPoint()

@@ -39,19 +39,25 @@ class RMSNorm(nn.Module):
     undecayed the two differ by a constant shift (the noise-floor pair of SPEC §1.4).
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = True) -> None:
+    def __init__(self, dim: int, eps: float = 1e-6, zero_centered: bool = True, feeds_matmul: bool = False) -> None:
         super().__init__()
         self.eps = eps
         self.zero_centered = zero_centered
+        # A norm whose only reader is a matmul writes its result in the autocast dtype
+        # directly (the matmul would cast it anyway): one pass over the activations less
+        # each way. Computed in fp32 all the same.
+        self.feeds_matmul = feeds_matmul
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.normalize(upcast(x)).to(x.dtype)
+        dev = x.device.type
+        cast = self.feeds_matmul and torch.is_autocast_enabled(dev)
+        return self.normalize(upcast(x), torch.get_autocast_dtype(dev) if cast else x.dtype)
 
-    def normalize(self, x32: torch.Tensor) -> torch.Tensor:
-        """The norm on an already-upcast tensor, result left in its dtype."""
+    def normalize(self, x32: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The norm on an already-upcast tensor, result in `out_dtype` (default x32's)."""
         gain = self.weight.to(x32.dtype)
-        return _RMSNorm.apply(x32, 1.0 + gain if self.zero_centered else gain, self.eps)
+        return _RMSNorm.apply(x32, 1.0 + gain if self.zero_centered else gain, self.eps, out_dtype or x32.dtype)
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -64,12 +70,14 @@ class _RMSNorm(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, gain, eps):  # type: ignore[override]
+    def forward(ctx, x, gain, eps, out_dtype):  # type: ignore[override]
         d = x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):  # autocast would run vecdot in bf16
             r = torch.linalg.vecdot(x, x).unsqueeze(-1).div_(d).add_(eps).rsqrt_()  # (..., 1)
         ctx.save_for_backward(x, gain, r)
-        return (x * r).mul_(gain)
+        if out_dtype == x.dtype:
+            return (x * r).mul_(gain)
+        return torch.mul(x * r, gain, out=torch.empty(x.shape, dtype=out_dtype, device=x.device))
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
@@ -82,7 +90,7 @@ class _RMSNorm(torch.autograd.Function):
         dyg = dy * gain
         with torch.autocast(x.device.type, enabled=False):
             c = torch.linalg.vecdot(dyg, x).unsqueeze(-1).mul_(r.pow(3)).div_(-d)  # −r³⟨dy⊙γ, x⟩/d
-        return dyg.mul_(r).addcmul_(x, c), dgain, None
+        return dyg.mul_(r).addcmul_(x, c), dgain, None, None
 
 
 def upcast(x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +99,8 @@ def upcast(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
-def make_norm(cfg: ModelConfig, dim: int) -> RMSNorm:
-    return RMSNorm(dim, cfg.norm_eps, zero_centered=cfg.norm == "zcrms")
+def make_norm(cfg: ModelConfig, dim: int, feeds_matmul: bool = False) -> RMSNorm:
+    return RMSNorm(dim, cfg.norm_eps, zero_centered=cfg.norm == "zcrms", feeds_matmul=feeds_matmul)
 
 
 def rope_tables(
