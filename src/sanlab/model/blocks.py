@@ -40,8 +40,9 @@ def residual_update(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor
 
 class _GatedResidual(torch.autograd.Function):
     """x + σ(g)·h in one pass (x the fp32 stream, h a sublayer's update, often bf16), with
-    dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h (summed in fp32). Autograd through the cast,
-    the product and the promoting add makes twice the passes over the stream."""
+    dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h: two passes, where autograd through the
+    cast, the product and the promoting add makes four each way. (With a bf16 h the
+    gate's gradient is a bf16 dot product, as autograd's would be.)"""
 
     @staticmethod
     def forward(ctx, x, h, g):  # type: ignore[override]
@@ -52,11 +53,9 @@ class _GatedResidual(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         h, s = ctx.saved_tensors
-        dy_h = dy.to(h.dtype)
-        dh = dy_h * s.to(h.dtype) if ctx.needs_input_grad[1] else None
-        dg = None
-        if ctx.needs_input_grad[2]:
-            dg = (s * (1 - s)) * torch.sum(dy_h * h, dtype=s.dtype)
+        # dh = σ·dy written in h's dtype in one pass; then dg = σ'·⟨dy, h⟩ = (1 − σ)·⟨dh, h⟩
+        dh = torch.mul(dy, s, out=torch.empty(h.shape, dtype=h.dtype, device=h.device))
+        dg = (1 - s) * torch.linalg.vecdot(dh.reshape(-1), h.reshape(-1)).to(s.dtype)
         return dy, dh, dg
 
 
