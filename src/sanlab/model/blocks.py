@@ -42,7 +42,7 @@ class _GatedResidual(torch.autograd.Function):
     """x + σ(g)·h in one pass (x the fp32 stream, h a sublayer's update, often bf16), with
     dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h: two passes, where autograd through the
     cast, the product and the promoting add makes four each way. (With a bf16 h the
-    gate's gradient is a bf16 dot product, as autograd's would be.)"""
+    gate's gradient sums bf16 row dot products in fp32; autograd's sums in bf16.)"""
 
     @staticmethod
     def forward(ctx, x, h, g):  # type: ignore[override]
@@ -55,7 +55,8 @@ class _GatedResidual(torch.autograd.Function):
         h, s = ctx.saved_tensors
         # dh = σ·dy written in h's dtype in one pass; then dg = σ'·⟨dy, h⟩ = (1 − σ)·⟨dh, h⟩
         dh = torch.mul(dy, s, out=torch.empty(h.shape, dtype=h.dtype, device=h.device))
-        dg = (1 - s) * torch.linalg.vecdot(dh.reshape(-1), h.reshape(-1)).to(s.dtype)
+        rows = (-1, h.shape[-1])  # (row-wise: a flat bf16 dot product is ~10x slower on the CPU)
+        dg = (1 - s) * torch.linalg.vecdot(dh.reshape(rows), h.reshape(rows)).sum(dtype=s.dtype)
         return dy, dh, dg
 
 
