@@ -123,8 +123,11 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
             ce -= (logp_t * w).sum()
             z += (lse.square() * w).sum()
             if grad:
-                g = logp.exp_().mul_((w * (1.0 + 2.0 * c * lse))[:, None])
-                g = g.scatter_add_(-1, t, -w[:, None]).to(x.dtype)
+                # w(1 + 2c·lse)·(p − onehot/(1 + 2c·lse)): the target's subtraction in fp32
+                # (it cancels when p_t ≈ 1), then one pass that scales and casts
+                scale = 1.0 + 2.0 * c * lse
+                p = logp.exp_().scatter_add_(-1, t, -(1.0 / scale)[:, None])
+                g = torch.mul(p, (w * scale)[:, None], out=torch.empty(p.shape, dtype=x.dtype, device=x.device))
                 dx[j] = g @ w_x
                 dw += g.t() @ x[j]
         if grad:
