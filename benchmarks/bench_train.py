@@ -1,8 +1,8 @@
 """Training throughput of sanlab's standard arm against Hugging Face's LlamaForCausalLM.
 
 Both models get the same shape (d, layers, heads with GQA, d_ff, vocab, seq_len, batch),
-precision (bf16 autocast or fp32) and optimizer (AdamW, β₂ 0.95, grad clip 1.0), and the
-same step: forward, CE loss, backward, clip, optimizer step. Achieved FLOP/s uses the
+precision (bf16 autocast or fp32) and optimizer (torch's fused AdamW, β₂ 0.95, grad
+clip 1.0), and the same step: forward, CE loss, backward, clip, optimizer step. Achieved FLOP/s uses the
 SPEC §1.2 training FLOPs/token (the same formula for both: the shapes are equal)
 against a bf16/fp32 matmul peak measured in this same run.
 
@@ -75,7 +75,9 @@ class _Arm:
 
         self.model, self.loss_fn = _build(arm, a)
         self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01)
+        # torch's fused AdamW for both (the trainer's choice; ~6x faster than the default loop)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.01,
+                                     fused=True)
         g = torch.Generator().manual_seed(0)
         rows = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=g)
         self.tokens, self.targets = rows[:, :-1], rows[:, 1:]

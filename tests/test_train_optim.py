@@ -47,8 +47,9 @@ def test_frozen_parameters_are_routed_but_not_optimized() -> None:
     assert id(model.blocks[0].attn.wq.weight) not in optimized
 
 
-def _reference(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer]:
-    """The torch optimizers built by hand from the SPEC §1.3 recipe."""
+def _reference(model: nn.Module, cfg: OptimConfig, fused: bool | None = True) -> list[torch.optim.Optimizer]:
+    """The torch optimizers built by hand from the SPEC §1.3 recipe (AdamW's fused kernel,
+    as the trainer uses; `fused=None` for torch's default per-tensor loop)."""
     mats = [p for n, p in model.named_parameters() if p.ndim == 2 and n != "embed.weight"]
     rest = [p for n, p in model.named_parameters() if p.ndim < 2 or n == "embed.weight"]
     if cfg.name == "muon":
@@ -56,11 +57,11 @@ def _reference(model: nn.Module, cfg: OptimConfig) -> list[torch.optim.Optimizer
             torch.optim.Muon(mats, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                              nesterov=True, ns_coefficients=tuple(cfg.ns_coefficients),
                              ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.muon_adjust_lr),
-            torch.optim.AdamW(rest, lr=cfg.adam_lr, betas=(0.9, 0.95), eps=cfg.eps, weight_decay=0.0),
+            torch.optim.AdamW(rest, lr=cfg.adam_lr, betas=(0.9, 0.95), eps=cfg.eps, weight_decay=0.0, fused=fused),
         ]
     return [torch.optim.AdamW([{"params": mats, "weight_decay": cfg.weight_decay},
                                {"params": rest, "weight_decay": 0.0}],
-                              lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.eps)]
+                              lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.eps, fused=fused)]
 
 
 @pytest.mark.parametrize("cfg", [
@@ -81,6 +82,23 @@ def test_optimizers_match_the_torch_reference(cfg: OptimConfig) -> None:
     for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
         assert torch.equal(a, b), name
     assert not torch.equal(ours.embed.weight, tiny_lm().embed.weight)  # it did move
+
+
+def test_fused_adamw_is_the_default_update_rule() -> None:
+    """The fused AdamW kernel the trainer uses gives torch's default AdamW's parameters to
+    rounding, over several steps of both arms."""
+    for cfg in (OptimConfig(name="adamw", lr=6e-4), OptimConfig(name="muon")):
+        ours, ref = tiny_lm(), tiny_lm()
+        opt, ref_opts = build_optimizers(ours, cfg), _reference(ref, cfg, fused=None)
+        assert all(g.get("fused") for o in opt.optimizers if isinstance(o, torch.optim.AdamW) for g in o.param_groups)
+        for step in range(6):
+            fake_grads(ours, step)
+            fake_grads(ref, step)
+            opt.step()
+            for o in ref_opts:
+                o.step()
+        for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def _newton_schulz(g: torch.Tensor, coeffs: tuple[float, float, float], steps: int) -> torch.Tensor:
