@@ -312,7 +312,7 @@ class _ExplicitAttention(torch.autograd.Function):
         rep = H // Hkv
         dt = torch.promote_types(q.dtype, torch.float32)
         scale = D**-0.5  # (called with autocast off: see `_explicit`)
-        q5 = q.to(dt).reshape(B, Hkv, rep, T, D)
+        q5 = (q.to(dt) * scale).reshape(B, Hkv, rep, T, D)  # scaled here: one pass over q, not over the scores
         k3 = k.to(dt).reshape(B * Hkv, T, D)
         v3 = v.to(dt).reshape(B * Hkv, T, D)
         out = torch.empty(B, Hkv, rep, T, D, dtype=dt, device=q.device)
@@ -320,7 +320,7 @@ class _ExplicitAttention(torch.autograd.Function):
         for s in range(0, T, chunk):
             e = min(T, s + chunk)
             qb = q5[:, :, :, s:e].reshape(B * Hkv, rep * (e - s), D)
-            scores = torch.bmm(qb, k3[:, :e].transpose(1, 2)).mul_(scale)
+            scores = torch.bmm(qb, k3[:, :e].transpose(1, 2))
             scores.view(B, Hkv, rep, e - s, e).add_(bias[:, :, None, s:e, :e])
             p = torch.softmax(scores, dim=-1)
             del scores
@@ -359,7 +359,7 @@ class _ExplicitAttention(torch.autograd.Function):
             dk[:, :e] += torch.bmm(ds.transpose(1, 2), q5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))
         qt, kt, vt = ctx.dtypes
         H = Hkv * rep
-        return (dq.mul_(scale).view(B, H, T, D).to(qt), dk.mul_(scale).view(B, Hkv, T, D).to(kt),
+        return (dq.mul_(scale).view(B, H, T, D).to(qt), dk.view(B, Hkv, T, D).to(kt),  # (q5 is scaled)
                 dv.view(B, Hkv, T, D).to(vt), None, None)
 
 
