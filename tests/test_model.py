@@ -681,3 +681,28 @@ def test_explicit_kernel_keeps_scores_in_fp32_under_autocast():
 
     explicit, sdpa = errors("explicit"), errors("sdpa")
     assert all(e <= 1.25 * s for e, s in zip(explicit, sdpa)), (explicit, sdpa)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ffn", [True, False], ids=["standard", "san"])
+def test_torch_compile_matches_eager(ffn):
+    """`train.compile=true`: the compiled model (hand-written kernels included) gives the
+    eager loss and gradients, on packed rows, in fp32 and under bf16 autocast."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = LM(tiny(ffn=ffn))
+    compiled = torch.compile(model)
+    tokens = torch.randint(0, 64, (2, 20))
+    seg = torch.tensor([[0] * 7 + [1] * 13, [0] * 20])
+    targets, mask = tokens.roll(-1, 1), torch.rand(2, 20) > 0.2
+    for bf16, tol in ((False, 1e-5), (True, 2e-2)):
+        results = []
+        for m in (model, compiled):
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = m(tokens, seg, targets, mask, 1e-4)
+            loss.backward()
+            results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        (l_eager, g_eager), (l_comp, g_comp) = results
+        torch.testing.assert_close(l_comp, l_eager, rtol=tol, atol=tol)
+        assert float((g_comp - g_eager).norm() / g_eager.norm()) < tol

@@ -141,6 +141,8 @@ class _RoPE(torch.autograd.Function):
     def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: float) -> torch.Tensor:
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
+        if torch.compiler.is_compiling():  # inductor fuses the plain formula (and rejects out= into views)
+            return torch.cat([x1 * c - sign * x2 * s, x2 * c + sign * x1 * s], dim=-1)
         dtype = torch.promote_types(x.dtype, c.dtype)
         if x.dim() == 4:  # (B, T, H, D) laid out as (B, H, T, D): attention reads heads without a copy
             B, T, H, D = x.shape
@@ -420,6 +422,8 @@ class _SiLUGate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         gate, up, act = ctx.saved_tensors
+        if torch.compiler.is_compiling():  # (inductor fuses this; it rejects out= into views)
+            return torch.cat([torch.ops.aten.silu_backward(dy * up, gate), dy * act], dim=-1)
         n = gate.shape[-1]
         grad = torch.empty(*gate.shape[:-1], 2 * n, dtype=gate.dtype, device=gate.device)
         torch.mul(dy, act, out=grad[..., n:])
