@@ -30,6 +30,17 @@ def test_toml_and_overrides(tmp_path):
     assert cfg.model.qk_norm is False and cfg.optim.ns_coefficients == (1.0, 2.0, 3.0)
 
 
+@pytest.mark.parametrize("raw,tokens", [("2M", 2_000_000), ("500k", 500_000), ("1.5B", 1_500_000_000),
+                                        ("1e6", 1_000_000), ("2_000_000", 2_000_000), ("12345", 12_345)])
+def test_token_counts_read_like_the_paper(raw, tokens, tmp_path):
+    """train.tokens (and every other token budget) takes 2M / 500k / 1.5B / 1e6 on the command
+    line and in TOML, as the README's commands use it."""
+    assert load_config(None, [f"train.tokens={raw}"]).train.tokens == tokens
+    path = tmp_path / "run.toml"
+    path.write_text(f'[train]\ntokens = "{raw}"\n')
+    assert load_config(path, []).train.tokens == tokens
+
+
 def test_round_trip_through_dict():
     cfg = load_config(None, ["model.ffn=true", "train.steps=5"])
     assert Config.model_validate(to_toml_dict(cfg)) == cfg
@@ -49,6 +60,8 @@ def test_round_trip_through_dict():
         (["optim.warmup_frac=0.9", "optim.decay_frac=0.5"], "must not exceed 1"),
         (["model.d_model"], "expected section.key=value"),
         (["model.d_model.x=1"], "has no sub-keys"),
+        (["train.tokens=2Q"], "not a token count: '2Q'"),
+        (["train.tokens=lots"], "not a token count"),
     ],
 )
 def test_bad_overrides_name_the_problem(overrides, message):

@@ -13,17 +13,44 @@ from __future__ import annotations
 
 import collections.abc
 import json
+import re
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, TypeVar
+from typing import Annotated, Any, Literal, Mapping, Sequence, TypeVar
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError, model_validator
 
 from sanlab.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+
+
+_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+_TOKENS_RE = re.compile(r"^\s*([0-9][0-9_]*\.?[0-9_]*(?:[eE][+-]?[0-9]+)?)\s*([KMBGT]?)\s*$", re.IGNORECASE)
+
+
+def parse_tokens(value: Any) -> Any:
+    """Token counts as integers or as strings that read like the paper: '5B', '2.5M',
+    '500k', '1e6', '2_000_000'. Anything else is left for the int validator to reject."""
+    if isinstance(value, str):
+        m = _TOKENS_RE.match(value)
+        if not m:
+            raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M', '500k')")
+        return int(round(float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)))
+    return value
+
+
+Tokens = Annotated[int, BeforeValidator(parse_tokens)]
+
+
+def format_tokens(n: int) -> str:
+    """Short form used in run ids and tables: 5000000000 -> '5B', 2500000 -> '2.5M'."""
+    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.4g}{suffix}"
+    return str(n)
 
 
 class StrictModel(BaseModel):
@@ -143,7 +170,7 @@ class OptimConfig(StrictModel):
 class TrainConfig(StrictModel):
     """Training length, batch, precision, evaluation and checkpointing."""
 
-    tokens: int | None = None  # training length in tokens (rounded up to whole steps) ...
+    tokens: Tokens | None = None  # training length in tokens, e.g. 2M (rounded up to whole steps) ...
     steps: int | None = None  # ... or in steps; exactly one of the two is needed to train
     batch_rows: int = 16  # global batch in rows of data.seq_len tokens
     micro_batch_rows: int | None = None  # per-rank micro-batch; None = whole per-rank batch

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any, Iterator, Literal
@@ -29,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sanlab import __version__
-from sanlab.config import StrictModel, apply_overrides, load_toml
+from sanlab.config import StrictModel, Tokens, apply_overrides, load_toml, parse_tokens
 from sanlab.data.regions import REGION_NAMES, Document
 from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
 from sanlab.data.synth import EXERCISES, SynthConfig, documents
@@ -52,7 +51,7 @@ class PrepareConfig(StrictModel):
     """Everything that determines a prepared dir (stored in its manifest)."""
 
     corpus: Literal["synth", "text", "hf", "kjv"] = "synth"
-    tokens: int | None = None  # training tokens to write (at least); None = whole corpus (not synth)
+    tokens: Tokens | None = None  # training tokens to write (at least), e.g. 2M; None = whole corpus (not synth)
     seq_len: int = 256
     vocab_size: int = 2048  # 16384 at paper scale (SPEC §1.5)
     val_frac: float = 0.02  # share of documents held out for validation
@@ -86,15 +85,11 @@ class PrepareConfig(StrictModel):
 
 
 def parse_count(raw: str) -> int:
-    """'2M', '500k', '1e6', '2_000_000' -> int."""
-    m = re.fullmatch(r"\s*([0-9_.eE+]+)\s*([kKmMbBgG]?)\s*", raw)
-    scale = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9}
+    """'2M', '500k', '1e6', '2_000_000' -> int (`sanlab.config.parse_tokens`)."""
     try:
-        assert m is not None
-        value = float(m.group(1).replace("_", "")) * scale[m.group(2).lower()]
-    except (AssertionError, ValueError):
+        return int(parse_tokens(raw))
+    except ValueError:
         raise ConfigError(f"--tokens {raw!r}: expected a count such as 2M, 500k or 1e6") from None
-    return int(value)
 
 
 def corpus_documents(cfg: PrepareConfig) -> Iterator[Document]:

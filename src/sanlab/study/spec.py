@@ -13,48 +13,29 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Sequence
+from typing import Any, Literal, Sequence
 
-from pydantic import BeforeValidator, model_validator
+from pydantic import model_validator
 
 from sanlab.config import (
     DataConfig,
     ModelConfig,
     OptimConfig,
     StrictModel,
+    Tokens,
     TrainConfig,
     apply_overrides,
+    format_tokens,
     load_toml,
 )
+
+__all__ = ["StudySpec", "Tokens", "format_tokens"]  # (the token type and its short form live in sanlab.config)
 
 Optimizer = Literal["muon", "adamw"]
 Matching = Literal["iso_param", "iso_flop", "iso_depth"]
 ArmKind = Literal["san", "ffn"]
 
-_SUFFIX = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
-_TOKENS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMBGT]?)\s*$", re.IGNORECASE)
-
-
-def _parse_tokens(value: Any) -> Any:
-    """Accept token counts as integers or as "5B" / "2.5M" strings, which read like the paper."""
-    if isinstance(value, str):
-        m = _TOKENS_RE.match(value)
-        if not m:
-            raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M')")
-        return int(round(float(m.group(1)) * _SUFFIX.get(m.group(2).upper(), 1)))
-    return value
-
-
-Tokens = Annotated[int, BeforeValidator(_parse_tokens)]
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
-
-
-def format_tokens(n: int) -> str:
-    """Short form used in run ids and tables: 5000000000 -> '5B', 2500000 -> '2.5M'."""
-    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= scale:
-            return f"{n / scale:.4g}{suffix}"
-    return str(n)
 
 
 # --------------------------------------------------------------------------- sections
