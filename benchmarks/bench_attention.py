@@ -4,7 +4,8 @@ Both run `sanlab.model.layers.attend` on the same bf16 q, k, v (GQA, causal mask
 document a row) under bf16 autocast, as a training step calls them; the explicit kernel
 also at other query-block sizes. Each cell is the best of `--reps` timed repetitions
 after warm-up; the error column is the largest output error of each kernel against an
-fp64 reference, so speed is never bought with accuracy.
+fp64 reference (the worst relative error of the output and the q, k, v gradients), so
+speed is never bought with accuracy.
 
     python benchmarks/bench_attention.py [--tokens 2048 --heads 8 --kv-heads 4 --head-dim 32]
 """
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     for c in a.chunks:
         table.add_column(f"explicit {c}-row blocks", justify="right")
     table.add_column("sdpa / explicit", justify="right")
-    table.add_column("max err sdpa", justify="right")
-    table.add_column("max err explicit", justify="right")
+    table.add_column("rel err sdpa", justify="right")
+    table.add_column("rel err explicit", justify="right")
     default_chunk = layers.EXPLICIT_CHUNK
     for T in a.seq_lens:
         B = max(1, a.tokens // T)
@@ -64,8 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         k, v = (torch.randn(B, a.kv_heads, T, a.head_dim, generator=g).bfloat16().requires_grad_() for _ in range(2))
         grad = torch.randn(B, a.heads, T, a.head_dim, generator=g).bfloat16()
         tokens = torch.zeros(B, T, dtype=torch.long)
-        exact = layers.attend(q.double(), k.double(), v.double(),
-                              layers.build_context(ModelConfig(attn_backend="sdpa"), tokens, None))
+        leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+        exact_out = layers.attend(*leaves, layers.build_context(ModelConfig(attn_backend="sdpa"), tokens, None))
+        exact_out.backward(grad.double())
+        exact = [exact_out.detach(), *(t.grad for t in leaves)]
 
         def cell(backend: str, chunk: int) -> tuple[float, float]:
             layers.EXPLICIT_CHUNK = chunk
@@ -78,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
                 return out
 
             seconds = _time(step, a.reps)
-            return seconds, float((step().double() - exact).abs().max())
+            for t in (q, k, v):
+                t.grad = None
+            got = [step().detach(), q.grad, k.grad, v.grad]
+            # the worst relative error (whole-tensor norm) of the output and the three gradients
+            return seconds, max(float((g.double() - e).norm() / e.norm()) for g, e in zip(got, exact))
 
         try:
             sdpa, sdpa_err = cell("sdpa", default_chunk)
