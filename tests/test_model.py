@@ -626,6 +626,25 @@ def test_fused_head_loss_is_exact_across_chunks(monkeypatch):
         torch.testing.assert_close(a, b)
 
 
+def _assert_same_training_loss(model, calls, tokens, seg, z_loss, tols=((False, 1e-6), (True, 2e-2))):
+    """Each of `calls` (model, tokens, seg, targets, mask, z) -> (loss, ce) gives the same
+    loss, cross-entropy and parameter gradients, in fp32 and under bf16 autocast."""
+    targets, mask = tokens.roll(-1, 1), torch.rand(tokens.shape) > 0.2
+    for bf16, tol in tols:
+        results = []
+        for call in calls:
+            model.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss, ce = call(tokens, seg, targets, mask, z_loss)
+            loss.backward()
+            results.append((loss.detach(), ce.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        (l1, c1, g1), *others = results
+        for l2, c2, g2 in others:
+            torch.testing.assert_close(l1, l2, rtol=tol, atol=tol)
+            torch.testing.assert_close(c1, c2, rtol=tol, atol=tol)
+            assert float((g1 - g2).norm() / g2.norm()) < tol
+
+
 def test_model_forward_with_targets_is_the_training_loss():
     """LM(tokens, seg, targets, mask, z) equals lm_loss on LM(tokens, seg)'s logits, with the
     same parameter gradients, in fp32 and under bf16 autocast (the head matmul in bf16)."""
@@ -633,23 +652,8 @@ def test_model_forward_with_targets_is_the_training_loss():
     model = LM(tiny(ffn=True))
     tokens = torch.randint(0, 64, (2, 12))
     seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
-    targets, mask = tokens.roll(-1, 1), torch.rand(2, 12) > 0.2
-    for bf16, tol in ((False, 1e-6), (True, 2e-2)):
-        results = []
-        for fused in (True, False):
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                if fused:
-                    loss, ce = model(tokens, seg, targets, mask, 1e-3)
-                else:
-                    loss, ce = lm_loss(model(tokens, seg), targets, mask, 1e-3)
-            loss.backward()
-            grads = torch.cat([p.grad.flatten() for p in model.parameters()])
-            results.append((loss.detach(), ce, grads))
-        (l1, c1, g1), (l2, c2, g2) = results
-        torch.testing.assert_close(l1, l2, rtol=tol, atol=tol)
-        torch.testing.assert_close(c1, c2, rtol=tol, atol=tol)
-        assert float((g1 - g2).norm() / g2.norm()) < tol
+    _assert_same_training_loss(model, [model, lambda tok, seg, tgt, mask, z: lm_loss(model(tok, seg), tgt, mask, z)],
+                               tokens, seg, 1e-3)
 
 
 def test_explicit_kernel_keeps_scores_in_fp32_under_autocast():
@@ -691,18 +695,7 @@ def test_torch_compile_matches_eager(ffn):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = LM(tiny(ffn=ffn))
-    compiled = torch.compile(model)
     tokens = torch.randint(0, 64, (2, 20))
     seg = torch.tensor([[0] * 7 + [1] * 13, [0] * 20])
-    targets, mask = tokens.roll(-1, 1), torch.rand(2, 20) > 0.2
-    for bf16, tol in ((False, 1e-5), (True, 2e-2)):
-        results = []
-        for m in (model, compiled):
-            model.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                loss, _ = m(tokens, seg, targets, mask, 1e-4)
-            loss.backward()
-            results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
-        (l_eager, g_eager), (l_comp, g_comp) = results
-        torch.testing.assert_close(l_comp, l_eager, rtol=tol, atol=tol)
-        assert float((g_comp - g_eager).norm() / g_eager.norm()) < tol
+    _assert_same_training_loss(model, [model, torch.compile(model)], tokens, seg, 1e-4,
+                               tols=((False, 1e-5), (True, 2e-2)))

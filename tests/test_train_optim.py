@@ -64,21 +64,27 @@ def _reference(model: nn.Module, cfg: OptimConfig, fused: bool | None = True) ->
                               lr=cfg.lr, betas=(0.9, 0.95), eps=cfg.eps, fused=fused)]
 
 
+def _step_both(cfg: OptimConfig, fused: bool | None, steps: int) -> tuple[nn.Module, nn.Module]:
+    """Two identical models after `steps` steps on the same fake gradients: one with our
+    optimizers, one with the hand-built torch reference (`fused` for its AdamW)."""
+    ours, ref = tiny_lm(), tiny_lm()
+    opt, ref_opts = build_optimizers(ours, cfg), _reference(ref, cfg, fused=fused)
+    for step in range(steps):
+        fake_grads(ours, step)
+        fake_grads(ref, step)
+        opt.step()
+        for o in ref_opts:
+            o.step()
+    return ours, ref
+
+
 @pytest.mark.parametrize("cfg", [
     OptimConfig(name="muon"),
     OptimConfig(name="muon", muon_adjust_lr="match_rms_adamw", ns_coefficients=(3.0, -3.2, 1.2)),
     OptimConfig(name="adamw", lr=6e-4),
 ], ids=["muon", "muon-variant", "adamw"])
 def test_optimizers_match_the_torch_reference(cfg: OptimConfig) -> None:
-    ours, ref = tiny_lm(), tiny_lm()
-    opt = build_optimizers(ours, cfg)
-    ref_opts = _reference(ref, cfg)
-    for step in range(4):
-        fake_grads(ours, step)
-        fake_grads(ref, step)
-        opt.step()
-        for o in ref_opts:
-            o.step()
+    ours, ref = _step_both(cfg, fused=True, steps=4)
     for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
         assert torch.equal(a, b), name
     assert not torch.equal(ours.embed.weight, tiny_lm().embed.weight)  # it did move
@@ -88,15 +94,9 @@ def test_fused_adamw_is_the_default_update_rule() -> None:
     """The fused AdamW kernel the trainer uses gives torch's default AdamW's parameters to
     rounding, over several steps of both arms."""
     for cfg in (OptimConfig(name="adamw", lr=6e-4), OptimConfig(name="muon")):
-        ours, ref = tiny_lm(), tiny_lm()
-        opt, ref_opts = build_optimizers(ours, cfg), _reference(ref, cfg, fused=None)
-        assert all(g.get("fused") for o in opt.optimizers if isinstance(o, torch.optim.AdamW) for g in o.param_groups)
-        for step in range(6):
-            fake_grads(ours, step)
-            fake_grads(ref, step)
-            opt.step()
-            for o in ref_opts:
-                o.step()
+        assert all(g.get("fused") for o in build_optimizers(tiny_lm(), cfg).optimizers
+                   if isinstance(o, torch.optim.AdamW) for g in o.param_groups)
+        ours, ref = _step_both(cfg, fused=None, steps=6)
         for (name, a), b in zip(ours.named_parameters(), ref.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
