@@ -599,6 +599,17 @@ def test_fused_head_loss_matches_autograd():
     for a, b in zip(g, g_ref):
         torch.testing.assert_close(a, b)
     assert torch.autograd.gradcheck(lambda x, w: head_loss(x, w, targets, mask, z_loss=0.05)[0], (x, weight))
+    # under no_grad (evaluation) the same values, and none of the gradient matmuls
+    def matmuls(grad: bool) -> tuple[list[torch.Tensor], int]:
+        with torch.profiler.profile() as prof, torch.set_grad_enabled(grad):
+            out = head_loss(x, weight, targets, mask, z_loss=0.05)
+        return list(out), sum(e.name == "aten::mm" for e in prof.events())
+
+    (loss_ng, ce_ng), mms = matmuls(False)
+    torch.testing.assert_close(loss_ng, ref.detach())
+    torch.testing.assert_close(ce_ng, ref_ce.detach())
+    assert loss_ng.grad_fn is None
+    assert mms == 1 and matmuls(True)[1] == 3  # the head alone; with grad also dx and dW
     # the logits path computes the same loss
     logits_loss = lm_loss(x @ weight.t(), targets, mask, z_loss=0.05)
     torch.testing.assert_close(logits_loss[0], ref)

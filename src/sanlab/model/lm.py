@@ -99,10 +99,11 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, targets, weights, c):  # type: ignore[override]
+    def forward(ctx, x, weight, targets, weights, c, grad_enabled):  # type: ignore[override]
         dt = torch.promote_types(x.dtype, torch.float32)
         w_x = weight.to(x.dtype)
-        grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # (grad mode is off inside forward: the caller says whether a backward can follow)
+        grad = grad_enabled and (ctx.needs_input_grad[0] or ctx.needs_input_grad[1])
         N, V = x.shape[0], weight.shape[0]
         ce = torch.zeros((), dtype=dt, device=x.device)
         z = torch.zeros((), dtype=dt, device=x.device)
@@ -138,7 +139,7 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_loss, g_ce):  # type: ignore[override]
         dx, dw = ctx.saved_tensors
-        return dx * g_loss.to(dx.dtype), dw * g_loss, None, None, None
+        return dx * g_loss.to(dx.dtype), dw * g_loss, None, None, None, None
 
 
 def head_loss(
@@ -155,7 +156,8 @@ def head_loss(
     mask = loss_mask.reshape(-1).to(torch.promote_types(x.dtype, torch.float32))
     weights = mask / mask.sum().clamp_min(1.0)
     with torch.autocast(dev, enabled=False):
-        return _HeadCrossEntropyZLoss.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), weights, z_loss)
+        return _HeadCrossEntropyZLoss.apply(x.reshape(-1, x.shape[-1]), weight, targets.reshape(-1), weights, z_loss,
+                                            torch.is_grad_enabled())
 
 
 def lm_loss(
