@@ -86,7 +86,7 @@ class ModelConfig(StrictModel):
     ffn_type: str = "swiglu"
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
     # kernel (faster than SDPA from T = 64 to 1024, measured) while the probabilities it
-    # keeps fit model.layers.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
+    # keeps fit sanlab.model.layers.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
     attn_backend: Literal["auto", "explicit", "sdpa", "flex"] = "auto"
 
     @model_validator(mode="after")
