@@ -346,7 +346,7 @@ class _ExplicitAttention(torch.autograd.Function):
         do5 = dout.to(q5.dtype).reshape(B, Hkv, rep, T, D)
         do5_lp = dout.reshape(B, Hkv, rep, T, D) if lp == dout.dtype else do5
         q5_lp, k3_lp = q5.to(lp), k3.to(lp)
-        delta = (do5 * out).sum(-1, keepdim=True)  # rowsum(dO ⊙ O) = rowsum(P ⊙ dP)
+        delta = torch.linalg.vecdot(do5, out).unsqueeze(-1)  # rowsum(dO ⊙ O) = rowsum(P ⊙ dP)
         dq = torch.empty_like(q5)
         dk, dv = torch.zeros_like(k3), torch.zeros_like(v3)
         for p, s in zip(probs, range(0, T, chunk)):
