@@ -239,8 +239,8 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
 
     CUDA: FlexAttention with a document block mask (when it imports). CPU: the explicit
     kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_SCORES`, SDPA with a dense
-    mask otherwise (FlexAttention has no CPU
-    backward in this torch, so an explicit `flex` request falls back to SDPA there).
+    mask otherwise (FlexAttention has no CPU backward in this torch, so an explicit
+    `flex` request falls back to SDPA there).
     """
     requested, device = cfg.attn_backend, tokens.device
     if requested == "auto":

@@ -47,7 +47,7 @@ class LM(nn.Module):
         segment_ids: torch.Tensor | None = None,
         targets: torch.Tensor | None = None,
         loss_mask: torch.Tensor | None = None,
-        z_loss: float = 0.0,
+        z_loss: float = 1e-4,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """tokens, segment_ids: (B, T) -> logits (B, T, V); with `targets` (B, T) the
         training loss instead: (loss to optimise, cross-entropy alone), as `lm_loss`,

@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from sanlab.errors import EXIT_OK
-from sanlab.study.spec import format_tokens
+from sanlab.config import format_tokens
 from sanlab.study.table import make_console
 
 _EPILOG = """\

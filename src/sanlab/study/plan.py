@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from sanlab.config import Config, ModelConfig, to_toml_dict, validate
+from sanlab.config import Config, ModelConfig, format_tokens, to_toml_dict, validate
 from sanlab.errors import ConfigError
 from sanlab.matching import match, model_label
 from sanlab.study.spec import (
     ArmKind,
     Optimizer,
     StudySpec,
-    format_tokens,
     reference_name,
 )
 from sanlab.study.sweep import SweepDecision, decide

@@ -25,11 +25,8 @@ from sanlab.config import (
     Tokens,
     TrainConfig,
     apply_overrides,
-    format_tokens,
     load_toml,
 )
-
-__all__ = ["StudySpec", "Tokens", "format_tokens"]  # (the token type and its short form live in sanlab.config)
 
 Optimizer = Literal["muon", "adamw"]
 Matching = Literal["iso_param", "iso_flop", "iso_depth"]

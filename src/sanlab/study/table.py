@@ -29,7 +29,8 @@ from sanlab.study.plan import (
     run_id,
     sweep_results,
 )
-from sanlab.study.spec import StudySpec, format_tokens
+from sanlab.config import format_tokens
+from sanlab.study.spec import StudySpec
 
 
 def make_console() -> Console:
