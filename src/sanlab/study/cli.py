@@ -37,6 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("spec", help="study spec (TOML)")
     r.add_argument("overrides", nargs="*", metavar="key=value")
     r.add_argument("--out", required=True, help="the study dir (rerun to resume)")
+    r.add_argument("--report", action="store_true",
+                   help="then analyse the final pairs and write the report (as `sanlab report DIR --analyze`)")
     s = sub.add_parser("status", help="progress of a study dir")
     s.add_argument("dir")
     s.add_argument("--json", action="store_true")
@@ -109,7 +111,13 @@ def _run(args: argparse.Namespace) -> int:
     from sanlab.study.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
-    return Study(spec, Path(args.out)).run()
+    rc = Study(spec, Path(args.out)).run()
+    if args.report:
+        from sanlab.report.cli import make_report
+
+        html, _ = make_report(Path(args.out), analyze=True)
+        print(html)
+    return rc
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -132,8 +140,12 @@ def _status(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
+    from sanlab.report.cli import REPORT_DIR
+
+    report_file = Path(args.dir) / REPORT_DIR / "report.html"
+    report = str(report_file) if report_file.is_file() else None
     if args.json:
-        print(json.dumps({"runs": rows, "counts": counts}, indent=2))
+        print(json.dumps({"runs": rows, "counts": counts, "report": report}, indent=2))
         return EXIT_OK
     console = make_console()
     table = Table(title=f"Study '{spec.name}' in {args.dir}")
@@ -145,6 +157,8 @@ def _status(args: argparse.Namespace) -> int:
                       "" if row["wall_s"] is None else _fmt_seconds(row["wall_s"]), row["note"])
     console.print(table)
     console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    if report is not None:
+        console.print(f"report: {report}", highlight=False)
     return EXIT_OK
 
 
@@ -161,19 +175,54 @@ def _table(args: argparse.Namespace) -> int:
     from sanlab.study.orchestrate import load_saved_spec
     from sanlab.study.plan import build_arms
     from sanlab.study.store import ResultStore
-    from sanlab.study.table import gaps, locks, print_tables, sweep_rows
+    from sanlab.study.table import print_tables
 
     spec = load_saved_spec(args.dir)
     arms = build_arms(spec)
     records = ResultStore(args.dir).runs()
     if args.json:
-        rows, noise = gaps(spec, arms, records, locks(spec, arms, records, set(records)))
-        print(json.dumps({"gaps": [g.to_dict() for g in rows],
-                          "noise_floor": [g.to_dict() for g in noise],
-                          "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)]}, indent=2))
+        print(json.dumps(_table_json(spec, arms, records), indent=2))
         return EXIT_OK
     print_tables(spec, arms, records, make_console())
     return EXIT_OK
+
+
+def _table_json(spec: Any, arms: list[Any], records: dict[str, Any]) -> dict[str, Any]:
+    """What `study table` shows, as data: the gaps (each with its verdict against the noise
+    floor and the run ids of its seed pairs), the noise floor, the sweep, the arms, the
+    locks, the measured throughput and the tables' own titles. `sanlab report` renders this."""
+    from sanlab.study.plan import noise_arm, run_id
+    from sanlab.study.table import gap_table, gaps, locks, sweep_rows, sweep_table, throughput, verdict
+
+    lock = locks(spec, arms, records, set(records))
+    rows, noise = gaps(spec, arms, records, lock)
+    floor = noise[0] if noise else None
+    by_name = {a.name: a for a in arms}
+    ref = arms[0]
+
+    def pairs(g: Any, seeds: list[int]) -> dict[str, dict[str, str]]:
+        arm = by_name.get(g.arm) or noise_arm(spec)
+        lr_ref = lock[(ref.name, g.optimizer)]
+        lr_arm = lock.get((arm.name, g.optimizer), lr_ref)
+        return {str(s): {"reference": run_id(ref, g.optimizer, lr_ref, g.tokens, s),
+                         "arm": run_id(arm, g.optimizer, lr_arm, g.tokens, s)} for s in seeds}
+
+    sweep_title, warnings = "", []
+    if spec.sweep.enabled:
+        table, warnings = sweep_table(spec, arms, records)
+        sweep_title = str(table.title)
+    return {
+        "gaps": [{**g.to_dict(), "verdict": verdict(g, floor), "runs": pairs(g, spec.seeds)} for g in rows],
+        "noise_floor": [{**g.to_dict(), "runs": pairs(g, spec.noise_seeds)} for g in noise],
+        "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)],
+        "arms": [{"name": a.name, "role": a.role, "kind": a.kind, "label": a.label,
+                  "params_total": a.params_total, "params_non_embedding": a.params_non_embedding,
+                  "flops_per_token": a.flops_per_token, "mismatch": a.mismatch} for a in arms],
+        "locks": [{"arm": a, "optimizer": o, "lr": lr} for (a, o), lr in lock.items()],
+        "throughput": throughput(records),
+        "titles": {"gap": str(gap_table(spec, arms, records, lock).title), "sweep": sweep_title},
+        "sweep_warnings": warnings,
+    }
 
 
 def run(args: argparse.Namespace) -> int:

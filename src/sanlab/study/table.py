@@ -151,7 +151,7 @@ def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
     return "…" if v is None else fmt.format(v)
 
 
-def _verdict(g: Gap, floor: Gap | None) -> str:
+def verdict(g: Gap, floor: Gap | None) -> str:
     if g.mean is None:
         return "…"
     favours = "std" if g.mean < 0 else "SAN"
@@ -181,7 +181,7 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
         ms = "…" if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
         table.add_row(f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
                       _f(g.san_loss, "{:.4f}"), _f(g.other_loss, "{:.4f}"), per, ms,
-                      _f(g.percent, "{:+.2f}%"), _verdict(g, floor))
+                      _f(g.percent, "{:+.2f}%"), verdict(g, floor))
     if floor is not None:
         per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or "…"
         ms = "…" if floor.mean is None else _f(floor.mean) + (

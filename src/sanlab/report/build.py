@@ -1,0 +1,239 @@
+"""Assemble a study's report: figures on disk plus sections of tables, text and placeholders.
+
+The sections are plain data (`Section` holding `Block`s) that `md.py` and `html.py`
+render, so report.md and report.html always carry the same tables. Table numbers are
+the study's own (`sanlab study table --json`); nothing here recomputes a gap.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sanlab.report import plots
+from sanlab.report.data import StudyData
+
+BlockKind = Literal["text", "table", "figure", "placeholder", "warning", "code"]
+
+
+@dataclass
+class Block:
+    kind: BlockKind
+    text: str = ""  # text / placeholder / warning / code body; figure caption; table caption
+    columns: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    path: Path | None = None  # figure PNG
+
+
+@dataclass
+class Section:
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+
+    def figure(self, fn: Any, data: StudyData, out: Path, name: str, caption: str, *args: Any) -> None:
+        """Draw one figure into `out/name`, or a placeholder with the reason it is missing."""
+        path = out / name
+        reason = fn(data, path, *args)
+        if reason is None:
+            self.blocks.append(Block("figure", caption, path=path))
+        else:
+            if path.exists():
+                path.unlink()  # a stale figure from an earlier report would contradict the placeholder
+            self.blocks.append(Block("placeholder", f"{caption.split(':')[0]}: {reason}"))
+
+
+@dataclass
+class Report:
+    title: str
+    sections: list[Section]
+    figures: list[Path]
+
+
+def _f(v: Any, fmt: str = "{:+.4f}") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "…"
+    return fmt.format(v)
+
+
+def _tok(n: Any) -> str:
+    return plots._fmt_tokens(float(n)) if isinstance(n, (int, float)) else str(n)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def header(data: StudyData) -> Section:
+    s = Section("Study")
+    counts: dict[str, int] = {}
+    for r in data.records.values():
+        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+    status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no run finished yet"
+    s.blocks.append(Block("text", f"Study **{data.name}** in `{data.dir}`: {len(data.records)} runs "
+                                  f"in the results store ({status})."))
+    if data.corrupt_lines:
+        s.blocks.append(Block("warning", f"results.jsonl: {len(data.corrupt_lines)} corrupt line(s) skipped "
+                                         f"(line {', '.join(map(str, data.corrupt_lines[:10]))})"))
+    if data.tables_error:
+        s.blocks.append(Block("warning", f"the study's tables could not be computed: {data.tables_error}"))
+    metas = [m for _, m in sorted(data.metas.items()) if m.get("versions")]
+    if metas:
+        m = metas[-1]
+        v = m.get("versions") or {}
+        git = m.get("git") or {}
+        dev = m.get("device") or {}
+        rows = [["versions", ", ".join(f"{k} {val}" for k, val in v.items())],
+                ["git commit", (git.get("commit") or "unknown")[:12] + (" (dirty)" if git.get("dirty") else "")
+                 if git else "not a git checkout"],
+                ["device", f"{dev.get('type', '?')} · {dev.get('name', '?')} · {dev.get('precision', '?')} · "
+                           f"{dev.get('threads', '?')} threads · world size {dev.get('world_size', '?')}"],
+                ["host", str(dev.get("hostname", "?"))]]
+        commits = {(mm.get("git") or {}).get("commit") for mm in metas}
+        if len(commits) > 1:
+            rows.append(["note", f"the runs were trained from {len(commits)} different commits"])
+        s.blocks.append(Block("table", "Environment (from the run dirs' meta.json)", ["", "value"], rows))
+    else:
+        s.blocks.append(Block("placeholder", "Environment: no run has written its meta.json yet"))
+    arms = (data.tables or {}).get("arms", [])
+    tps = (data.tables or {}).get("throughput", {})
+    if arms:
+        rows = [[a["name"], a["role"], a["label"], f"{a['params_total'] / 1e6:.3f}M",
+                 f"{a['params_non_embedding'] / 1e6:.3f}M", f"{a['flops_per_token'] / 1e9:.4f}",
+                 "—" if a.get("mismatch") is None else f"{a['mismatch']:+.2%}",
+                 f"{tps[a['name']]:,.0f}" if a["name"] in tps else "…"] for a in arms]
+        s.blocks.append(Block("table", "Arms, their accounting and the training throughput they ran at "
+                                       "(tokens/s per run, mean over finished runs)",
+                              ["arm", "role", "config", "params", "non-emb params", "train GFLOPs/token",
+                               "mismatch", "tokens/s"], rows))
+    s.blocks.append(Block("code", json.dumps(data.spec, indent=2), columns=["the study spec (study.json)"]))
+    return s
+
+
+def curves(data: StudyData, out: Path) -> Section:
+    s = Section("Training curves")
+    s.figure(plots.plot_loss_curves, data, out, "loss_curves.png",
+             "Loss curves: training loss per step and validation loss against tokens (log scale); "
+             "final and noise-floor runs solid, LR-sweep runs faint and dashed")
+    return s
+
+
+def sweep(data: StudyData, out: Path) -> Section:
+    s = Section("Learning-rate sweep")
+    rows = (data.tables or {}).get("sweep", [])
+    if rows and (data.spec.get("sweep") or {}).get("enabled", True):
+        mults = sorted({float(m) for r in rows for m in r["losses"]})
+        table = []
+        for r in rows:
+            losses = {float(m): v for m, v in r["losses"].items()}
+            cells = []
+            for m in mults:
+                if m not in losses:
+                    cells.append("")
+                elif losses[m] is None:
+                    cells.append("div/fail")
+                else:
+                    cells.append(f"**{losses[m]:.4f}**" if r.get("best") is not None and m == float(r["best"])
+                                 else f"{losses[m]:.4f}")
+            lock = "…" if r.get("lock") is None else f"{r['lock']:g}" + (" (edge!)" if r.get("at_edge") else "")
+            table.append([f"{r['arm']} {r['optimizer']}", f"{r['base_lr']:g}", *cells, lock])
+        title = ((data.tables or {}).get("titles") or {}).get("sweep") or "LR sweep"
+        s.blocks.append(Block("table", title, ["arm × optimizer", "base LR", *(f"{m:g}×" for m in mults), "lock"],
+                              table))
+    for w in (data.tables or {}).get("sweep_warnings", []):
+        s.blocks.append(Block("warning", w))
+    s.figure(plots.plot_sweep, data, out, "sweep.png",
+             "LR sweep: validation loss against learning rate per arm × optimizer; the star and the "
+             "dotted line mark the locked LR")
+    return s
+
+
+def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
+    """The gap table as the study prints it (same columns, same formatting)."""
+    cols = ["arm", "config", "opt", "tokens", "SAN loss", "std loss", "Δ per seed", "Δ mean ± sd", "Δ %",
+            "vs noise floor"]
+    rows = []
+    for g in (data.tables or {}).get("gaps", []):
+        rows.append(_gap_row(g, f"{g['arm']} ({g['role']})", g.get("verdict", "")))
+    ref = next(iter((data.tables or {}).get("arms", [])), {}).get("name", "reference")
+    for g in (data.tables or {}).get("noise_floor", []):
+        rows.append(_gap_row(g, f"noise floor ({g['arm']} − {ref})", ""))
+    return cols, rows
+
+
+def _gap_row(g: dict, name: str, verdict: str) -> list[str]:
+    per = " ".join(f"s{k}: {v:+.4f}" for k, v in g["per_seed"].items()) or "…"
+    ms = "…" if g.get("mean") is None else _f(g["mean"]) + ("" if g.get("spread") is None else f" ± {g['spread']:.4f}")
+    return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("san_loss"), "{:.4f}"),
+            _f(g.get("standard_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
+
+
+def gap(data: StudyData, out: Path) -> Section:
+    s = Section("The gap")
+    if data.tables is None:
+        s.blocks.append(Block("placeholder", "Gap table: the study's tables could not be computed"))
+    else:
+        cols, rows = gap_rows(data)
+        title = (data.tables.get("titles") or {}).get("gap") or "Gap to the reference"
+        if rows:
+            s.blocks.append(Block("table", title, cols, rows))
+        else:
+            s.blocks.append(Block("placeholder", "Gap table: no arm has a locked LR yet"))
+    s.figure(plots.plot_gaps, data, out, "gaps.png",
+             "Δ per matched arm: bars are the mean over seed pairs, error bars their sd, dots the "
+             "single seed pairs; the grey band is the noise floor")
+    s.figure(plots.plot_delta_vs_budget, data, out, "delta_vs_budget.png",
+             "Δ vs token budget: the gap of each arm at every final budget (SPEC §1.6: the iso-param "
+             "gap shrinks with tokens)")
+    s.figure(plots.plot_delta_vs_size, data, out, "delta_vs_size.png",
+             "Δ vs model size: each arm's gap against its non-embedding parameter count")
+    return s
+
+
+def localisation(data: StudyData, out: Path) -> Section:
+    s = Section("Where the gap comes from")
+    comps = data.comparisons()
+    if comps:
+        s.blocks.append(Block("text", "Per-token losses of each final arm and the reference on the same "
+                                      "held-out tokens (`sanlab analyze ARM --vs REFERENCE`). Δ = arm − "
+                                      "reference per group; the token-weighted group Δs must sum to the "
+                                      "aggregate Δ."))
+        rows = []
+        for c in sorted(comps, key=lambda c: (c["run"], c["vs"])):
+            for grouping in ("region", "exercise"):
+                v = c.get(grouping)
+                if v and "identity" in v:
+                    i = v["identity"]
+                    rows.append([c["run"], c["vs"], grouping, _f(i.get("aggregate_delta")),
+                                 _f(i.get("weighted_sum")), _f(i.get("rel_error"), "{:.1e}"),
+                                 _f(c.get("recorded_val_delta"))])
+        s.blocks.append(Block("table", "Token-weighted identity check: Σ share·Δ against the aggregate Δ",
+                              ["run", "vs", "grouping", "aggregate Δ", "Σ share·Δ", "rel. error",
+                               "recorded val Δ"], rows))
+    s.figure(plots.plot_grouped_deltas, data, out, "delta_by_region.png",
+             "Δ by region (query / trace / answer / other)", "region")
+    s.figure(plots.plot_grouped_deltas, data, out, "delta_by_exercise.png",
+             "Δ by exercise type", "exercise")
+    return s
+
+
+def inside(data: StudyData, out: Path) -> Section:
+    s = Section("Inside the models")
+    s.figure(plots.plot_spectra, data, out, "spectra.png",
+             "Weight spectra: mean stable rank ‖W‖²_F/‖W‖²₂ per matrix type across milestone "
+             "checkpoints; a hollow diamond marks where the type's spectrum settled (crystallised)")
+    s.figure(plots.plot_attention, data, out, "attention.png",
+             "Attention metrics per layer (mean over heads) for one final run per arm")
+    s.figure(plots.plot_stream, data, out, "stream.png",
+             "Residual stream: RMS of each block's output and the residual gates per layer")
+    return s
+
+
+def build(data: StudyData, out: Path) -> Report:
+    """Draw every figure into `out` and return the report's sections."""
+    out.mkdir(parents=True, exist_ok=True)
+    sections = [header(data), curves(data, out), sweep(data, out), gap(data, out),
+                localisation(data, out), inside(data, out)]
+    figures = [b.path for s in sections for b in s.blocks if b.kind == "figure" and b.path is not None]
+    return Report(f"sanlab report — study {data.name}", sections, figures)

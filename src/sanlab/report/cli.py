@@ -1,0 +1,86 @@
+"""`sanlab report STUDY_DIR [--out DIR] [--analyze]`: the study's figures and tables as
+PNGs, report.md and one self-contained report.html.
+
+Works on a finished study and on one still running (missing results become
+placeholders). `--analyze` first runs `sanlab analyze` for the final pairs that have no
+analysis yet (`STUDY_DIR/analysis/final-OPT-TOKENS-sSEED/`), which is what the region,
+exercise, spectra, attention and stream figures are drawn from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from sanlab.errors import EXIT_OK, DataError
+
+REPORT_DIR = "report"  # default output inside the study dir; `sanlab study status` looks there
+
+_EPILOG = """\
+examples:
+  sanlab report runs/quick                 # figures and tables from what is there now
+  sanlab report runs/quick --analyze       # analyse the final pairs first (needs their checkpoints)
+  sanlab report runs/quick --out /tmp/rep  # write somewhere else
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = _EPILOG
+    parser.add_argument("dir", type=Path, metavar="STUDY_DIR", help="a study dir (`sanlab study run --out`)")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help=f"where to write the report (default: STUDY_DIR/{REPORT_DIR})")
+    parser.add_argument("--analyze", action="store_true",
+                        help="run `sanlab analyze` for the final pairs that have no analysis yet")
+    parser.add_argument("--eval-rows", type=int, default=32, metavar="N",
+                        help="held-out rows per analysis with --analyze (default 32)")
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = False,
+                eval_rows: int = 32, log=print) -> tuple[Path, list[int]]:
+    """Write the report; (path of report.html, corrupt results lines that were skipped)."""
+    from sanlab.report import html, md
+    from sanlab.report.build import build
+    from sanlab.report.data import analyze_group, load, load_analyses, missing_analyses
+
+    if eval_rows <= 0:
+        raise DataError(f"--eval-rows must be positive, got {eval_rows}")
+    out = out if out is not None else study_dir / REPORT_DIR
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot write the report to {out}: {e.strerror}") from None
+    data = load(study_dir)
+    if analyze:
+        todo = missing_analyses(data)
+        for i, group in enumerate(todo, 1):
+            log(f"analyse [{i}/{len(todo)}] {', '.join(group.arms)} vs {group.reference}")
+            err = analyze_group(data, group, eval_rows=eval_rows)
+            if err:
+                log(f"  analysis failed: {err}")
+        if todo:
+            data.analyses = load_analyses(study_dir)
+    report = build(data, out)
+    _write(out / "report.md", md.render(report, out))
+    html_path = out / "report.html"
+    _write(html_path, html.render(report))
+    log(f"wrote {len(report.figures)} figures, report.md and report.html to {out}")
+    return html_path, data.corrupt_lines
+
+
+def run(args: argparse.Namespace) -> int:
+    html_path, corrupt = make_report(args.dir, args.out, analyze=args.analyze, eval_rows=args.eval_rows)
+    print(html_path)
+    if corrupt:
+        sys.stdout.flush()
+        raise DataError(f"{args.dir}/results.jsonl: corrupt line(s) {', '.join(map(str, corrupt[:10]))} "
+                        "skipped; the report was written without them")
+    return EXIT_OK

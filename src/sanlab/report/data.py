@@ -1,0 +1,262 @@
+"""Everything a report shows, read from a study dir into plain data.
+
+Sources, all files (no torch here, no tracking server):
+
+    STUDY/study.json                the resolved spec (what makes a dir a study dir)
+    STUDY/results.jsonl             the results store, read with `sanlab.study.store`
+    `sanlab study table --json`     the gap, noise-floor and sweep tables as the study
+                                    computes them (`sanlab.study.table`); run as a child
+                                    process because the matching that builds the arms
+                                    counts parameters with torch
+    STUDY/runs/RUN_ID/metrics.jsonl training curves; meta.json: versions, git, device
+    STUDY/analysis/*/analysis.json  `sanlab analyze` of the final pairs (`--analyze` runs it)
+
+Anything missing (a run still going, no analysis yet) is simply absent from the data;
+the report shows a placeholder for it. A corrupt results line is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sanlab.errors import DataError
+from sanlab.study.store import STORE_NAME, ResultStore
+
+SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
+ANALYSIS_DIR = "analysis"
+
+
+@dataclass
+class Curve:
+    """One run's training curve: train loss per logged step, val loss where evaluated."""
+
+    tokens: list[int] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+    val_tokens: list[int] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+
+
+@dataclass
+class StudyData:
+    """A study dir as plain data."""
+
+    dir: Path
+    spec: dict[str, Any]
+    records: dict[str, dict[str, Any]]  # run id -> latest run record
+    corrupt_lines: list[int]  # 1-based line numbers of results.jsonl that are not JSON records
+    tables: dict[str, Any] | None  # `sanlab study table --json`; None when it could not be computed
+    tables_error: str | None
+    curves: dict[str, Curve]
+    metas: dict[str, dict[str, Any]]
+    analyses: list[dict[str, Any]]  # each analysis.json, with "_path" added
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.get("name", self.dir.name))
+
+    def run_dir(self, run_id: str) -> Path:
+        rec = self.records.get(run_id) or {}
+        stored = rec.get("run_dir")
+        if stored and Path(stored).is_dir():
+            return Path(stored)
+        return self.dir / "runs" / run_id
+
+    def analysis_runs(self) -> dict[str, dict[str, Any]]:
+        """Run id -> its per-run analysis (the newest analysis file that covers it)."""
+        out: dict[str, dict[str, Any]] = {}
+        for a in sorted(self.analyses, key=lambda a: a.get("_mtime", 0)):
+            out.update(a.get("runs") or {})
+        return out
+
+    def comparisons(self) -> list[dict[str, Any]]:
+        """Every paired comparison (run vs baseline), the newest per pair."""
+        out: dict[tuple[str, str], dict[str, Any]] = {}
+        for a in sorted(self.analyses, key=lambda a: a.get("_mtime", 0)):
+            for c in a.get("comparisons") or []:
+                out[(c["run"], c["vs"])] = c
+        return list(out.values())
+
+
+def check_study_dir(study_dir: Path) -> dict[str, Any]:
+    """The saved spec of a study dir; `DataError` (one line) when it is not one."""
+    if not study_dir.is_dir():
+        raise DataError(f"{study_dir} is not a directory")
+    path = study_dir / SPEC_FILE
+    if not path.is_file():
+        raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(spec, dict):
+        raise DataError(f"{path} does not hold a study spec")
+    return spec
+
+
+def corrupt_lines(study_dir: Path) -> list[int]:
+    """Line numbers of results.jsonl that are not JSON objects (the store skips them)."""
+    path = study_dir / STORE_NAME
+    if not path.is_file():
+        return []
+    bad = []
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                ok = isinstance(json.loads(raw), dict)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                ok = False
+            if not ok:
+                bad.append(i)
+    return bad
+
+
+def study_tables(study_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """`sanlab study table DIR --json` in a child process: (tables, None) or (None, its error)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "sanlab", "study", "table", str(study_dir), "--json"],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return None, (lines[-1] if lines else f"`sanlab study table` exited {proc.returncode}")
+    try:
+        return json.loads(proc.stdout), None
+    except json.JSONDecodeError as e:
+        return None, f"`sanlab study table --json` printed no JSON ({e})"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_curve(run_dir: Path) -> Curve | None:
+    """Train / val loss against tokens from metrics.jsonl; a torn last line is skipped."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    c = Curve()
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(row, dict) or not _finite(row.get("tokens")):
+            continue
+        if _finite(row.get("loss")):
+            c.tokens.append(int(row["tokens"]))
+            c.loss.append(float(row["loss"]))
+        if _finite(row.get("val_loss")):
+            c.val_tokens.append(int(row["tokens"]))
+            c.val_loss.append(float(row["val_loss"]))
+    return c if c.tokens or c.val_tokens else None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def load(study_dir: str | Path) -> StudyData:
+    """Read a study dir; raises `DataError` only when it is not a study dir at all."""
+    d = Path(study_dir)
+    spec = check_study_dir(d)
+    records = ResultStore(d).runs()
+    tables, err = study_tables(d)
+    data = StudyData(d, spec, records, corrupt_lines(d), tables, err, {}, {}, [])
+    for rid in records:
+        run_dir = data.run_dir(rid)
+        curve = read_curve(run_dir)
+        if curve is not None:
+            data.curves[rid] = curve
+        meta = read_json(run_dir / "meta.json")
+        if meta is not None:
+            data.metas[rid] = meta
+    data.analyses = load_analyses(d)
+    return data
+
+
+def load_analyses(study_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((study_dir / ANALYSIS_DIR).glob("*/analysis.json")):
+        a = read_json(path)
+        if a is not None and isinstance(a.get("runs"), dict):
+            a["_path"], a["_mtime"] = str(path), path.stat().st_mtime
+            out.append(a)
+    return out
+
+
+# --------------------------------------------------------------------------- final pairs
+
+
+@dataclass(frozen=True)
+class PairGroup:
+    """The final runs of one optimizer × budget × seed: every arm against the reference."""
+
+    optimizer: str
+    tokens: int
+    seed: int
+    reference: str
+    arms: tuple[str, ...]
+
+    @property
+    def out_name(self) -> str:
+        return f"final-{self.optimizer}-{self.tokens}-s{self.seed}"
+
+
+def final_pair_groups(data: StudyData) -> list[PairGroup]:
+    """Final pairs where both runs completed, grouped so one `sanlab analyze` call covers a group."""
+    groups: dict[tuple[str, int, int, str], list[str]] = {}
+    for g in (data.tables or {}).get("gaps", []):
+        for seed, ids in (g.get("runs") or {}).items():
+            ref, arm = ids["reference"], ids["arm"]
+            if all((data.records.get(r) or {}).get("status") == "completed" for r in (ref, arm)):
+                arms = groups.setdefault((g["optimizer"], int(g["tokens"]), int(seed), ref), [])
+                if arm not in arms:
+                    arms.append(arm)
+    return [PairGroup(o, t, s, ref, tuple(arms)) for (o, t, s, ref), arms in groups.items()]
+
+
+def missing_analyses(data: StudyData) -> list[PairGroup]:
+    """Pair groups with a run or comparison that no analysis file covers yet."""
+    runs = data.analysis_runs()
+    have = {(c["run"], c["vs"]) for c in data.comparisons()}
+    return [g for g in final_pair_groups(data)
+            if any((a, g.reference) not in have or a not in runs for a in g.arms) or g.reference not in runs]
+
+
+def data_dir(data: StudyData) -> Path | None:
+    """The study's prepared data dir, if it can be found from here."""
+    explicit = (data.spec.get("data") or {}).get("dir")
+    for cand in ([Path(explicit)] if explicit else []) + [data.dir / "data"]:
+        if (cand / "manifest.json").is_file():
+            return cand
+    return None
+
+
+def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> str | None:
+    """Run `sanlab analyze ARMS… --vs REFERENCE` for one group; None, or the error line."""
+    out = data.dir / ANALYSIS_DIR / group.out_name
+    runs = [data.run_dir(r) for r in (*group.arms, group.reference)]
+    cmd = [sys.executable, "-m", "sanlab", "analyze", *map(str, runs[:-1]), "--vs", str(runs[-1]),
+           "--out", str(out), "--eval-rows", str(eval_rows)]
+    if not all(any((r / "checkpoints").glob("milestone-*")) for r in runs):
+        cmd += ["--skip", "spectra"]
+    ddir = data_dir(data)
+    if ddir is not None:
+        cmd += ["--data", str(ddir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else f"`sanlab analyze` exited {proc.returncode}"
+    return None
