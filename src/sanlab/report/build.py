@@ -58,6 +58,35 @@ def _f(v: Any, fmt: str = "{:+.4f}") -> str:
     return fmt.format(v)
 
 
+def _mean_sd(v: list[float]) -> str:
+    if not v:
+        return "…"
+    m = sum(v) / len(v)
+    if len(v) < 2:
+        return f"{m:+.4f}"
+    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+    return f"{m:+.4f} ± {sd:.4f}"
+
+
+def spec_toml(spec: dict[str, Any]) -> str:
+    """The saved spec in the TOML layout it was written in (top-level keys, then sections)."""
+    lines = [f"{k} = {json.dumps(v)}" for k, v in spec.items() if not isinstance(v, dict)]
+
+    def section(name: str, body: dict[str, Any]) -> None:
+        flat = {k: v for k, v in body.items() if not isinstance(v, dict)}
+        nested = {k: v for k, v in body.items() if isinstance(v, dict)}
+        if flat or not nested:
+            lines.append(f"\n[{name}]")
+            lines.extend(f"{k} = {json.dumps(v)}" for k, v in flat.items())
+        for k, v in nested.items():
+            section(f"{name}.{k}", v)
+
+    for k, v in spec.items():
+        if isinstance(v, dict):
+            section(k, v)
+    return "\n".join(lines).strip()
+
+
 def _tok(n: Any) -> str:
     return plots._fmt_tokens(float(n)) if isinstance(n, (int, float)) else str(n)
 
@@ -99,15 +128,15 @@ def header(data: StudyData) -> Section:
     arms = (data.tables or {}).get("arms", [])
     tps = (data.tables or {}).get("throughput", {})
     if arms:
-        rows = [[a["name"], a["role"], a["label"], f"{a['params_total'] / 1e6:.3f}M",
-                 f"{a['params_non_embedding'] / 1e6:.3f}M", f"{a['flops_per_token'] / 1e9:.4f}",
+        rows = [[a["name"], a["role"], a["label"], plots._fmt_count(a["params_total"]),
+                 plots._fmt_count(a["params_non_embedding"]), f"{a['flops_per_token'] / 1e9:.4f}",
                  "—" if a.get("mismatch") is None else f"{a['mismatch']:+.2%}",
                  f"{tps[a['name']]:,.0f}" if a["name"] in tps else "…"] for a in arms]
         s.blocks.append(Block("table", "Arms, their accounting and the training throughput they ran at "
                                        "(tokens/s per run, mean over finished runs)",
                               ["arm", "role", "config", "params", "non-emb params", "train GFLOPs/token",
                                "mismatch", "tokens/s"], rows))
-    s.blocks.append(Block("code", json.dumps(data.spec, indent=2), columns=["the study spec (study.json)"]))
+    s.blocks.append(Block("code", spec_toml(data.spec), columns=["the study spec (study.json, as TOML)"]))
     return s
 
 
@@ -142,7 +171,7 @@ def sweep(data: StudyData, out: Path) -> Section:
         s.blocks.append(Block("table", title, ["arm × optimizer", "base LR", *(f"{m:g}×" for m in mults), "lock"],
                               table))
     for w in (data.tables or {}).get("sweep_warnings", []):
-        s.blocks.append(Block("warning", w))
+        s.blocks.append(Block("warning", w.removeprefix("warning: ")))
     s.figure(plots.plot_sweep, data, out, "sweep.png",
              "LR sweep: validation loss against learning rate per arm × optimizer; the star and the "
              "dotted line mark the locked LR")
@@ -200,17 +229,37 @@ def localisation(data: StudyData, out: Path) -> Section:
                                       "reference per group; the token-weighted group Δs must sum to the "
                                       "aggregate Δ."))
         rows = []
-        for c in sorted(comps, key=lambda c: (c["run"], c["vs"])):
-            for grouping in ("region", "exercise"):
-                v = c.get(grouping)
-                if v and "identity" in v:
-                    i = v["identity"]
-                    rows.append([c["run"], c["vs"], grouping, _f(i.get("aggregate_delta")),
-                                 _f(i.get("weighted_sum")), _f(i.get("rel_error"), "{:.1e}"),
-                                 _f(c.get("recorded_val_delta"))])
-        s.blocks.append(Block("table", "Token-weighted identity check: Σ share·Δ against the aggregate Δ",
-                              ["run", "vs", "grouping", "aggregate Δ", "Σ share·Δ", "rel. error",
-                               "recorded val Δ"], rows))
+        order = plots.arm_order(data)
+
+        def key(c: dict) -> tuple:
+            rec = data.records.get(c["run"], {})
+            arm = rec.get("arm", c["run"])
+            return (order.index(arm) if arm in order else 99, rec.get("tokens") or 0, rec.get("seed") or 0)
+
+        for c in sorted(comps, key=key):
+            rec = data.records.get(c["run"], {})
+            reg, ex = c.get("region") or {}, c.get("exercise") or {}
+            ri, ei = reg.get("identity") or {}, ex.get("identity") or {}
+            rows.append([str(rec.get("arm", c["run"])), _tok(rec.get("tokens", "?")), str(rec.get("seed", "?")),
+                         _f(ri.get("aggregate_delta")), _f(ri.get("weighted_sum")),
+                         _f(ri.get("rel_error"), "{:.1e}"), _f(ei.get("weighted_sum")),
+                         _f(ei.get("rel_error"), "{:.1e}"), _f(c.get("recorded_val_delta"))])
+        s.blocks.append(Block("table", "Token-weighted identity check per analysed pair: the group Δs weighted "
+                                       "by token share must sum to the aggregate Δ on the sample "
+                                       "(recorded val Δ: the runs' own validation set)",
+                              ["arm", "tokens", "seed", "aggregate Δ", "Σ share·Δ (regions)", "rel. error",
+                               "Σ share·Δ (exercises)", "rel. error", "recorded val Δ"], rows))
+        for grouping in ("region", "exercise"):
+            cr = plots.comparison_rows(data, grouping)
+            groups: list[str] = []
+            for a in cr:
+                groups += [g for g in cr[a] if g not in groups]
+            if grouping == "region":
+                groups.sort(key=lambda g: plots.REGIONS.index(g) if g in plots.REGIONS else 99)
+            table = [[a, *(_mean_sd(cr[a].get(g, {}).get("delta", [])) for g in groups)] for a in cr]
+            if table:
+                s.blocks.append(Block("table", f"Δ by {grouping}, nats (mean ± sd over analysed seed pairs)",
+                                      ["arm", *groups], table))
     s.figure(plots.plot_grouped_deltas, data, out, "delta_by_region.png",
              "Δ by region (query / trace / answer / other)", "region")
     s.figure(plots.plot_grouped_deltas, data, out, "delta_by_exercise.png",

@@ -53,12 +53,12 @@ def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = Fal
 
     if eval_rows <= 0:
         raise DataError(f"--eval-rows must be positive, got {eval_rows}")
+    data = load(study_dir)  # first: a dir that is not a study gets no report dir
     out = out if out is not None else study_dir / REPORT_DIR
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot write the report to {out}: {e.strerror}") from None
-    data = load(study_dir)
     if analyze:
         todo = missing_analyses(data)
         for i, group in enumerate(todo, 1):

@@ -21,7 +21,7 @@ def _block(b: Block, out: Path) -> str:
         return f"> _{b.text}_"
     if b.kind == "code":
         title = b.columns[0] if b.columns else ""
-        return f"<details><summary>{title}</summary>\n\n```json\n{b.text}\n```\n\n</details>"
+        return f"<details><summary>{title}</summary>\n\n```toml\n{b.text}\n```\n\n</details>"
     if b.kind == "figure":
         assert b.path is not None
         rel = os.path.relpath(b.path, out)

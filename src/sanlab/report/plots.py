@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from sanlab.report.data import StudyData  # noqa: E402
 
@@ -39,6 +40,32 @@ def _fmt_tokens(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:g}{unit}"
     return f"{n:g}"
+
+
+def _log_axis(ax: Any, which: str = "x", fmt: Callable[[float], str] | None = None,
+              ticks: Sequence[float] | None = None) -> None:
+    """A log axis with readable labels: 1K 2K 5K … (or the given ticks), no crowded minor labels."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log")
+    f = fmt or _fmt_tokens
+    if ticks is not None:
+        axis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(ticks))))
+    else:
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f(v)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _fmt_count(n: float) -> str:
+    """Three significant digits: 15.5K, 2.1M."""
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _fmt_num(v: float) -> str:
+    return f"{v:.3g}"
 
 
 def arm_order(data: StudyData) -> list[str]:
@@ -76,20 +103,22 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
         rec = data.records.get(rid, {})
         arm = rec.get("arm", "?")
         final = any(p in ("final", "noise") for p in rec.get("phases", []))
+        noise_only = rec.get("phases") == ["noise"]
         col = colors.get(arm, "grey")
         label = _label(data, arm) if final and arm not in seen else None
         if label:
             seen.add(arm)
         if c.tokens:
             ax_t.plot(c.tokens, c.loss, color=col, lw=1.4 if final else 0.8,
-                      alpha=0.9 if final else 0.35, ls="-" if final else "--", label=label)
+                      alpha=0.9 if final else 0.35, ls=(":" if noise_only else "-") if final else "--",
+                      label=label)
         if c.val_tokens:
             vals = True
             ax_v.plot(c.val_tokens, c.val_loss, color=col, marker="o" if final else "x",
                       ms=5 if final else 4, alpha=0.9 if final else 0.4, ls="-" if final else ":",
                       lw=1.2 if final else 0.8)
     for ax, title in ((ax_t, "training loss (per step)"), (ax_v, "validation loss")):
-        ax.set_xscale("log")
+        _log_axis(ax)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title)
@@ -146,7 +175,7 @@ def plot_sweep(data: StudyData, path: Path) -> str | None:
         elif not r.get("done"):
             title += "\n(sweep still running)"
         ax.set_title(title, fontsize=10, color="#b45309" if r.get("at_edge") else "black")
-        ax.set_xscale("log")
+        _log_axis(ax, fmt=lambda v: f"{v:g}", ticks=[r["base_lr"] * float(m) for m in r["losses"]])
         ax.set_xlabel("learning rate")
         ax.set_ylabel("val loss")
         ax.grid(alpha=0.3, which="both")
@@ -189,14 +218,20 @@ def plot_gaps(data: StudyData, path: Path) -> str | None:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(list(xs))
     multi = len({(g["optimizer"], g["tokens"]) for g in gaps}) > 1
-    ax.set_xticklabels([f"{g['arm']}\n({g['role']})" + (f"\n{g['optimizer']} {_fmt_tokens(g['tokens'])}"
-                                                        if multi else "") for g in gaps], fontsize=9)
+    ax.set_xticklabels([_arm_role(g) + (f"\n{g['optimizer']} {_fmt_tokens(g['tokens'])}" if multi else "")
+                        for g in gaps], fontsize=9)
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title(_delta_title(data), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     _save(fig, path)
     return None
+
+
+def _arm_role(g: dict) -> str:
+    """`iso_param`, or `name (role)` where the role says more than the name."""
+    same = g["role"].replace("-", "_").lower() == g["arm"].lower()
+    return g["arm"] if same else f"{g['arm']}\n({g['role']})"
 
 
 def _delta_title(data: StudyData) -> str:
@@ -230,16 +265,18 @@ def plot_delta_vs_size(data: StudyData, path: Path) -> str | None:
     rows = [{**g, "size": size[g["arm"]]} for g in gaps if g["arm"] in size]
     fig, ax = plt.subplots(figsize=(6.5, 4.4), constrained_layout=True)
     colors = arm_colors(data)
-    for (opt, tokens) in sorted({(g["optimizer"], g["tokens"]) for g in rows}):
+    markers = "os^Dv<>p"
+    for k, (opt, tokens) in enumerate(sorted({(g["optimizer"], g["tokens"]) for g in rows})):
         sel = sorted((g for g in rows if (g["optimizer"], g["tokens"]) == (opt, tokens)), key=lambda g: g["size"])
         ax.plot([g["size"] for g in sel], [g["mean"] for g in sel], "-", color="grey", lw=0.8, zorder=1)
+        ax.plot([], [], markers[k % len(markers)], color="grey", ls="-", label=f"{opt} {_fmt_tokens(tokens)}")
         for g in sel:
-            ax.errorbar(g["size"], g["mean"], yerr=g.get("spread") or 0, fmt="o", capsize=4,
-                        color=colors.get(g["arm"], "C0"))
-            ax.annotate(f"{g['arm']} {opt} {_fmt_tokens(tokens)}", (g["size"], g["mean"]),
-                        textcoords="offset points", xytext=(6, 4), fontsize=8)
+            ax.errorbar(g["size"], g["mean"], yerr=g.get("spread") or 0, fmt=markers[k % len(markers)],
+                        capsize=4, color=colors.get(g["arm"], "C0"))
+    for arm in sorted({g["arm"] for g in rows}, key=lambda a: size[a]):
+        ax.plot([], [], "s", color=colors.get(arm, "C0"), label=f"{arm} ({_fmt_count(size[arm])} params)")
     _floor_band(data, ax)
-    ax.set_xscale("log")
+    _log_axis(ax, fmt=_fmt_count, ticks=sorted({g["size"] for g in rows}))
     ax.set_xlabel("arm's non-embedding parameters")
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title("Δ vs model size (arms of this study)", fontsize=10)
@@ -266,11 +303,7 @@ def _delta_line(data: StudyData, gaps: list[dict], path: Path, *, key: str, xlab
         ax.errorbar([g[key] for g in sel], [g["mean"] for g in sel], yerr=[g.get("spread") or 0 for g in sel],
                     fmt="o-", capsize=4, color=colors.get(arm, "C0"), label=f"{arm} · {opt}")
     _floor_band(data, ax)
-    ax.set_xscale("log")
-    ticks = sorted({g[key] for g in gaps})
-    ax.set_xticks(ticks)
-    ax.set_xticklabels([_fmt_tokens(t) for t in ticks])
-    ax.minorticks_off()
+    _log_axis(ax, ticks=sorted({g[key] for g in gaps}))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title(title, fontsize=10)
@@ -429,11 +462,11 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
         return "no attention analysis yet (`sanlab analyze` of the final runs)"
     layers = max(len(r["attention"]["layers"]) for _, r in runs)
     labels = [data.records.get(rid, {}).get("arm", rid) for rid, _ in runs]
-    fig, axes = plt.subplots(1, len(ATTENTION_METRICS), figsize=(max(12, 2.2 * len(ATTENTION_METRICS) + 0.5 * layers
-                                                                      * len(ATTENTION_METRICS)), 1.2 + 0.55 * len(runs) + 1.2),
-                             constrained_layout=True)
     import numpy as np
 
+    fig, grid_axes = plt.subplots(2, 2, figsize=(max(10, 2.5 + 1.4 * layers), 1.6 + 1.3 * len(runs)),
+                                  constrained_layout=True)
+    axes = list(grid_axes.flat)
     for ax, (key, title) in zip(axes, ATTENTION_METRICS):
         grid = np.full((len(runs), layers), np.nan)
         for i, (_, r) in enumerate(runs):
@@ -449,13 +482,13 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
                     v = grid[i, j]
                     lo, hi = np.nanmin(grid), np.nanmax(grid)
                     dark = hi > lo and (v - lo) / (hi - lo) < 0.5
-                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                             color="white" if dark else "black")
         ax.set_title(title, fontsize=10)
         ax.set_xticks(range(layers))
         ax.set_xlabel("layer")
         ax.set_yticks(range(len(runs)))
-        ax.set_yticklabels(labels if ax is axes[0] else [], fontsize=9)
+        ax.set_yticklabels(labels, fontsize=9)
         ax.set_facecolor("#eeeeee")
         fig.colorbar(im, ax=ax, shrink=0.8)
     _save(fig, path)
@@ -487,7 +520,7 @@ def plot_stream(data: StudyData, path: Path) -> str | None:
                 gated = True
                 ax_g.plot([p[0] for p in g], [p[1] for p in g], marker=marker, ls=ls, color=col, ms=4,
                           label=f"{arm} {sub}")
-    ax_r.set_yscale("log")
+    _log_axis(ax_r, "y", fmt=_fmt_num)
     ax_r.set_xlabel("layer (block output)")
     ax_r.set_ylabel("residual-stream RMS")
     ax_r.set_title("residual-stream RMS per layer", fontsize=10)

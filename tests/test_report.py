@@ -1,0 +1,158 @@
+"""`sanlab report` on a study run with the stand-in trainer (tests/study_fakes.py): no
+training curves or analyses exist, so the report must still be written with placeholders;
+the tables carry the store's numbers; bad input is one line and exit 2; the report code
+imports without torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from sanlab.cli import main
+from sanlab.study.orchestrate import Study
+from sanlab.study.spec import StudySpec
+from sanlab.study.store import ResultStore
+
+TESTS = Path(__file__).parent
+
+
+@pytest.fixture(autouse=True)
+def _fakes_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.fixture(scope="module")
+def fake_study(study_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished study whose runs have only meta.json (no metrics, no checkpoints)."""
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), old])
+    try:
+        spec = StudySpec.model_validate({
+            "name": "fake", "seeds": [1, 2], "data": {"dir": str(study_data_dir), "seq_len": 32},
+            "model": {"d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512},
+            "matching": {"arms": ["iso_param", "iso_depth"], "policy": "nearest", "tolerance": None},
+            "sweep": {"tokens": 1000, "max_extensions": 4}, "final": {"tokens": [2000]},
+            "runner": {"workers": 2, "threads": 1},
+        })
+        out = tmp_path_factory.mktemp("fake-study")
+        assert Study(spec, out, console=Console(file=open(os.devnull, "w")), train_fn="study_fakes:train").run() == 0
+    finally:
+        os.environ["PYTHONPATH"] = old
+    return out
+
+
+def _gap_rows(md: str) -> dict[str, list[str]]:
+    """The gap table of report.md: first cell -> cells."""
+    lines = md.split("**Gap to the reference", 1)[1].split("\n\n", 2)[1].splitlines()
+    return {cells[0]: cells for cells in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:])}
+
+
+def _final_loss(records: dict, arm: str, seed: int) -> float:
+    (rec,) = [r for r in records.values() if r["arm"] == arm and r["seed"] == seed
+              and "final" in r["phases"] and r["status"] == "completed"]
+    return float(rec["final"]["val_loss"])
+
+
+def test_report_of_a_study_without_curves_or_analysis(fake_study: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rep"
+    assert main(["report", str(fake_study), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1] == str(out / "report.html")
+    md = (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    # Sections without inputs are placeholders, not failures and not empty figures.
+    assert "Loss curves: no run has logged a training step yet" in md
+    assert "no paired analysis of the final runs yet" in md
+    assert "no weight-spectra analysis yet" in md
+    assert not (out / "loss_curves.png").exists() and not (out / "spectra.png").exists()
+    assert html.count('class="placeholder"') == md.count("\n> _")
+    # What there is to draw is drawn.
+    for name in ("sweep.png", "gaps.png", "delta_vs_size.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Every Δ in the gap table is the store's: arm loss − reference loss, seed by seed.
+    records = ResultStore(fake_study).runs()
+    rows = _gap_rows(md)
+    for arm in ("iso_param", "iso_depth"):
+        cells = rows[f"{arm} ({arm.replace('_', '-')})"]
+        for seed in (1, 2):
+            delta = _final_loss(records, arm, seed) - _final_loss(records, "san", seed)
+            assert f"s{seed}: {delta:+.4f}" in cells[6]
+        san = (_final_loss(records, "san", 1) + _final_loss(records, "san", 2)) / 2
+        assert cells[4] == f"{san:.4f}"
+    assert "noise floor (san_rms − san)" in rows
+
+
+def test_status_shows_the_report_path(fake_study: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = fake_study / "report" / "report.html"
+    report.unlink(missing_ok=True)
+    assert main(["study", "status", str(fake_study), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] is None
+    assert main(["report", str(fake_study)]) == 0
+    capsys.readouterr()
+    assert main(["study", "status", str(fake_study)]) == 0
+    assert f"report: {report}" in capsys.readouterr().out
+
+
+def test_not_a_study_dir_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a study dir" in err[0]
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+    assert not (tmp_path / "report").exists()
+
+
+def test_corrupt_results_line_is_reported_and_skipped(fake_study: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    study = tmp_path / "study"
+    study.mkdir()
+    (study / "study.json").write_text((fake_study / "study.json").read_text())
+    lines = (fake_study / "results.jsonl").read_text().splitlines()
+    lines.insert(3, '{"type": "run", "run_id": "torn", "sta')
+    (study / "results.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["report", str(study)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "corrupt line(s) 4 skipped" in err[0] and err[0].startswith("sanlab: error:")
+    md = (study / "report" / "report.md").read_text()
+    assert "1 corrupt line(s) skipped (line 4)" in md
+    assert "iso_param (iso-param)" in md  # the other lines still make the tables
+
+
+def test_report_code_imports_without_torch() -> None:
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ImportError('torch is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import sanlab.report, sanlab.report.cli, sanlab.report.data, sanlab.report.plots\n"
+            "import sanlab.report.build, sanlab.report.html, sanlab.report.md\n"
+            "assert 'torch' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_whole_report_runs_with_torch_blocked(fake_study: Path, tmp_path: Path) -> None:
+    """Not only the imports: building every section and figure never touches torch (the
+    study's tables come from a `sanlab study table --json` child process)."""
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ImportError('torch is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "from sanlab.cli import main\n"
+            f"rc = main(['report', {str(fake_study)!r}, '--out', {str(tmp_path / 'r')!r}])\n"
+            "assert rc == 0, rc\n"
+            "assert 'torch' not in sys.modules\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r" / "gaps.png").is_file()
