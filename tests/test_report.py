@@ -37,7 +37,9 @@ def fake_study(study_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
             "name": "fake", "seeds": [1, 2], "data": {"dir": str(study_data_dir), "seq_len": 32},
             "model": {"d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512},
             "matching": {"arms": ["iso_param", "iso_depth"], "policy": "nearest", "tolerance": None},
-            "sweep": {"tokens": 1000, "max_extensions": 4}, "final": {"tokens": [2000]},
+            # The SAN's best sweep point sits at the low edge (never turned), the others turn;
+            # seed 1's final runs are sweep points (same budget), so the study stays small.
+            "sweep": {"tokens": 1000, "multipliers": [2, 4, 8], "extend": False}, "final": {"tokens": [1000]},
             "runner": {"workers": 2, "threads": 1},
         })
         out = tmp_path_factory.mktemp("fake-study")
@@ -53,18 +55,39 @@ def _gap_rows(md: str) -> dict[str, list[str]]:
     return {cells[0]: cells for cells in ([c.strip() for c in ln.strip("|").split("|")] for ln in lines[2:])}
 
 
-def _final_loss(records: dict, arm: str, seed: int) -> float:
-    (rec,) = [r for r in records.values() if r["arm"] == arm and r["seed"] == seed
-              and "final" in r["phases"] and r["status"] == "completed"]
+def _final_loss(study: Path, arm: str, seed: int) -> float:
+    """The val loss of an arm's final run: at its locked LR, the final budget, this seed."""
+    lock = ResultStore(study).locks()[(arm, "muon")]["lr"]
+    (rec,) = [r for r in ResultStore(study).runs().values() if r["arm"] == arm and r["seed"] == seed
+              and r["tokens"] == 1000 and r["lr"] == lock and r["status"] == "completed"]
     return float(rec["final"]["val_loss"])
 
 
-def test_report_of_a_study_without_curves_or_analysis(fake_study: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "rep"
-    assert main(["report", str(fake_study), "--out", str(out)]) == 0
-    printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-1] == str(out / "report.html")
+BLOCK_TORCH = ("import sys\n"
+               "class Block:\n"
+               "    def find_spec(self, name, path=None, target=None):\n"
+               "        if name == 'torch' or name.startswith('torch.'):\n"
+               "            raise ImportError('torch is blocked')\n"
+               "sys.meta_path.insert(0, Block())\n")
+
+
+@pytest.fixture(scope="module")
+def fake_report(fake_study: Path) -> tuple[Path, str]:
+    """`sanlab report FAKE_STUDY` in a process where importing torch fails: building every
+    section and figure never touches torch (the study's tables come from a
+    `sanlab study table --json` child process). (report dir, stdout)."""
+    code = BLOCK_TORCH + ("from sanlab.cli import main\n"
+                          f"rc = main(['report', {str(fake_study)!r}])\n"
+                          "assert 'torch' not in sys.modules, 'torch was imported'\n"
+                          "sys.exit(rc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return fake_study / "report", proc.stdout
+
+
+def test_report_of_a_study_without_curves_or_analysis(fake_study: Path, fake_report: tuple[Path, str]) -> None:
+    out, stdout = fake_report
+    assert stdout.strip().splitlines()[-1] == str(out / "report.html")
     md = (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     # Sections without inputs are placeholders, not failures and not empty figures.
@@ -72,32 +95,28 @@ def test_report_of_a_study_without_curves_or_analysis(fake_study: Path, tmp_path
     assert "no paired analysis of the final runs yet" in md
     assert "no weight-spectra analysis yet" in md
     assert not (out / "loss_curves.png").exists() and not (out / "spectra.png").exists()
-    assert html.count('class="placeholder"') == md.count("\n> _")
+    assert html.count('class="placeholder"') == md.count("\n> _") >= 7
     # What there is to draw is drawn.
     for name in ("sweep.png", "gaps.png", "delta_vs_size.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "> **warning:** san muon: best LR 0.04 is still at an edge of the sweep" in md
+    assert "iso_param muon: best LR" not in md
     # Every Δ in the gap table is the store's: arm loss − reference loss, seed by seed.
-    records = ResultStore(fake_study).runs()
     rows = _gap_rows(md)
     for arm in ("iso_param", "iso_depth"):
         cells = rows[f"{arm} ({arm.replace('_', '-')})"]
         for seed in (1, 2):
-            delta = _final_loss(records, arm, seed) - _final_loss(records, "san", seed)
+            delta = _final_loss(fake_study, arm, seed) - _final_loss(fake_study, "san", seed)
             assert f"s{seed}: {delta:+.4f}" in cells[6]
-        san = (_final_loss(records, "san", 1) + _final_loss(records, "san", 2)) / 2
+        san = (_final_loss(fake_study, "san", 1) + _final_loss(fake_study, "san", 2)) / 2
         assert cells[4] == f"{san:.4f}"
     assert "noise floor (san_rms − san)" in rows
 
 
-def test_status_shows_the_report_path(fake_study: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    report = fake_study / "report" / "report.html"
-    report.unlink(missing_ok=True)
-    assert main(["study", "status", str(fake_study), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["report"] is None
-    assert main(["report", str(fake_study)]) == 0
-    capsys.readouterr()
+def test_status_shows_the_report_path(fake_study: Path, fake_report: tuple[Path, str],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "status", str(fake_study)]) == 0
-    assert f"report: {report}" in capsys.readouterr().out
+    assert f"report: {fake_report[0] / 'report.html'}" in capsys.readouterr().out
 
 
 def test_not_a_study_dir_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -117,6 +136,8 @@ def test_corrupt_results_line_is_reported_and_skipped(fake_study: Path, tmp_path
     lines = (fake_study / "results.jsonl").read_text().splitlines()
     lines.insert(3, '{"type": "run", "run_id": "torn", "sta')
     (study / "results.jsonl").write_text("\n".join(lines) + "\n")
+    assert main(["study", "status", str(study), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["report"] is None
     assert main(["report", str(study)]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
@@ -127,32 +148,8 @@ def test_corrupt_results_line_is_reported_and_skipped(fake_study: Path, tmp_path
 
 
 def test_report_code_imports_without_torch() -> None:
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'torch' or name.startswith('torch.'):\n"
-            "            raise ImportError('torch is blocked')\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "import sanlab.report, sanlab.report.cli, sanlab.report.data, sanlab.report.plots\n"
-            "import sanlab.report.build, sanlab.report.html, sanlab.report.md\n"
-            "assert 'torch' not in sys.modules\n")
+    code = BLOCK_TORCH + ("import sanlab.report, sanlab.report.cli, sanlab.report.data, sanlab.report.plots\n"
+                          "import sanlab.report.build, sanlab.report.html, sanlab.report.md\n"
+                          "assert 'torch' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_whole_report_runs_with_torch_blocked(fake_study: Path, tmp_path: Path) -> None:
-    """Not only the imports: building every section and figure never touches torch (the
-    study's tables come from a `sanlab study table --json` child process)."""
-    code = ("import sys\n"
-            "class Block:\n"
-            "    def find_spec(self, name, path=None, target=None):\n"
-            "        if name == 'torch' or name.startswith('torch.'):\n"
-            "            raise ImportError('torch is blocked')\n"
-            "sys.meta_path.insert(0, Block())\n"
-            "from sanlab.cli import main\n"
-            f"rc = main(['report', {str(fake_study)!r}, '--out', {str(tmp_path / 'r')!r}])\n"
-            "assert rc == 0, rc\n"
-            "assert 'torch' not in sys.modules\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "r" / "gaps.png").is_file()

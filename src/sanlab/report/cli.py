@@ -49,7 +49,7 @@ def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = Fal
     """Write the report; (path of report.html, corrupt results lines that were skipped)."""
     from sanlab.report import html, md
     from sanlab.report.build import build
-    from sanlab.report.data import analyze_group, load, load_analyses, missing_analyses
+    from sanlab.report.data import analyze_groups, load, load_analyses, missing_analyses
 
     if eval_rows <= 0:
         raise DataError(f"--eval-rows must be positive, got {eval_rows}")
@@ -61,12 +61,9 @@ def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = Fal
         raise DataError(f"cannot write the report to {out}: {e.strerror}") from None
     if analyze:
         todo = missing_analyses(data)
-        for i, group in enumerate(todo, 1):
-            log(f"analyse [{i}/{len(todo)}] {', '.join(group.arms)} vs {group.reference}")
-            err = analyze_group(data, group, eval_rows=eval_rows)
-            if err:
-                log(f"  analysis failed: {err}")
         if todo:
+            log(f"analysing {len(todo)} group(s) of final runs (`sanlab analyze ARM… --vs REFERENCE`)")
+            analyze_groups(data, todo, eval_rows=eval_rows, log=log)
             data.analyses = load_analyses(study_dir)
     report = build(data, out)
     _write(out / "report.md", md.render(report, out))

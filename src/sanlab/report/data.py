@@ -24,7 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from sanlab.errors import DataError
 from sanlab.study.store import STORE_NAME, ResultStore
@@ -244,7 +244,8 @@ def data_dir(data: StudyData) -> Path | None:
     return None
 
 
-def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> str | None:
+def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32,
+                  threads: int | None = None) -> str | None:
     """Run `sanlab analyze ARMS… --vs REFERENCE` for one group; None, or the error line."""
     out = data.dir / ANALYSIS_DIR / group.out_name
     runs = [data.run_dir(r) for r in (*group.arms, group.reference)]
@@ -255,8 +256,31 @@ def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> 
     ddir = data_dir(data)
     if ddir is not None:
         cmd += ["--data", str(ddir)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         return lines[-1] if lines else f"`sanlab analyze` exited {proc.returncode}"
     return None
+
+
+def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int = 32,
+                   log: Callable[[str], Any] = print) -> list[str]:
+    """Analyse the groups, as many at once as there are CPU cores (threads split between
+    them); the error lines of the ones that failed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cores = os.cpu_count() or 1
+    workers = max(1, min(len(groups), cores))
+    errors: list[str] = []
+
+    def one(i: int, g: PairGroup) -> None:
+        err = analyze_group(data, g, eval_rows=eval_rows, threads=max(1, cores // workers))
+        log(f"analysed [{i}/{len(groups)}] {', '.join(g.arms)} vs {g.reference}"
+            + (f": failed: {err}" if err else ""))
+        if err:
+            errors.append(f"{g.out_name}: {err}")
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(1, len(groups) + 1), groups))
+    return errors

@@ -17,9 +17,9 @@ h2 { font-size: 1.3em; margin-top: 2em; border-bottom: 1px solid #d0d7de; paddin
 nav a { margin-right: 1em; }
 table { border-collapse: collapse; margin: .6em 0 1.2em; font-size: .88em; }
 caption { text-align: left; font-weight: 600; padding: .3em 0; }
-th, td { border: 1px solid #d0d7de; padding: .25em .6em; text-align: right; white-space: nowrap; }
+th, td { border: 1px solid #d0d7de; padding: .25em .6em; text-align: left; white-space: nowrap; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; }
 th { background: #f6f8fa; }
-td:first-child, th:first-child { text-align: left; }
 .wrap { overflow-x: auto; }
 figure { margin: 1em 0 1.6em; }
 figure img { max-width: 100%; border: 1px solid #eaeef2; }
@@ -56,9 +56,18 @@ def _block(b: Block) -> str:
         return (f'<figure><img alt="{alt}" src="data:image/png;base64,{data}">'
                 f"<figcaption>{_inline(b.text)}</figcaption></figure>")
     head = "".join(f"<th>{html.escape(c)}</th>" for c in b.columns)
-    body = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in b.rows)
+    body = "".join("<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in b.rows)
     return (f'<div class="wrap"><table><caption>{_inline(b.text)}</caption><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table></div>")
+
+
+_NUMERIC = re.compile(r"^(\*\*)?[-+]?([0-9][0-9,.]*|…|—)")
+
+
+def _td(cell: str) -> str:
+    """Numbers right-aligned (digits line up), words left."""
+    cls = ' class="num"' if _NUMERIC.match(cell) else ""
+    return f"<td{cls}>{_inline(cell)}</td>"
 
 
 def _anchor(title: str) -> str:

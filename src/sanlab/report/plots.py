@@ -96,10 +96,16 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
     if not data.curves:
         return "no run has logged a training step yet (metrics.jsonl)"
     colors = arm_colors(data)
-    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 4.6), constrained_layout=True)
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 5.0), constrained_layout=True)
     seen: set[str] = set()
     vals = False
-    for rid, c in sorted(data.curves.items()):
+    order = arm_order(data)
+
+    def key(item: tuple[str, Any]) -> tuple[int, str]:
+        arm = data.records.get(item[0], {}).get("arm")
+        return (order.index(arm) if arm in order else len(order), item[0])
+
+    for rid, c in sorted(data.curves.items(), key=key):
         rec = data.records.get(rid, {})
         arm = rec.get("arm", "?")
         final = any(p in ("final", "noise") for p in rec.get("phases", []))
@@ -117,8 +123,9 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
             ax_v.plot(c.val_tokens, c.val_loss, color=col, marker="o" if final else "x",
                       ms=5 if final else 4, alpha=0.9 if final else 0.4, ls="-" if final else ":",
                       lw=1.2 if final else 0.8)
+    val_ticks = sorted({t for c in data.curves.values() for t in c.val_tokens})
     for ax, title in ((ax_t, "training loss (per step)"), (ax_v, "validation loss")):
-        _log_axis(ax)
+        _log_axis(ax, ticks=val_ticks if ax is ax_v and 0 < len(val_ticks) <= 8 else None)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title)
@@ -129,7 +136,7 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
     handles, labels = ax_t.get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="grey", ls="--", alpha=0.5))
     labels.append("sweep runs (faint, dashed)")
-    ax_t.legend(handles, labels, fontsize=8, loc="upper right")
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=min(len(labels), 4))
     _save(fig, path)
     return None
 
