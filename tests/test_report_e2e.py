@@ -139,3 +139,22 @@ def test_chromium_renders_the_report(study: tuple[Path, str], tmp_path: Path) ->
     _not_blank(pixels)
     # Figures are drawn: some rows of the page hold many mid-grey/colour pixels, not just text.
     assert (pixels < 128).mean() > 0.02
+
+
+def test_report_of_a_study_still_running(study: tuple[Path, str], tmp_path: Path) -> None:
+    """Half the store, no analysis yet: the report is written, runs not in the store still
+    draw their curves, and the missing parts are placeholders or "…" cells."""
+    import shutil
+
+    d, _ = study
+    mid = tmp_path / "mid"
+    shutil.copytree(d, mid, ignore=shutil.ignore_patterns("analysis", "report"))
+    lines = (mid / "results.jsonl").read_text().splitlines()
+    (mid / "results.jsonl").write_text("\n".join(lines[:6]) + "\n")  # the sweep points only
+    proc = subprocess.run([sys.executable, "-m", "sanlab", "report", str(mid)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    md = (mid / "report" / "report.md").read_text()
+    assert "no paired analysis of the final runs yet" in md
+    assert "Δ per matched arm: no matched pair of final runs has finished yet" in md
+    _not_blank(_png((mid / "report" / "loss_curves.png").read_bytes()))
+    _not_blank(_png((mid / "report" / "sweep.png").read_bytes()))

@@ -56,6 +56,12 @@ class StudyData:
     curves: dict[str, Curve]
     metas: dict[str, dict[str, Any]]
     analyses: list[dict[str, Any]]  # each analysis.json, with "_path" added
+    live: set[str] = field(default_factory=set)  # run ids with curves but no store record yet
+
+    def arm_of(self, run_id: str) -> str:
+        """The run's arm: from its record, else from its id (`ARM-L…-d…-…`)."""
+        rec = self.records.get(run_id)
+        return str(rec["arm"]) if rec and rec.get("arm") else run_id.split("-L", 1)[0]
 
     @property
     def name(self) -> str:
@@ -182,6 +188,15 @@ def load(study_dir: str | Path) -> StudyData:
         meta = read_json(run_dir / "meta.json")
         if meta is not None:
             data.metas[rid] = meta
+    # Runs still going (not in the store yet) draw their curves too.
+    runs_dir = d / "runs"
+    for run_dir in sorted(runs_dir.iterdir()) if runs_dir.is_dir() else []:
+        if run_dir.name in records or not run_dir.is_dir():
+            continue
+        curve = read_curve(run_dir)
+        if curve is not None:
+            data.curves[run_dir.name] = curve
+            data.live.add(run_dir.name)
     data.analyses = load_analyses(d)
     return data
 

@@ -107,8 +107,8 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
 
     for rid, c in sorted(data.curves.items(), key=key):
         rec = data.records.get(rid, {})
-        arm = rec.get("arm", "?")
-        final = any(p in ("final", "noise") for p in rec.get("phases", []))
+        arm = data.arm_of(rid)
+        final = any(p in ("final", "noise") for p in rec.get("phases", [])) or rid in data.live
         noise_only = rec.get("phases") == ["noise"]
         col = colors.get(arm, "grey")
         label = _label(data, arm) if final and arm not in seen else None
@@ -133,6 +133,9 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
     if not vals:
         ax_v.text(0.5, 0.5, "no validation loss logged yet", ha="center", va="center",
                   transform=ax_v.transAxes, color="grey")
+    if data.live:
+        ax_t.text(0.01, 0.01, f"{len(data.live)} run(s) still going are drawn as far as they got",
+                  transform=ax_t.transAxes, fontsize=8, color="grey")
     handles, labels = ax_t.get_legend_handles_labels()
     handles.append(plt.Line2D([], [], color="grey", ls="--", alpha=0.5))
     labels.append("sweep runs (faint, dashed)")
@@ -210,7 +213,7 @@ def plot_gaps(data: StudyData, path: Path) -> str | None:
     if not gaps:
         return "no matched pair of final runs has finished yet"
     colors = arm_colors(data)
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.5 * len(gaps) + 2.5), 4.4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(min(15.0, max(5.5, 1.1 * len(gaps) + 2.5)), 4.6), constrained_layout=True)
     xs = range(len(gaps))
     for x, g in zip(xs, gaps):
         col = colors.get(g["arm"], "C0")
@@ -225,8 +228,11 @@ def plot_gaps(data: StudyData, path: Path) -> str | None:
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xticks(list(xs))
     multi = len({(g["optimizer"], g["tokens"]) for g in gaps}) > 1
-    ax.set_xticklabels([_arm_role(g) + (f"\n{g['optimizer']} {_fmt_tokens(g['tokens'])}" if multi else "")
-                        for g in gaps], fontsize=9)
+    crowded = len(gaps) > 8
+    ax.set_xticklabels([(_arm_role(g).replace("\n", " ") if crowded else _arm_role(g))
+                        + ((" " if crowded else "\n") + f"{g['optimizer']} {_fmt_tokens(g['tokens'])}" if multi else "")
+                        for g in gaps], fontsize=8 if crowded else 9, rotation=35 if crowded else 0,
+                       ha="right" if crowded else "center")
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title(_delta_title(data), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
@@ -270,7 +276,7 @@ def plot_delta_vs_size(data: StudyData, path: Path) -> str | None:
     if len(sizes) < 2:
         return "the finished arms do not span two model sizes"
     rows = [{**g, "size": size[g["arm"]]} for g in gaps if g["arm"] in size]
-    fig, ax = plt.subplots(figsize=(6.5, 4.4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.0, 4.4), constrained_layout=True)
     colors = arm_colors(data)
     markers = "os^Dv<>p"
     for k, (opt, tokens) in enumerate(sorted({(g["optimizer"], g["tokens"]) for g in rows})):
@@ -288,6 +294,7 @@ def plot_delta_vs_size(data: StudyData, path: Path) -> str | None:
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title("Δ vs model size (arms of this study)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
+    _legend_right(ax)
     _save(fig, path)
     return None
 
@@ -296,26 +303,32 @@ def _floor_band(data: StudyData, ax: Any) -> None:
     size = _floor_size(data)
     if size is not None:
         ax.axhspan(-size, size, color="grey", alpha=0.2, label=f"noise floor ±{size:.4f}")
-        ax.legend(fontsize=8)
     ax.axhline(0, color="black", lw=0.8)
+
+
+def _legend_right(ax: Any) -> None:
+    """The legend beside the axes, where it never covers a point."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def _delta_line(data: StudyData, gaps: list[dict], path: Path, *, key: str, xlabel: str,
                 title: str) -> str | None:
-    fig, ax = plt.subplots(figsize=(6.5, 4.4), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(8.0, 4.4), constrained_layout=True)
     colors = arm_colors(data)
     for (arm, opt) in sorted({(g["arm"], g["optimizer"]) for g in gaps}, key=lambda k: arm_order(data).index(k[0])
                              if k[0] in arm_order(data) else 99):
         sel = sorted((g for g in gaps if (g["arm"], g["optimizer"]) == (arm, opt)), key=lambda g: g[key])
+        opts = sorted({g["optimizer"] for g in gaps})
+        style = ("o-", "s--", "^:")[opts.index(opt) % 3]
         ax.errorbar([g[key] for g in sel], [g["mean"] for g in sel], yerr=[g.get("spread") or 0 for g in sel],
-                    fmt="o-", capsize=4, color=colors.get(arm, "C0"), label=f"{arm} · {opt}")
+                    fmt=style, capsize=4, color=colors.get(arm, "C0"), label=f"{arm} · {opt}")
     _floor_band(data, ax)
     _log_axis(ax, ticks=sorted({g[key] for g in gaps}))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Δ val loss (nats)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend_right(ax)
     _save(fig, path)
     return None
 
@@ -471,7 +484,7 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
     labels = [data.records.get(rid, {}).get("arm", rid) for rid, _ in runs]
     import numpy as np
 
-    fig, grid_axes = plt.subplots(2, 2, figsize=(max(10, 2.5 + 1.4 * layers), 1.6 + 1.3 * len(runs)),
+    fig, grid_axes = plt.subplots(2, 2, figsize=(min(16.0, max(10.0, 2.5 + 1.4 * layers)), 1.6 + 1.3 * len(runs)),
                                   constrained_layout=True)
     axes = list(grid_axes.flat)
     for ax, (key, title) in zip(axes, ATTENTION_METRICS):
@@ -484,7 +497,7 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
         masked = np.ma.masked_invalid(grid)
         im = ax.imshow(masked, aspect="auto", cmap="viridis")
         for i in range(grid.shape[0]):
-            for j in range(grid.shape[1]):
+            for j in range(grid.shape[1] if layers <= 10 else 0):  # numbers only where they fit
                 if not np.isnan(grid[i, j]):
                     v = grid[i, j]
                     lo, hi = np.nanmin(grid), np.nanmax(grid)
@@ -492,7 +505,7 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
                     ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                             color="white" if dark else "black")
         ax.set_title(title, fontsize=10)
-        ax.set_xticks(range(layers))
+        ax.set_xticks(range(0, layers, 1 if layers <= 12 else 2))
         ax.set_xlabel("layer")
         ax.set_yticks(range(len(runs)))
         ax.set_yticklabels(labels, fontsize=9)
