@@ -61,7 +61,7 @@ def _block(b: Block) -> str:
             f"<tbody>{body}</tbody></table></div>")
 
 
-_NUMERIC = re.compile(r"^(\*\*)?[-+]?([0-9][0-9,.]*|…|—)")
+_NUMERIC = re.compile(r"^(\*\*)?([-+]?[0-9][0-9,.]*(e[-+]?[0-9]+)?[%×KMB]?|…|—)(\*\*)?(\s|$)")
 
 
 def _td(cell: str) -> str:

@@ -125,7 +125,8 @@ def plot_loss_curves(data: StudyData, path: Path) -> str | None:
                       lw=1.2 if final else 0.8)
     val_ticks = sorted({t for c in data.curves.values() for t in c.val_tokens})
     for ax, title in ((ax_t, "training loss (per step)"), (ax_v, "validation loss")):
-        _log_axis(ax, ticks=val_ticks if ax is ax_v and 0 < len(val_ticks) <= 8 else None)
+        few = ax is ax_v and 0 < len(val_ticks) <= 8
+        _log_axis(ax, fmt=_fmt_count if few else None, ticks=val_ticks if few else None)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title)
