@@ -562,4 +562,3 @@ def plot_stream(data: StudyData, path: Path) -> str | None:
     return None
 
 
-PlotFn = Callable[[StudyData, Path], "str | None"]
