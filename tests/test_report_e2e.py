@@ -168,3 +168,24 @@ def test_report_of_a_study_still_running(study: tuple[Path, str], tmp_path: Path
     assert "3 runs in the results store" in md
     _not_blank(_png((mid / "report" / "loss_curves.png").read_bytes()))
     _not_blank(_png((mid / "report" / "sweep.png").read_bytes()))
+
+
+def test_copied_study_analyses_its_own_runs_and_reports_a_failed_analysis(study: tuple[Path, str],
+                                                                          tmp_path: Path) -> None:
+    """A study dir copied elsewhere reads its own run dirs (not the paths stored when it ran);
+    an analysis that fails under --analyze is printed and noted, and the report is still written."""
+    import shutil
+
+    d, _ = study
+    copy = tmp_path / "copy"
+    shutil.copytree(d, copy, ignore=shutil.ignore_patterns("report"))
+    shutil.rmtree(copy / "analysis" / "final-muon-2048-s1")
+    victim = next((copy / "runs").glob("iso_param-*-2.048K-s1"))
+    shutil.rmtree(victim / "checkpoints")
+    proc = subprocess.run([sys.executable, "-m", "sanlab", "report", str(copy), "--analyze", "--eval-rows", "4"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "analysed [1/1]" in proc.stdout and "no checkpoint" in proc.stdout
+    md = (copy / "report" / "report.md").read_text()
+    assert f"analysis final-muon-2048-s1: sanlab: error: {victim}: no checkpoint" in md
+    _not_blank(_png((copy / "report" / "delta_by_region.png").read_bytes()))  # from the other pairs

@@ -222,6 +222,8 @@ def gap(data: StudyData, out: Path) -> Section:
 
 def localisation(data: StudyData, out: Path) -> Section:
     s = Section("Where the gap comes from")
+    for err in data.analysis_errors:
+        s.blocks.append(Block("warning", f"analysis {err}"))
     comps = data.comparisons()
     if comps:
         s.blocks.append(Block("text", "Per-token losses of each final arm and the reference on the same "

@@ -63,7 +63,7 @@ def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = Fal
         todo = missing_analyses(data)
         if todo:
             log(f"analysing {len(todo)} group(s) of final runs (`sanlab analyze ARM… --vs REFERENCE`)")
-            analyze_groups(data, todo, eval_rows=eval_rows, log=log)
+            data.analysis_errors = analyze_groups(data, todo, eval_rows=eval_rows, log=log)
             data.analyses = load_analyses(study_dir)
     report = build(data, out)
     _write(out / "report.md", md.render(report, out))

@@ -57,6 +57,7 @@ class StudyData:
     metas: dict[str, dict[str, Any]]
     analyses: list[dict[str, Any]]  # each analysis.json, with "_path" added
     live: set[str] = field(default_factory=set)  # run ids with curves but no store record yet
+    analysis_errors: list[str] = field(default_factory=list)  # `--analyze` groups that failed
 
     def arm_of(self, run_id: str) -> str:
         """The run's arm: from its record, else from its id (`ARM-L…-d…-…`)."""
@@ -68,11 +69,13 @@ class StudyData:
         return str(self.spec.get("name", self.dir.name))
 
     def run_dir(self, run_id: str) -> Path:
-        rec = self.records.get(run_id) or {}
-        stored = rec.get("run_dir")
-        if stored and Path(stored).is_dir():
-            return Path(stored)
-        return self.dir / "runs" / run_id
+        """The run's dir inside the study dir; else where the store says it was written (the
+        stored path is as the study saw it, so a copied or moved study dir uses its own)."""
+        own = self.dir / "runs" / run_id
+        stored = (self.records.get(run_id) or {}).get("run_dir")
+        if own.is_dir() or not stored or not Path(stored).is_dir():
+            return own
+        return Path(stored)
 
     def analysis_runs(self) -> dict[str, dict[str, Any]]:
         """Run id -> its per-run analysis (the newest analysis file that covers it)."""
