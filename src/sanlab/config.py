@@ -54,9 +54,15 @@ def format_tokens(n: int) -> str:
 
 
 class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, assignments are validated."""
+    """Base for every config: unknown keys are errors, assignments are validated.
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    A string literal under a field is its description (`use_attribute_docstrings`): the
+    configuration reference of the documentation is generated from these
+    (`sanlab.configref`).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False,
+                              use_attribute_docstrings=True)
 
 
 # --------------------------------------------------------------------------- sections
@@ -66,24 +72,38 @@ class ModelConfig(StrictModel):
     """Architecture (SPEC §1.1). The SAN is `ffn=false`; the standard arm is `ffn=true`."""
 
     d_model: int = 128
+    """Width of the residual stream."""
     n_layers: int = 4
+    """Number of blocks."""
     n_heads: int = 4
+    """Query heads; head_dim = d_model / n_heads (must be even for RoPE)."""
     n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide n_heads."""
     vocab_size: int = 2048
+    """Embedding rows; must cover the prepared data's tokenizer (16384 at paper scale)."""
     ffn: bool = False
+    """Add the SwiGLU feed-forward sublayer after attention: false = the SAN, true = the standard arm."""
     d_ff: int | None = None  # None -> 4 * d_model
     residual: Literal["gated", "rezero", "standard", "none"] = "gated"
+    """gated: x + σ(g)·f(x), g init 0; rezero: x + α·f(x), α init 0; standard: x + f(x); none: f(x)."""
     norm: Literal["zcrms", "rms"] = "zcrms"
+    """zcrms: (1 + γ) ⊙ z / RMS(z) with γ init 0; rms: γ ⊙ z / RMS(z) with γ init 1."""
     qk_norm: bool = True
+    """Per-head norm of q and k over head_dim, before RoPE (deep SANs diverge without it)."""
     sandwich_norm: bool = False
+    """An extra norm on each sublayer's output, before its residual gate."""
     rope_theta: float = 10000.0
+    """RoPE base frequency."""
     norm_eps: float = 1e-6
+    """Epsilon inside RMS(z)."""
     init_std: float = 0.02
+    """Std of the normal init of embedding and input projections."""
     # W_o / W_down std = init_std / sqrt(2 * n_layers) (SPEC §1.1); false = unscaled (Theorem 1 contrast)
     scale_out_init: bool = True
     # Registered sequence mixer (attention or a variant) and state mixer (FFN) names.
     mixer: str = "softmax"
     ffn_type: str = "swiglu"
+    """Registered state mixer used when ffn = true (sanlab.model.blocks.STATE_MIXERS)."""
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
     # kernel (faster than SDPA from T = 64 to 1024, measured) while the probabilities it
     # keeps fit sanlab.model.layers.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
@@ -120,6 +140,7 @@ class DataConfig(StrictModel):
 
     dir: str | None = None  # a directory written by `sanlab prepare`
     seq_len: int = 256
+    """Tokens per training row (T); must equal the prepared data's seq_len."""
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
@@ -137,23 +158,38 @@ class OptimConfig(StrictModel):
     """
 
     name: Literal["muon", "adamw"] = "muon"
+    """muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for everything."""
     lr: float = 0.02
+    """Peak learning rate of the main group (Muon's matrices, or everything under adamw)."""
     adam_lr: float = 3e-4
+    """Peak learning rate of the AdamW group in Muon runs (embedding, gains, gates)."""
     weight_decay: float = 0.01
+    """Decoupled weight decay on matrices (Muon's, or AdamW's matrices under adamw)."""
     momentum: float = 0.95
+    """Muon momentum."""
     nesterov: bool = True
+    """Nesterov momentum in Muon."""
     ns_steps: int = 5
+    """Newton–Schulz iterations that orthogonalise Muon's update."""
     ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    """Newton–Schulz polynomial coefficients (a, b, c)."""
     # torch.optim.Muon's adjust_lr_fn: "original" (max(1, rows/cols)^0.5) or "match_rms_adamw".
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     beta1: float = 0.9
+    """AdamW β₁."""
     beta2: float = 0.95
+    """AdamW β₂."""
     eps: float = 1e-8
+    """AdamW ε."""
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     schedule: Literal["wsd", "cosine", "constant"] = "wsd"
+    """wsd: warmup, constant, cosine decay at the end; cosine: warmup, then cosine; constant: warmup, then flat."""
     warmup_frac: float = 0.05
+    """Share of the steps spent in linear warmup."""
     decay_frac: float = 0.15
+    """Share of the steps in the final decay (wsd)."""
     final_lr_frac: float = 0.05
+    """Learning rate at the last step, as a fraction of the peak."""
 
     @model_validator(mode="after")
     def _check(self) -> "OptimConfig":
@@ -176,18 +212,27 @@ class TrainConfig(StrictModel):
     batch_rows: int = 16  # global batch in rows of data.seq_len tokens
     micro_batch_rows: int | None = None  # per-rank micro-batch; None = whole per-rank batch
     seed: int = 0
+    """Seed of the initialisation and of the data order."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else the CPU (recorded resolved in config.json)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast where the device has native bf16, else fp32 (recorded resolved)."""
     z_loss: float = 1e-4
+    """Weight of the z-loss term z_loss · logsumexp(logits)²."""
     eval_every: int = 100  # steps; 0 = only at the end
     eval_rows: int = 64  # held-out rows per evaluation
     log_every: int = 10
+    """Steps between console lines when there is no progress bar (metrics.jsonl gets every step)."""
     checkpoint_every: int = 0  # steps between rolling checkpoints; 0 = milestones only
     milestones: list[float] = [0.0, 0.25, 0.5, 0.75, 1.0]
+    """Fractions of training at which a milestone checkpoint is kept (the spectra analysis reads them)."""
     spike_factor: float | None = None  # loss > factor * running mean => diverged
     compile: bool = False
+    """Train through torch.compile."""
     tensorboard: bool = False
+    """Also log to TensorBoard in RUN_DIR (needs the log extra)."""
     wandb: bool = False
+    """Also log to Weights & Biases, offline unless WANDB_MODE says otherwise (needs the log extra)."""
     threads: int | None = None  # torch intra-op threads on CPU; None = torch default
 
     @model_validator(mode="after")
@@ -209,9 +254,13 @@ class Config(StrictModel):
     """A whole run."""
 
     model: ModelConfig = ModelConfig()
+    """The architecture."""
     data: DataConfig = DataConfig()
+    """The prepared data and the row length."""
     optim: OptimConfig = OptimConfig()
+    """Optimizer and learning-rate schedule."""
     train: TrainConfig = TrainConfig()
+    """Length, batch, precision, evaluation and checkpoints."""
 
 
 # --------------------------------------------------------------------------- loading

@@ -51,17 +51,24 @@ class PrepareConfig(StrictModel):
     """Everything that determines a prepared dir (stored in its manifest)."""
 
     corpus: Literal["synth", "text", "hf", "kjv"] = "synth"
+    """synth: the embedded generator; text: local files; hf: a Hugging Face dataset; kjv: built-in English."""
     tokens: Tokens | None = None  # training tokens to write (at least), e.g. 2M; None = whole corpus (not synth)
     seq_len: int = 256
+    """Tokens per packed row (a row stores seq_len + 1 tokens for the shifted targets)."""
     vocab_size: int = 2048  # 16384 at paper scale (SPEC §1.5)
     val_frac: float = 0.02  # share of documents held out for validation
     seed: int = 0
+    """Seed of the document stream (synth) and of the train/val split."""
     tokenizer: str | None = None  # reuse a tokenizer: a prepared dir or a tokenizer.json
     tokenizer_sample_chars: int = 4_000_000  # training text for the BPE (capped near the corpus size)
     shard_rows: int = 65_536
+    """Rows per shard file."""
     synth: SynthConfig = SynthConfig()
+    """Settings of the embedded generator (corpus = synth)."""
     text: TextConfig = TextConfig()
+    """Settings for local files (corpus = text)."""
     hf: HFConfig = HFConfig()
+    """Settings for a Hugging Face dataset (corpus = hf)."""
 
     @model_validator(mode="after")
     def _check(self) -> "PrepareConfig":

@@ -44,8 +44,11 @@ class SynthConfig(StrictModel):
     """Size of the planted world and the mix of exercise types."""
 
     people: int = 200
+    """People in the planted world."""
     cities: int = 40
+    """Cities in the planted world."""
     countries: int = 8
+    """Countries in the planted world."""
     world_seed: int = 0  # the world is fixed by this seed; the document stream by `prepare.seed`
     mix: dict[str, float] = {
         "memorization": 0.25,
@@ -55,6 +58,7 @@ class SynthConfig(StrictModel):
         "editing": 0.1,
         "multihop": 0.2,
     }
+    """Relative weight of each exercise type (memorization, rag, math, mcq, editing, multihop)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SynthConfig":
