@@ -1,18 +1,33 @@
-"""MkDocs hooks (`hooks:` in mkdocs.yml): pages generated from the code at build time.
+"""MkDocs hooks (`hooks:` in mkdocs.yml): what the site builds from the code itself.
 
-`reference/config.md` holds the marker below; the hook replaces it with the reference
-rendered from the config models (`sanlab.configref`), so the page lists every key the
-code accepts, including keys added after this page was written. The changelog page
-includes the repository's CHANGELOG.md.
+- `reference/config.md` holds the marker below; the hook replaces it with the reference
+  rendered from the config models (`sanlab.configref`), so the page lists every key the
+  code accepts, including keys added after the page was written.
+- Docstrings and comments cite the science as "SPEC §1.4"; on every page (the API pages
+  included) such a citation becomes a link to that section of `science.md`, whose
+  headings carry the same numbers.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
+from markdown.extensions.toc import slugify
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_MARKER = "<!-- sanlab:config-reference -->"
+SCIENCE = "science.md"
+_CITATION = re.compile(r"SPEC §(\d+(?:\.\d+)?)")
+_HEADING = re.compile(r"^#{2,3} §(\d+(?:\.\d+)?) .*$", re.M)
+_PRE = re.compile(r"(<pre\b.*?</pre>|<a\b.*?</a>)", re.S)
+
+
+def _science_anchors(config) -> dict[str, str]:
+    """Section number -> anchor of its heading in science.md."""
+    text = (Path(config["docs_dir"]) / SCIENCE).read_text()
+    return {m.group(1): slugify(m.group(0).lstrip("#").strip(), "-") for m in _HEADING.finditer(text)}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -23,3 +38,17 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
         markdown = markdown.replace(CONFIG_MARKER, render_markdown())
     return markdown
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    anchors = _science_anchors(config)
+    target = "../" * page.file.dest_uri.count("/") + files.get_file_from_path(SCIENCE).dest_uri
+
+    def link(m: re.Match) -> str:
+        number = m.group(1)
+        anchor = anchors.get(number) or anchors.get(number.split(".")[0])
+        return f'<a href="{target}#{anchor}">{m.group(0)}</a>' if anchor else m.group(0)
+
+    # Not inside code blocks or existing links.
+    parts = _PRE.split(html)
+    return "".join(p if i % 2 else _CITATION.sub(link, p) for i, p in enumerate(parts))

@@ -241,7 +241,10 @@ def test_site_builds_strictly_and_its_config_page_lists_every_key(tmp_path):
         assert (site / f"{page}.html").is_file(), page
     for command in ("match", "prepare", "train", "study", "analyze", "signal"):
         assert (site / "commands" / f"{command}.html").is_file(), command
-    assert "doc-heading" in (site / "api" / "model.html").read_text()  # API pages from docstrings
+    study_api = (site / "api" / "study.html").read_text()
+    assert "doc-heading" in study_api  # API pages from docstrings
+    # Docstrings' "SPEC §1.4" citations link to that section of the science page.
+    assert '<a href="../science.html#14-learning-rate-fairness-and-the-noise-floor">SPEC §1.4</a>' in study_api
     parser = _FirstCells()
     parser.feed((site / "reference" / "config.html").read_text())
     on_page = {c.strip() for c in parser.cells} - {"key"}
