@@ -243,6 +243,10 @@ def test_site_builds_strictly_and_its_config_page_lists_every_key(tmp_path):
         assert (site / "commands" / f"{command}.html").is_file(), command
     study_api = (site / "api" / "study.html").read_text()
     assert "doc-heading" in study_api  # API pages from docstrings
+    # API pages list every module of their package, and "other" every module no page covers.
+    assert 'id="sanlab.study.sweep"' in study_api
+    assert 'id="sanlab.commands.match"' in (site / "api" / "other.html").read_text()
+    assert not [p for p in site.rglob("*.html") if "sanlab:api" in p.read_text() or "sanlab:config" in p.read_text()]
     # Docstrings' "SPEC §1.4" citations link to that section of the science page.
     assert '<a href="../science.html#14-learning-rate-fairness-and-the-noise-floor">SPEC §1.4</a>' in study_api
     parser = _FirstCells()
