@@ -291,11 +291,21 @@ class StudyPlan:
     notes: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
     workers: int = 1  # runs in parallel (local workers, or the SLURM array parallelism)
+    # run id -> measured {step_s, eval_s, ready_s} of its shape (sanlab.study.speed)
+    speeds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def run_seconds(self, run: PlannedRun) -> float:
-        """Time estimate: the reference's throughput scaled by FLOPs per token."""
-        ref_flops = self.arms[0].flops_per_token
-        return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+        """Time estimate of one run. Timed shapes: start-up + steps × measured step time +
+        evaluations (the initial one, every `eval_every` steps and the last) × measured
+        evaluation time. Otherwise the reference's throughput scaled by FLOPs per token."""
+        speed = self.speeds.get(run.run_id)
+        if speed is None:
+            ref_flops = self.arms[0].flops_per_token
+            return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+        t = run.config.train
+        steps = -(-run.tokens // (t.batch_rows * run.config.data.seq_len))
+        evals = 2 + (steps // t.eval_every if t.eval_every else 0)
+        return speed["ready_s"] + steps * speed["step_s"] + evals * speed["eval_s"]
 
     @property
     def total_flops(self) -> float:
@@ -320,6 +330,7 @@ class StudyPlan:
             "est_seconds": self.total_seconds,
             "tokens_per_s": self.tokens_per_s,
             "workers": self.workers,
+            "timed": sorted({r.arm for r in self.runs if r.run_id in self.speeds}),
         }
 
 

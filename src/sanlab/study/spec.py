@@ -213,8 +213,10 @@ class RunnerSpec(StrictModel):
     workers: int = 1
     threads: int | None = None  # torch threads per run; None: cores // workers
     gpus_per_run: int = 0  # >1: the run starts through torchrun
-    # Throughput of the reference arm on one worker, for the time estimate in `study plan`;
-    # other arms are scaled by their FLOPs per token.
+    # Throughput of the reference arm on one worker, for the time estimate in `study plan`
+    # where the arms are not timed (SLURM, `--no-timing`, steps too large to time here);
+    # other arms are scaled by their FLOPs per token. A local plan times every arm's
+    # step on this machine instead (sanlab/study/speed.py).
     tokens_per_s: float = 9000.0
     slurm: SlurmSpec = SlurmSpec()
 
