@@ -33,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.add_argument("--out", help="a study dir whose results refine the plan (locked LRs)")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
+    p.add_argument("--no-timing", action="store_true",
+                   help="do not time the arms' training steps (local runner); scale "
+                        "runner.tokens_per_s by FLOPs per token instead")
     r = sub.add_parser("run", help="run (or continue) the study in a study dir")
     r.add_argument("spec", help="study spec (TOML)")
     r.add_argument("overrides", nargs="*", metavar="key=value")
@@ -72,6 +75,11 @@ def _plan(args: argparse.Namespace) -> int:
     if records:
         lock = locks(spec, plan.arms, records, set(records))
         plan = plan_study(spec, args.out, records, lock)
+    if spec.runner.kind == "local" and not args.no_timing:
+        from sanlab.study.speed import arm_speeds, local_threads
+
+        plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out)
+        plan.notes += notes
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return EXIT_OK
@@ -98,9 +106,12 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(runs)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+    how = ("each arm's training step timed on this machine (start-up, steps and evaluations; "
+           "`--no-timing` to skip)" if plan.speeds else
+           f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
+           "scaled by FLOPs/token)")
     console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)} "
-                  f"with {plan.workers} run(s) in parallel at {plan.tokens_per_s:g} tokens/s for the reference "
-                  "arm (runner.tokens_per_s; other arms scaled by FLOPs/token)", highlight=False)
+                  f"with {plan.workers} run(s) in parallel, from {how}", highlight=False)
     return EXIT_OK
 
 

@@ -100,17 +100,34 @@ class MatchingSpec(StrictModel):
 
 
 class ArmSpec(StrictModel):
-    """An explicit arm: the reference model with `model` keys replaced."""
+    """An explicit arm: the reference run with `model` and `train` keys replaced.
+
+    An arm may be any model the config can describe (a variant mixer, a layout, no FFN)
+    and any training switch the study does not set per run (`train.freeze`). `base_lr`
+    gives this arm its own base LR per optimizer, the centre of its own sweep; an
+    optimizer it does not name uses `sweep.base_lr` by the arm's kind (with or without
+    a state mixer).
+    """
 
     name: str
     """The arm's name in run ids and tables (lower-case letters, digits, _)."""
     model: dict[str, Any] = {}
     """Model keys that replace the reference's, e.g. {mixer = "...", ffn = true}."""
+    train: dict[str, Any] = {}
+    """Train keys that replace the reference's (not tokens, steps or seed, which the study sets)."""
+    base_lr: dict[Optimizer, float] = {}
+    """This arm's own base LR per optimizer, e.g. {muon = 0.03}; others come from sweep.base_lr."""
 
     @model_validator(mode="after")
     def _check(self) -> "ArmSpec":
         if not _NAME_RE.match(self.name):
             raise ValueError(f"arm name {self.name!r}: use lower-case letters, digits and _")
+        for key in ("tokens", "steps", "seed"):
+            if key in self.train:
+                raise ValueError(f"arms.{self.name}.train.{key} is set per run by the study")
+        for opt, lr in self.base_lr.items():
+            if not lr > 0:
+                raise ValueError(f"arms.{self.name}.base_lr.{opt} must be positive, got {lr}")
         return self
 
 
@@ -225,8 +242,10 @@ class RunnerSpec(StrictModel):
     """Runs in parallel on this machine (local runner)."""
     threads: int | None = None  # torch threads per run; None: cores // workers
     gpus_per_run: int = 0  # >1: the run starts through torchrun
-    # Throughput of the reference arm on one worker, for the time estimate in `study plan`;
-    # other arms are scaled by their FLOPs per token.
+    # Throughput of the reference arm on one worker, for the time estimate in `study plan`
+    # where the arms are not timed (SLURM, `--no-timing`, steps too large to time here);
+    # other arms are scaled by their FLOPs per token. A local plan times every arm's
+    # step on this machine instead (sanlab/study/speed.py).
     tokens_per_s: float = 9000.0
     slurm: SlurmSpec = SlurmSpec()
     """SLURM settings (runner.kind = "slurm")."""
@@ -245,7 +264,11 @@ class RunnerSpec(StrictModel):
 
 
 class StudySpec(StrictModel):
-    """A whole study. `model` is the reference arm (normally the SAN, `ffn = false`)."""
+    """A whole study. `model` is the reference arm (normally the SAN, `ffn = false`); every
+    gap is read as Δ = arm − reference. Matched partners are built from the reference by
+    the solver (by default the other kind: FFN partners for an attention-only reference,
+    attention-only partners for one with an FFN; `matching.partner` changes any other key,
+    e.g. a softmax partner for a variant reference)."""
 
     name: str = "study"
     """Study name (lower-case letters, digits, - and _)."""
@@ -291,9 +314,6 @@ class StudySpec(StrictModel):
                 raise ValueError(f"optim.{key} is set per run by the study (optimizers/sweep)")
         if self.noise.optimizer is not None and self.noise.optimizer not in self.optimizers:
             raise ValueError(f"noise.optimizer={self.noise.optimizer} is not one of optimizers")
-        if self.model.ffn and self.matching.arms:
-            raise ValueError("matching.arms needs a SAN reference (model.ffn = false); "
-                             "for a standard reference list [[arms]] and set matching.arms = []")
         if not self.matching.arms and not self.arms:
             raise ValueError("nothing to compare: set matching.arms or list [[arms]]")
         names = [a.name for a in self.arms]
