@@ -2,7 +2,7 @@
 
 Scaling one throughput by FLOPs per token is wrong for exactly the arms a study is
 about: a deep attention-only stack spends time in softmax, masking, norms and small
-products that carry few counted FLOPs (MEASUREMENTS: the SAN runs ~1.7x slower than
+products that carry few counted FLOPs (measured: the SAN runs ~1.7x slower than
 its FLOP ratio on a CPU). So the estimate times the real training step of every
 distinct arm shape on this machine instead:
 
