@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections.abc
 import json
+import math
 import re
 import tomllib
 import types
@@ -38,7 +39,10 @@ def parse_tokens(value: Any) -> Any:
         m = _TOKENS_RE.match(value)
         if not m:
             raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M', '500k')")
-        return int(round(float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)))
+        count = float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)
+        if not math.isfinite(count):
+            raise ValueError(f"not a token count: {value!r} (too large)")
+        return int(round(count))
     return value
 
 
@@ -53,10 +57,50 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
-class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, assignments are validated."""
+_STRICT = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN / ±inf inside `value` (dicts, lists, tuples)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, Mapping):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub, v in items:
+        if (found := _non_finite(v, sub)) is not None:
+            return found
+    return None
+
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys are errors, assignments are validated, and no
+    number anywhere in it (float fields, list items, dict values, free-form `Any` fields)
+    may be NaN or ±inf."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _finite(self) -> "StrictModel":
+        # Typed float fields are refused by pydantic itself (allow_inf_nan=False); this
+        # catches the rest: `Any` values and containers of them (e.g. `matching.partner`).
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if not isinstance(value, BaseModel) and (found := _non_finite(value, name)) is not None:
+                raise ValueError(f"{found[0]} must be a finite number, got {found[1]}")
+        return self
+
+
+def _in_range(cfg: BaseModel, **bounds: tuple[float, float | None]) -> None:
+    """Refuse a field outside its closed range [lo, hi] (hi None: unbounded), naming it."""
+    for key, (lo, hi) in bounds.items():
+        v = getattr(cfg, key)
+        if v < lo or (hi is not None and v > hi):
+            where = f"lie in [{lo}, {hi}]" if hi is not None else f"be >= {lo}"
+            raise ValueError(f"{key} must {where}, got {v}")
 
 
 # --------------------------------------------------------------------------- sections
@@ -104,6 +148,9 @@ class ModelConfig(StrictModel):
             )
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
+        for key in ("rope_theta", "norm_eps", "init_std"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         return self
 
     @property
@@ -159,6 +206,14 @@ class OptimConfig(StrictModel):
     def _check(self) -> "OptimConfig":
         if self.lr <= 0 or self.adam_lr <= 0:
             raise ValueError("learning rates must be positive")
+        _in_range(self, weight_decay=(0, None), momentum=(0, 1), beta1=(0, 1), beta2=(0, 1),
+                  grad_clip=(0, None))
+        if self.beta1 == 1 or self.beta2 == 1:
+            raise ValueError("beta1 and beta2 must be below 1")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.ns_steps <= 0:
+            raise ValueError(f"ns_steps must be positive, got {self.ns_steps}")
         if not (0 <= self.warmup_frac <= 1 and 0 <= self.decay_frac <= 1):
             raise ValueError("warmup_frac and decay_frac must lie in [0, 1]")
         if self.warmup_frac + self.decay_frac > 1:
@@ -202,6 +257,10 @@ class TrainConfig(StrictModel):
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
         if any(not (0.0 <= m <= 1.0) for m in self.milestones):
             raise ValueError("milestones are fractions of training in [0, 1]")
+        _in_range(self, z_loss=(0, None), eval_every=(0, None), eval_rows=(1, None), log_every=(1, None),
+                  checkpoint_every=(0, None))
+        if self.spike_factor is not None and self.spike_factor <= 1:
+            raise ValueError(f"spike_factor must exceed 1, got {self.spike_factor}")
         return self
 
 
@@ -218,7 +277,10 @@ class Config(StrictModel):
 
 
 def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    # An unknown key explains the rest (a misspelt section also leaves a required one
+    # missing), so it is reported first.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
     if prefix:
         loc = f"{prefix}.{loc}" if loc else prefix
@@ -283,16 +345,24 @@ def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tupl
     return steps
 
 
+_VALUE_CONFIG = ConfigDict(allow_inf_nan=False)  # a bare field type parses as strictly as in its model
+
+
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
     """Parse a command-line string for a field: first as-is (lax coercion), then as JSON."""
-    adapter = TypeAdapter(annotation)
+    strict_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    adapter = TypeAdapter(annotation) if strict_model else TypeAdapter(annotation, config=_VALUE_CONFIG)
     candidates: list[Any] = []
     if raw.lower() in ("none", "null"):
         candidates.append(None)
     candidates.append(raw)
     try:
         candidates.append(json.loads(raw))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:  # TOML's value syntax too: the override means what the same text means in a file
+        candidates.append(tomllib.loads(f"v = {raw}")["v"])
+    except (tomllib.TOMLDecodeError, RecursionError):
         pass
     last: ValidationError | None = None
     for c in candidates:

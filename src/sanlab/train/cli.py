@@ -10,6 +10,7 @@ import argparse
 import os
 from pathlib import Path
 
+from sanlab.cliargs import positive_int
 from sanlab.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 
 _EXIT = {"completed": EXIT_OK, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}
@@ -24,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "is the base config; overrides that change it need --force)")
     parser.add_argument("--force", action="store_true",
                         help="start over in an existing RUN_DIR, or with --resume accept a changed config")
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+    parser.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                         help="data-parallel processes on this machine (launches torch.distributed.run)")
 
 
