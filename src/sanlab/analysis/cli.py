@@ -207,10 +207,14 @@ def run(args: argparse.Namespace) -> int:
 
     from sanlab.analysis.output import print_tables, write_outputs
 
+    from sanlab.paths import check_out_dir
+
     t0 = time.perf_counter()
+    if args.out is not None:  # before any work (the default, inside the first run dir, after its checks)
+        check_out_dir(args.out)
     result = analyze(args)
     result["seconds"] = time.perf_counter() - t0
-    out_dir = args.out if args.out is not None else args.runs[0] / "analysis"
+    out_dir = check_out_dir(args.out if args.out is not None else args.runs[0] / "analysis")
     files = write_outputs(result, out_dir)
     console = Console()
     print_tables(result, console)

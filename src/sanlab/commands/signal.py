@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"expected one config file and key=value overrides, got also {extra[0]!r}")
     if args.rows <= 0 or args.seq_len <= 0:
         raise ConfigError("--rows and --seq-len must be positive")
+    if args.json is not None:
+        from sanlab.paths import check_out_file
+
+        check_out_file(args.json, "--json")
     cfg = load_config(path, overrides).model
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device available")

@@ -41,10 +41,20 @@ def run(args: argparse.Namespace) -> int:
     from sanlab.train import dist, rundir
     from sanlab.train.trainer import train
 
+    from sanlab.paths import check_out_dir
+
     path, overrides = _split_items(args.items)
+    check_out_dir(args.out)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
     stored = args.out / rundir.CONFIG_FILE
+    if args.resume and path is None and not overrides and not stored.is_file():
+        # Nothing to take the config from: say why instead of asking for a training length.
+        if not args.out.exists():
+            raise ConfigError(f"--resume: {args.out} does not exist, so there is no run to resume "
+                              "(drop --resume to start one)")
+        raise ConfigError(f"--resume: {args.out} has no {rundir.CONFIG_FILE} (the run was stopped before "
+                          "it started, or this is not a run dir); start it again with its config and --force")
     if args.resume and path is None and stored.is_file():
         # Resuming needs no config: the run dir has it; overrides apply on top of it.
         data = rundir.read_json(stored)

@@ -28,8 +28,9 @@ import torch
 from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
 from sanlab.data.regions import REGION_NAMES
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.model.lm import LM, token_losses
+from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
 from sanlab.train.host import tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
@@ -160,6 +161,29 @@ def evaluate(model: torch.nn.Module, batches: list[Batch],
 # --------------------------------------------------------------------------- the run
 
 
+def _check_finished(out: Path) -> None:
+    """A finished run is returned as it is, but only with an intact latest checkpoint."""
+    found = checkpoint.find(out / rundir.CHECKPOINTS / "latest")
+    if found is not None:
+        try:
+            checkpoint.read_state(found)
+        except CheckpointError as e:
+            raise CheckpointError(f"{out} is a finished run, but {e}") from None
+
+
+def _complete_milestones(ckpt_dir: Path, latest: Path, start: int, plan: Plan) -> None:
+    """Make the milestone of the resumed step exist.
+
+    `save` writes `latest` and then copies it to the milestone; a kill between the two
+    leaves `latest` at a milestone step without its copy, and the resumed loop starts
+    after that step, so the copy is made here. Earlier milestones cannot be missing that
+    way (each was copied before a later `latest` replaced the one it came from).
+    """
+    pct = plan.milestones.get(start)
+    if pct is not None and checkpoint.find(ckpt_dir / f"milestone-{pct:03d}") is None:
+        checkpoint.copy(latest, ckpt_dir / f"milestone-{pct:03d}")
+
+
 def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Train one run into `out_dir` and return its meta (see docs/architecture.md, run dir).
 
@@ -169,12 +193,13 @@ def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool
     mistakes raise `SanlabError`.
     """
     cfg = resolve(cfg)
-    out = Path(out_dir)
+    out = check_out_dir(out_dir, "run dir")
     with dist.session(cfg.train.device) as d:
         plan = make_plan(cfg, d.world_size)
         decision = rundir.decide(out, cfg, resume=resume, force=force)
         if decision.action == "done":
             assert decision.meta is not None
+            _check_finished(out)
             return decision.meta
         with StopSignal() as stop:
             return _run(cfg, out, plan, d, decision, stop)
@@ -226,6 +251,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
         meta = rundir.read_json(out / rundir.META_FILE) or {}
         if d.is_main:
             truncate_metrics(out / rundir.METRICS_FILE, start)
+            _complete_milestones(ckpt_dir, found, start, plan)
     meta.update({
         "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
         "device": {**rundir.device_info(d.device, t.precision, d.world_size), "malloc_tuned": malloc_tuned},
@@ -296,6 +322,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
                 trainer_state["ema"] = train_loss if n_ema == 0 else _EMA_DECAY * ema + (1 - _EMA_DECAY) * train_loss
                 trainer_state["ema_n"] = n_ema + 1
             optims.zero_grad()
+            trainer_state["last_loss"] = train_loss
             done = step + 1
             dt = time.perf_counter() - t0
             trainer_state["train_time_s"] += dt
@@ -328,15 +355,17 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
                 break
         else:
             status = "completed"
-    except BaseException:
+    except BaseException as e:
         meta["status"] = "failed"
-        write_meta()
+        with contextlib.suppress(OSError):  # the disk may be the problem
+            write_meta()
+        raise_no_space(e, f"run dir {out}")
         raise
     finally:
         log.close()
 
     # ---- the run's record
-    train_time, last_loss = trainer_state["train_time_s"], row.get("loss")
+    train_time, last_loss = trainer_state["train_time_s"], row.get("loss", trainer_state.get("last_loss"))
     done_steps = row.get("step", start)
     meta.update({
         "status": status,
