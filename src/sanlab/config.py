@@ -371,7 +371,8 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
         except ValidationError as e:
             last = e
     assert last is not None
-    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last)}") from None
+    inner = bool(last.errors()[0]["loc"])  # an item of a list / dict value: name it in full
+    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last, key if inner else '')}") from None
 
 
 def apply_overrides(

@@ -40,6 +40,15 @@ from sanlab.train.signals import StopSignal
 
 Batch = dict[str, torch.Tensor]
 _EMA_DECAY, _EMA_WARMUP = 0.9, 10  # running mean for the loss-spike test
+# Collapse: a model killed by a huge LR predicts the uniform distribution (loss = ln V)
+# and gets no gradient. Healthy training never has a gradient norm near zero, so this
+# many consecutive such steps mark the run diverged: a sweep must never lock it.
+_COLLAPSE_STEPS, _COLLAPSE_GRAD, _COLLAPSE_LOSS_TOL = 5, 1e-6, 1e-3
+
+
+def collapsed(train_loss: float, grad_norm: float, vocab_size: int) -> bool:
+    """Whether one step looks dead: loss at ln(vocab_size) and a (near-)zero gradient."""
+    return abs(train_loss - math.log(vocab_size)) <= _COLLAPSE_LOSS_TOL and 0 <= grad_norm <= _COLLAPSE_GRAD
 
 
 # --------------------------------------------------------------------------- resolution
@@ -315,7 +324,10 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             # ---- divergence: a recorded result; the weights keep their last finite values
             spike = (t.spike_factor is not None and trainer_state["ema_n"] >= _EMA_WARMUP
                      and train_loss > t.spike_factor * trainer_state["ema"])
-            diverged = not (math.isfinite(train_loss) and math.isfinite(grad_norm)) or spike
+            dead = collapsed(train_loss, grad_norm, cfg.model.vocab_size)
+            trainer_state["dead_steps"] = trainer_state.get("dead_steps", 0) + 1 if dead else 0
+            dead_run = trainer_state["dead_steps"] >= _COLLAPSE_STEPS
+            diverged = not (math.isfinite(train_loss) and math.isfinite(grad_norm)) or spike or dead_run
             if not diverged:
                 optims.step()
                 ema, n_ema = trainer_state["ema"], trainer_state["ema_n"]
@@ -339,7 +351,12 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             log.log(row)
             if diverged:
                 status = "diverged"
-                log.message(f"diverged at step {done}: loss {train_loss:.4g}, grad norm {grad_norm:.4g}")
+                if dead_run:
+                    meta["diverged_reason"] = "collapse"
+                    log.message(f"diverged at step {done}: collapsed (loss {train_loss:.4g} = ln(vocab) and "
+                                f"gradient norm {grad_norm:.2g} for {_COLLAPSE_STEPS} steps); lower the LR")
+                else:
+                    log.message(f"diverged at step {done}: loss {train_loss:.4g}, grad norm {grad_norm:.4g}")
                 break
 
             # ---- checkpoints: milestones, rolling latest, and on a stop signal
