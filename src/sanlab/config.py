@@ -361,7 +361,9 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
     except (json.JSONDecodeError, RecursionError):
         pass
     try:  # TOML's value syntax too: the override means what the same text means in a file
-        candidates.append(tomllib.loads(f"v = {raw}")["v"])
+        parsed = tomllib.loads(f"v = {raw}")
+        if set(parsed) == {"v"}:  # one value, not a snippet smuggling in more keys
+            candidates.append(parsed["v"])
     except (tomllib.TOMLDecodeError, RecursionError):
         pass
     last: ValidationError | None = None
@@ -381,6 +383,8 @@ def apply_overrides(
     """Apply `a.b=value` overrides to raw config data and validate the result."""
     merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=list))
     for item in overrides:
+        if not item.isprintable():  # a newline or another control character: never meant
+            raise ConfigError(f"override {item!r}: contains a control character")
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected section.key=value")
         key, raw = item.split("=", 1)
