@@ -259,8 +259,8 @@ class TrainConfig(StrictModel):
             raise ValueError("milestones are fractions of training in [0, 1]")
         _in_range(self, z_loss=(0, None), eval_every=(0, None), eval_rows=(1, None), log_every=(1, None),
                   checkpoint_every=(0, None))
-        if self.spike_factor is not None and self.spike_factor <= 1:
-            raise ValueError(f"spike_factor must exceed 1, got {self.spike_factor}")
+        if self.spike_factor is not None and self.spike_factor <= 0:
+            raise ValueError(f"spike_factor must be positive, got {self.spike_factor}")
         return self
 
 
