@@ -1,7 +1,8 @@
 """`sanlab train [CONFIG.toml] [section.key=value …] --out RUN_DIR [--resume] [--force] [--nproc N]`.
 
 Exit codes: 0 completed (or already complete), 2 user error, 3 diverged (a recorded
-result), 4 interrupted by a signal after saving a checkpoint.
+result, a collapse included), 4 interrupted by a signal after saving a checkpoint, 5 the
+disk filled up while writing (the previous checkpoint is intact).
 """
 
 from __future__ import annotations
