@@ -76,6 +76,7 @@ CASES: dict[str, tuple[str, str]] = {
     "toml syntax": ("train {root}/syntax.toml --out {root}/new", "malformed TOML"),
     "toml nan": ("train {root}/nan.toml --out {root}/new", "optim.lr: Input should be a finite number"),
     "toml inf in a list": ("train {root}/inflist.toml --out {root}/new", "train.milestones.1"),
+    "toml date for a number": ("train {root}/date.toml --out {root}/new", "model.d_model: Input should be a valid integer"),
     "toml unknown section": ("train {root}/unknown.toml --out {root}/new", "bogus: unknown key"),
     "toml missing": ("train {root}/missing.toml --out {root}/new", "config file not found"),
     "two config files": ("train {root}/nan.toml {root}/syntax.toml --out {root}/new", "at most one config file"),
@@ -208,6 +209,7 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     (root / "nan.toml").write_text("[optim]\nlr = nan\n")
     (root / "inflist.toml").write_text("[train]\nmilestones = [0.5, inf]\n")
     (root / "unknown.toml").write_text("[bogus]\nx = 1\n")
+    (root / "date.toml").write_text("[model]\nd_model = 1979-05-27\n")
     (root / "spec.toml").write_text(SPEC.format(data=data))
     (root / "nodata_spec.toml").write_text(SPEC.format(data=root / "nowhere"))
     (root / "arm_inf.toml").write_text(SPEC.format(data=data) + '[[arms]]\nname = "hot"\nmodel = { init_std = inf }\n')

@@ -86,6 +86,20 @@ def test_disk_full_while_checkpointing_is_one_line_and_keeps_the_last_checkpoint
     assert json.loads((run / "meta.json").read_text())["status"] == "failed"
 
 
+def test_disk_full_while_preparing_is_one_line_and_leaves_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from sanlab.data import shards
+
+    def full(self: object, arr: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(shards._HashedFile, "write", full)
+    assert main(["prepare", "--tokens", "2000", "seq_len=32", "vocab_size=320", "--out", str(tmp_path / "d")]) \
+        == EXIT_NO_SPACE
+    assert "no space left on the device" in one_error_line(capsys)
+    assert list(tmp_path.iterdir()) == []  # no temp dir, no half-prepared dir
+
+
 # --------------------------------------------------------------------------- milestones
 
 

@@ -12,6 +12,7 @@ Other tools reuse the same machinery for their own configs (`StrictModel`,
 from __future__ import annotations
 
 import collections.abc
+import datetime
 import json
 import math
 import re
@@ -381,7 +382,7 @@ def apply_overrides(
     cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
 ) -> M:
     """Apply `a.b=value` overrides to raw config data and validate the result."""
-    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=list))
+    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
     for item in overrides:
         if not item.isprintable():  # a newline or another control character: never meant
             raise ConfigError(f"override {item!r}: contains a control character")
@@ -403,11 +404,19 @@ def apply_overrides(
     return validate(cls, merged, source=source)
 
 
+def _json_default(value: Any) -> Any:
+    """JSON for what TOML or a model can hold beyond JSON: tuples as lists, dates as text
+    (which then fails the field's type check with a message naming the key)."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return list(value)
+
+
 def _plain(value: Any) -> Any:
     """A JSON-like copy of a config value (models dumped, tuples as lists)."""
     if isinstance(value, BaseModel):
         return json.loads(value.model_dump_json())
-    return json.loads(json.dumps(value, default=list))
+    return json.loads(json.dumps(value, default=_json_default))
 
 
 def load_config(

@@ -42,7 +42,7 @@ from sanlab.data.tokenizer import (
     vocab_problem,
 )
 from sanlab.errors import ConfigError, DataError
-from sanlab.paths import check_out_dir
+from sanlab.paths import check_out_dir, raise_no_space
 
 CORPORA = ("synth", "text", "hf", "kjv")
 _ENCODE_CHUNK = 256  # documents per batched encode call
@@ -149,6 +149,9 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
     try:
         manifest = _build(cfg, tmp, console)
         _replace_dir(tmp, out)
+    except OSError as e:
+        raise_no_space(e, f"the prepared data for {out} (nothing was written there)")
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
