@@ -100,6 +100,21 @@ def test_disk_full_while_preparing_is_one_line_and_leaves_nothing(
     assert list(tmp_path.iterdir()) == []  # no temp dir, no half-prepared dir
 
 
+def test_disk_full_in_any_command_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    real = Path.write_text
+
+    def full(self: Path, *args: object, **kwargs: object) -> int:
+        if self.name == "out.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "out.json"
+    assert main(["signal", "--depths", "2", "--rows", "1", "--seq-len", "8", "--json", str(out)]) == EXIT_NO_SPACE
+    assert f"no space left on the device writing {out}" in one_error_line(capsys)
+
+
 # --------------------------------------------------------------------------- milestones
 
 

@@ -20,7 +20,7 @@ import sys
 from typing import Sequence
 
 from sanlab.cliargs import ArgumentParser
-from sanlab.errors import EXIT_USAGE, SanlabError
+from sanlab.errors import EXIT_NO_SPACE, EXIT_USAGE, SanlabError
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -76,6 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as e:  # after BrokenPipeError, which is one
+        from sanlab.paths import no_space
+
+        if not no_space(e):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"sanlab: error: no space left on the device{where}", file=sys.stderr)
+        return EXIT_NO_SPACE
 
 
 def entry() -> None:
