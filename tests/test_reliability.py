@@ -96,7 +96,7 @@ def test_disk_full_while_preparing_is_one_line_and_leaves_nothing(
     monkeypatch.setattr(shards._HashedFile, "write", full)
     assert main(["prepare", "--tokens", "2000", "seq_len=32", "vocab_size=320", "--out", str(tmp_path / "d")]) \
         == EXIT_NO_SPACE
-    assert "no space left on the device" in one_error_line(capsys)
+    assert "no space left on the device while writing the prepared data for" in one_error_line(capsys)
     assert list(tmp_path.iterdir()) == []  # no temp dir, no half-prepared dir
 
 
