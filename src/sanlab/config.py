@@ -58,9 +58,6 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
-_STRICT = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False)
-
-
 def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
     """(dotted path, value) of the first NaN / ±inf inside `value` (dicts, lists, tuples)."""
     if isinstance(value, float):
@@ -350,7 +347,8 @@ _VALUE_CONFIG = ConfigDict(allow_inf_nan=False)  # a bare field type parses as s
 
 
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
-    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON."""
+    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON,
+    then as a TOML value (so `[0.5, nan]` means what it means in a file, and is refused)."""
     strict_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
     adapter = TypeAdapter(annotation) if strict_model else TypeAdapter(annotation, config=_VALUE_CONFIG)
     candidates: list[Any] = []
