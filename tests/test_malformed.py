@@ -96,6 +96,7 @@ CASES: dict[str, tuple[str, str]] = {
     "resume without config": ("train --out {root}/started --resume", "has no config.json"),
     "resume another model": ("train model.d_model=64 model.n_heads=4 --out {run} --resume --force",
                              "embed.weight has shape [320, 32] in the checkpoint, [320, 64] in the model"),
+    "resume incomplete state": ("train --out {incomplete} --resume", "incomplete checkpoint state (no 'rng')"),
     "resume corrupt finished": ("train --out {corrupt} --resume", "is a finished run, but"),
     "finished run, other config": ("train {base} train.milestones=[0.0,1.0] train.steps=3 --out {run}",
                                    "different config: train.steps"),
@@ -138,6 +139,8 @@ CASES: dict[str, tuple[str, str]] = {
     "study run override after --out": ("study run {spec} --out {root}/study runner.workers=0",
                                        "runner.workers must be positive"),
     "study run without --out": ("study run {spec}", "required: --out"),
+    "study status corrupt study.json": ("study status {root}/badstudy", "study.json: malformed JSON"),
+    "study table corrupt study.json": ("study table {root}/badstudy", "study.json: malformed JSON"),
     "study status not a study": ("study status {root}/other", "is not a study dir"),
     "study table nonexistent": ("study table {root}/nowhere", "is not a study dir"),
     "study spec missing": ("study plan {root}/missing.toml", "config file not found"),
@@ -200,6 +203,15 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     raw = bytearray(f.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     f.write_bytes(bytes(raw))
+    incomplete = root / "incomplete"  # an unfinished run whose state.json lost a key
+    shutil.copytree(run, incomplete)
+    state = json.loads((incomplete / "checkpoints" / "latest" / "state.json").read_text())
+    del state["rng"]
+    (incomplete / "checkpoints" / "latest" / "state.json").write_text(json.dumps(state))
+    meta = json.loads((incomplete / "meta.json").read_text())
+    (incomplete / "meta.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    (root / "badstudy").mkdir()
+    (root / "badstudy" / "study.json").write_text('{"name": ')
     (root / "file.txt").write_text("not a directory\n")
     (root / "other").mkdir()
     (root / "other" / "notes.txt").write_text("someone else's files\n")
@@ -222,6 +234,7 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     shard = root / "truncated" / "val-00000.tokens.bin"
     shard.write_bytes(shard.read_bytes()[:-10])
     return {"root": str(root), "data": str(data), "run": str(run), "corrupt": str(corrupt),
+            "incomplete": str(incomplete),
             "spec": str(root / "spec.toml"),
             "base": f"data.dir={data} {TINY_ARGS} train.steps=2 train.eval_every=0",
             "nodata": f"{TINY_ARGS} train.steps=2 train.eval_every=0"}

@@ -64,7 +64,13 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
     path = Path(study_dir) / SPEC_FILE
     if not path.is_file():
         raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
-    return validate(StudySpec, json.loads(path.read_text()), source=str(path))
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: malformed JSON ({e}); rerun `sanlab study run` with the spec") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: not a study spec")
+    return validate(StudySpec, data, source=str(path))
 
 
 def prepare_config(spec: StudySpec) -> Any:

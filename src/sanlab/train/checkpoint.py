@@ -211,6 +211,9 @@ def read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE_FILE}: not a sanlab checkpoint (format {FORMAT})")
+    missing = [k for k in ("step", "rng", "optim", "checksums") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE_FILE}: incomplete checkpoint state (no {missing[0]!r})")
     checksums = state.get("checksums")
     if not isinstance(checksums, dict) or set(checksums) != {MODEL_FILE, OPTIM_FILE}:
         raise CheckpointError(f"{path / STATE_FILE}: no checksums of {MODEL_FILE} and {OPTIM_FILE}")

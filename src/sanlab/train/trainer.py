@@ -255,6 +255,8 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
         found = checkpoint.find(ckpt_dir / "latest")
         assert found is not None
         state = checkpoint.load(found, model, optims)
+        if not (isinstance(state.get("loader"), dict) and isinstance(state.get("trainer"), dict)):
+            raise CheckpointError(f"{found}: not a training checkpoint (no loader / trainer state)")
         train_data.load_state_dict(state["loader"])
         start, trainer_state = state["step"], state["trainer"]
         meta = rundir.read_json(out / rundir.META_FILE) or {}
