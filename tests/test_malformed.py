@@ -83,6 +83,8 @@ CASES: dict[str, tuple[str, str]] = {
     # ---- train: flags
     "nproc zero": ("train {base} --nproc 0 --out {root}/new", "--nproc: must be >= 1"),
     "nproc nan": ("train {base} --nproc nan --out {root}/new", "--nproc: expected a number"),
+    "batch not divisible by nproc": ("train {base} train.batch_rows=3 --nproc 2 --out {root}/new",
+                                     "not divisible by 2 processes"),
     "unknown flag": ("train {base} --bogus --out {root}/new", "unrecognized arguments: --bogus"),
     "--out without a value": ("train {base} --out", "argument --out: expected one argument"),
     "no --out": ("train {base}", "the following arguments are required: --out"),

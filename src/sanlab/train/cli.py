@@ -65,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, overrides)
     if args.nproc > 1 and not dist.in_torchrun():
+        from sanlab.train.trainer import make_plan
+
+        make_plan(cfg, args.nproc)  # batch / length errors here, once, not from every rank
         argv = ["train", *args.items, "--out", str(args.out)]
         argv += ["--resume"] * args.resume + ["--force"] * args.force
         return dist.launch(args.nproc, argv)
