@@ -12,7 +12,9 @@ Other tools reuse the same machinery for their own configs (`StrictModel`,
 from __future__ import annotations
 
 import collections.abc
+import datetime
 import json
+import math
 import re
 import tomllib
 import types
@@ -38,7 +40,10 @@ def parse_tokens(value: Any) -> Any:
         m = _TOKENS_RE.match(value)
         if not m:
             raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M', '500k')")
-        return int(round(float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)))
+        count = float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)
+        if not math.isfinite(count):
+            raise ValueError(f"not a token count: {value!r} (too large)")
+        return int(round(count))
     return value
 
 
@@ -53,16 +58,53 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN / ±inf inside `value` (dicts, lists, tuples)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, Mapping):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub, v in items:
+        if (found := _non_finite(v, sub)) is not None:
+            return found
+    return None
+
+
 class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, assignments are validated.
+    """Base for every config: unknown keys are errors, assignments are validated, and no
+    number anywhere in it (float fields, list items, dict values, free-form `Any` fields)
+    may be NaN or ±inf.
 
     A string literal under a field is its description (`use_attribute_docstrings`): the
     configuration reference of the documentation is generated from these
     (`sanlab.configref`).
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False,
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False,
                               use_attribute_docstrings=True)
+
+    @model_validator(mode="after")
+    def _finite(self) -> "StrictModel":
+        # Typed float fields are refused by pydantic itself (allow_inf_nan=False); this
+        # catches the rest: `Any` values and containers of them (e.g. `matching.partner`).
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if not isinstance(value, BaseModel) and (found := _non_finite(value, name)) is not None:
+                raise ValueError(f"{found[0]} must be a finite number, got {found[1]}")
+        return self
+
+
+def _in_range(cfg: BaseModel, **bounds: tuple[float, float | None]) -> None:
+    """Refuse a field outside its closed range [lo, hi] (hi None: unbounded), naming it."""
+    for key, (lo, hi) in bounds.items():
+        v = getattr(cfg, key)
+        if v < lo or (hi is not None and v > hi):
+            where = f"lie in [{lo}, {hi}]" if hi is not None else f"be >= {lo}"
+            raise ValueError(f"{key} must {where}, got {v}")
 
 
 # --------------------------------------------------------------------------- sections
@@ -124,6 +166,9 @@ class ModelConfig(StrictModel):
             )
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
+        for key in ("rope_theta", "norm_eps", "init_std"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         return self
 
     @property
@@ -195,6 +240,14 @@ class OptimConfig(StrictModel):
     def _check(self) -> "OptimConfig":
         if self.lr <= 0 or self.adam_lr <= 0:
             raise ValueError("learning rates must be positive")
+        _in_range(self, weight_decay=(0, None), momentum=(0, 1), beta1=(0, 1), beta2=(0, 1),
+                  grad_clip=(0, None))
+        if self.beta1 == 1 or self.beta2 == 1:
+            raise ValueError("beta1 and beta2 must be below 1")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.ns_steps <= 0:
+            raise ValueError(f"ns_steps must be positive, got {self.ns_steps}")
         if not (0 <= self.warmup_frac <= 1 and 0 <= self.decay_frac <= 1):
             raise ValueError("warmup_frac and decay_frac must lie in [0, 1]")
         if self.warmup_frac + self.decay_frac > 1:
@@ -247,6 +300,10 @@ class TrainConfig(StrictModel):
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
         if any(not (0.0 <= m <= 1.0) for m in self.milestones):
             raise ValueError("milestones are fractions of training in [0, 1]")
+        _in_range(self, z_loss=(0, None), eval_every=(0, None), eval_rows=(1, None), log_every=(1, None),
+                  checkpoint_every=(0, None))
+        if self.spike_factor is not None and self.spike_factor <= 0:
+            raise ValueError(f"spike_factor must be positive, got {self.spike_factor}")
         return self
 
 
@@ -267,7 +324,10 @@ class Config(StrictModel):
 
 
 def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    # An unknown key explains the rest (a misspelt section also leaves a required one
+    # missing), so it is reported first.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
     if prefix:
         loc = f"{prefix}.{loc}" if loc else prefix
@@ -332,16 +392,27 @@ def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tupl
     return steps
 
 
+_VALUE_CONFIG = ConfigDict(allow_inf_nan=False)  # a bare field type parses as strictly as in its model
+
+
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
-    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON."""
-    adapter = TypeAdapter(annotation)
+    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON,
+    then as a TOML value (so `[0.5, nan]` means what it means in a file, and is refused)."""
+    strict_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    adapter = TypeAdapter(annotation) if strict_model else TypeAdapter(annotation, config=_VALUE_CONFIG)
     candidates: list[Any] = []
     if raw.lower() in ("none", "null"):
         candidates.append(None)
     candidates.append(raw)
     try:
         candidates.append(json.loads(raw))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:  # TOML's value syntax too: the override means what the same text means in a file
+        parsed = tomllib.loads(f"v = {raw}")
+        if set(parsed) == {"v"}:  # one value, not a snippet smuggling in more keys
+            candidates.append(parsed["v"])
+    except (tomllib.TOMLDecodeError, RecursionError):
         pass
     last: ValidationError | None = None
     for c in candidates:
@@ -350,15 +421,18 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
         except ValidationError as e:
             last = e
     assert last is not None
-    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last)}") from None
+    inner = bool(last.errors()[0]["loc"])  # an item of a list / dict value: name it in full
+    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last, key if inner else '')}") from None
 
 
 def apply_overrides(
     cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
 ) -> M:
     """Apply `a.b=value` overrides to raw config data and validate the result."""
-    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=list))
+    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
     for item in overrides:
+        if not item.isprintable():  # a newline or another control character: never meant
+            raise ConfigError(f"override {item!r}: contains a control character")
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected section.key=value")
         key, raw = item.split("=", 1)
@@ -377,11 +451,19 @@ def apply_overrides(
     return validate(cls, merged, source=source)
 
 
+def _json_default(value: Any) -> Any:
+    """JSON for what TOML or a model can hold beyond JSON: tuples as lists, dates as text
+    (which then fails the field's type check with a message naming the key)."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return list(value)
+
+
 def _plain(value: Any) -> Any:
     """A JSON-like copy of a config value (models dumped, tuples as lists)."""
     if isinstance(value, BaseModel):
         return json.loads(value.model_dump_json())
-    return json.loads(json.dumps(value, default=list))
+    return json.loads(json.dumps(value, default=_json_default))
 
 
 def load_config(

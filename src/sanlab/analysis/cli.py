@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sanlab.cliargs import bounded, positive_int
 from sanlab.errors import CheckpointError, ConfigError, DataError
 
 SECTIONS = ("losses", "attention", "stream", "spectra")
@@ -40,9 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where to write results (default: <first RUN_DIR>/analysis)")
     parser.add_argument("--checkpoint", default="latest", metavar="NAME",
                         help="checkpoint to evaluate: latest, milestone-050 or 50 (default latest)")
-    parser.add_argument("--eval-rows", type=int, default=32, metavar="N",
+    parser.add_argument("--eval-rows", type=positive_int, default=32, metavar="N",
                         help="held-out rows in the evaluation sample (default 32)")
-    parser.add_argument("--batch-rows", type=int, default=None, metavar="N",
+    parser.add_argument("--batch-rows", type=positive_int, default=None, metavar="N",
                         help="rows per forward pass (default 4 on CPU, 16 on CUDA)")
     parser.add_argument("--data", type=Path, default=None, metavar="DIR",
                         help="prepared data dir to evaluate on (default: the first run's data.dir)")
@@ -50,7 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated sections to skip ({', '.join(SECTIONS)})")
     parser.add_argument("--normalize", action="store_true",
                         help="min–max normalise attention metrics across each run's layers and heads")
-    parser.add_argument("--crystal-tol", type=float, default=None, metavar="TOL",
+    parser.add_argument("--crystal-tol", type=bounded(float, lo=0, lo_open=True, hi=1), default=None, metavar="TOL",
                         help="spectrum change (total variation) below which a matrix type counts as "
                              "crystallised (default 0.02)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -206,10 +207,14 @@ def run(args: argparse.Namespace) -> int:
 
     from sanlab.analysis.output import print_tables, write_outputs
 
+    from sanlab.paths import check_out_dir
+
     t0 = time.perf_counter()
+    if args.out is not None:  # before any work (the default, inside the first run dir, after its checks)
+        check_out_dir(args.out)
     result = analyze(args)
     result["seconds"] = time.perf_counter() - t0
-    out_dir = args.out if args.out is not None else args.runs[0] / "analysis"
+    out_dir = check_out_dir(args.out if args.out is not None else args.runs[0] / "analysis")
     files = write_outputs(result, out_dir)
     console = Console()
     print_tables(result, console)

@@ -42,6 +42,7 @@ from sanlab.data.tokenizer import (
     vocab_problem,
 )
 from sanlab.errors import ConfigError, DataError
+from sanlab.paths import check_out_dir, raise_no_space
 
 CORPORA = ("synth", "text", "hf", "kjv")
 _ENCODE_CHUNK = 256  # documents per batched encode call
@@ -145,6 +146,7 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
     out = Path(out)
     if cfg.corpus == "synth" and cfg.tokens is None:
         raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
+    check_out_dir(out)
     _check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -154,6 +156,9 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
     try:
         manifest = _build(cfg, tmp, console)
         _replace_dir(tmp, out)
+    except OSError as e:
+        raise_no_space(e, f"the prepared data for {out} (nothing was written there)")
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

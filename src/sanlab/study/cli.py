@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sanlab.errors import EXIT_OK
+from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.config import format_tokens
 from sanlab.study.table import make_console
 
@@ -64,12 +64,14 @@ def _fmt_seconds(s: float) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     from sanlab.matching import model_label
+    from sanlab.study.orchestrate import check
     from sanlab.study.plan import plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
     from sanlab.study.table import locks
 
     spec = load_spec(args.spec, args.overrides)
+    check(spec, Path(args.out) if args.out else None)  # exactly what `study run` refuses
     records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}
     plan = plan_study(spec, args.out, records)
     if records:
@@ -119,8 +121,14 @@ def _run(args: argparse.Namespace) -> int:
     from sanlab.study.orchestrate import Study
     from sanlab.study.spec import load_spec
 
+    from sanlab.paths import check_out_dir, is_run_dir
+
+    out = check_out_dir(args.out)
+    if is_run_dir(out):
+        raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
+                          "not a study dir; give the study a directory of its own")
     spec = load_spec(args.spec, args.overrides)
-    return Study(spec, Path(args.out)).run()
+    return Study(spec, out).run()
 
 
 def _status(args: argparse.Namespace) -> int:
