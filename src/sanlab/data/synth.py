@@ -699,8 +699,8 @@ def ex_math_mcq(d: Draws, w: World) -> Document:
     d.region = QUERY
     a, b = d.randint(12, 99), d.randint(3, 99)
     plus = d.chance(0.5)
-    c = d.randint(1, 99)
     ab = a * b
+    c = d.randint(1, 99 if plus else min(99, ab - 1))
     r = ab + c if plus else ab - c
     op = "+" if plus else "−"
     cands = sorted({r + s * x for x in (1, 10, 100, a, b, 2 * c) for s in (1, -1)} - {r})
