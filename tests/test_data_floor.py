@@ -210,3 +210,73 @@ def test_default_synth_floor_is_charged_where_it_is_revealed() -> None:
     rag = [d for d in docs if d.exercise == "rag"]
     # A rag trace's records are fresh per document: far more information than a recalled profile.
     assert min(d.draw_nats[TRACE] for d in rag) > sum(d.draw_nats[TRACE] for d in memo) / len(memo)
+
+
+class _Perturbed(Draws):
+    """Draws whose k-th draw returns another allowed value (the rest of the stream unchanged)."""
+
+    def __init__(self, seed: int, k: int) -> None:
+        super().__init__(seed)
+        self.k, self.calls, self.changed = k, 0, False
+
+    def _hit(self) -> bool:
+        self.calls += 1
+        return self.calls - 1 == self.k
+
+    def choice(self, seq):
+        x = super().choice(seq)
+        other = [y for y in seq if y != x]
+        if self._hit() and other:
+            self.changed = True
+            return other[0]
+        return x
+
+    def weighted(self, seq, weights):
+        x = super().weighted(seq, weights)
+        other = [y for y, w in zip(seq, weights) if y != x and w > 0]
+        if self._hit() and other:
+            self.changed = True
+            return other[0]
+        return x
+
+    def randint(self, a, b):
+        x = super().randint(a, b)
+        if self._hit() and b > a:
+            self.changed = True
+            return a if x != a else a + 1
+        return x
+
+    def chance(self, p):
+        x = super().chance(p)
+        if self._hit():
+            self.changed = True
+            return not x
+        return x
+
+    def sample(self, seq, k):
+        x = super().sample(seq, k)
+        if self._hit():
+            if k >= 2:
+                self.changed = True
+                x[0], x[1] = x[1], x[0]
+            elif k == 1 and len(seq) > 1:
+                self.changed = True
+                x[0] = next(y for y in seq if y != x[0])
+        return x
+
+
+@pytest.mark.parametrize("kind", sorted(__import__("sanlab.data.synth", fromlist=["GENERATORS"]).GENERATORS))
+def test_every_draw_shows_in_the_text(kind: str) -> None:
+    """The floor is the documents' entropy only if the text determines every draw: change
+    any one draw to another allowed value and the document's text must change."""
+    from sanlab.data.synth import GENERATORS, world_for
+
+    gen, world = GENERATORS[kind], world_for(SynthConfig(people=40, cities=10))
+    for seed in range(12):
+        base = gen(Draws(seed), world).text
+        probe = _Perturbed(seed, -1)
+        gen(probe, world)
+        for k in range(probe.calls):
+            d = _Perturbed(seed, k)
+            text = gen(d, world).text
+            assert not d.changed or text != base, f"{kind}: draw {k} of seed {seed} does not show in the text"

@@ -634,8 +634,11 @@ def _mul(a: int, b: int) -> str:
 def _math_problem(d: Draws, w: World) -> tuple[str, list[str], str, int]:
     """(question, worked steps, answer sentence, result); the question's draws are QUERY's."""
     d.region = QUERY
-    p, c, item = d.choice(w.people).name, d.choice(w.cities).name, d.choice(ITEMS)
     kind = d.randint(0, 4)
+    # Only what the question names is drawn: an unused draw would not show in the text.
+    p = d.choice(w.people).name if kind in (0, 1, 3) else ""
+    c = d.choice(w.cities).name if kind in (2, 4) else ""
+    item = d.choice(ITEMS) if kind in (0, 1, 3) else ""
     if kind == 0:
         a, b = d.randint(3, 60), d.randint(2, 24)
         s = d.randint(1, a * b - 1)
@@ -662,7 +665,7 @@ def _math_problem(d: Draws, w: World) -> tuple[str, list[str], str, int]:
         q = f"{c} to {c2} is {a} km. Walking {b} km a day, how many km are left after {n} days?"
         steps = [f"Known: {a} km in all; {b} km a day; {n} days.", f"Walked in {n} days: {_mul(b, n)}",
                  f"Left: {a} − {b * n} = {extra}.", f"Check: {b * n} + {extra} = {a}, which matches."]  # fmt: skip
-        return q, steps, f"{extra} km are left: {p} walks {b * n} km in {n} days, and {a} − {b * n} = {extra}.", extra
+        return q, steps, f"{extra} km are left: walking {b * n} km in {n} days leaves {a} − {b * n} = {extra}.", extra
     if kind == 3:
         b = d.randint(2, 12)
         a = d.randint(b + 1, 400)
@@ -761,9 +764,10 @@ def ex_cooking(d: Draws, w: World) -> Document:
     d.region = QUERY
     dish = d.choice(tuple(DISHES))
     people = d.choice(tuple(_SERVES_FOR))
-    cook = d.choice(w.people).name
-    query = d.choice((f"How do I make {dish} for {people} people?", f"I need {dish} for {people}. What do I do?",
-                      f"Give me {cook}'s recipe for {dish}, for {people} people."))  # fmt: skip
+    form = d.choice(("How do I make {dish} for {people} people?", "I need {dish} for {people}. What do I do?",
+                     "Give me {cook}'s recipe for {dish}, for {people} people."))  # fmt: skip
+    cook = d.choice(w.people).name if "{cook}" in form else ""
+    query = form.format(dish=dish, people=people, cook=cook)
 
     d.region = TRACE
     style = DISHES[dish]
@@ -772,7 +776,10 @@ def ex_cooking(d: Draws, w: World) -> Document:
     chosen = d.sample(INGREDIENTS[style], d.randint(4, 6))
     amounts = [(name, unit, step * d.randint(1, 8)) for name, unit, step in chosen]
     method = [d.choice(options) for options in METHODS[style]]
-    temp, time_, rest = d.choice((160, 180, 200, 220)), 5 * d.randint(3, 12), 5 * d.randint(1, 4)
+    text = "".join(method)  # temperatures and times are drawn only for the steps that state them
+    temp = d.choice((160, 180, 200, 220)) if "{temp}" in text else 0
+    time_ = 5 * d.randint(3, 12) if "{time}" in text else 0
+    rest = 5 * d.randint(1, 4) if "{rest}" in text else 0
     method = [m.format(temp=temp, time=time_, rest=rest) for m in method]
     parts = [d.choice((f"I look up a recipe for {dish}.", f"Let me retrieve a good {dish} recipe.")),
              f"The recipe serves {base}. Ingredients:", "\n".join(f"- {_amount(n, u, x)}" for x, u, n in amounts),
@@ -931,10 +938,12 @@ def ex_creative_writing(d: Draws, w: World) -> Document:
     f = p.facts
     home = w.by_name[f["birthplace"]]
     recalled = d.shuffled(["profession", "instrument", "animal", "birthplace", "mentor"])
+    plot = [d.choice(group) for group in (_OPENINGS, _TROUBLES, _TURNS, _ENDINGS)]
     fields = {"p": p.name, "home": home.name, "product": home.facts["known_for"], "prof": f["profession"],
               "a_prof": _a(f["profession"]), "animal": f["animal"], "instrument": f["instrument"],
-              "mentor": f["mentor"], "season": d.choice(SEASONS), "item": d.choice(ITEMS)}  # fmt: skip
-    beats = [d.choice(group).format(**fields) for group in (_OPENINGS, _TROUBLES, _TURNS, _ENDINGS)]
+              "mentor": f["mentor"], "season": d.choice(SEASONS),  # every trouble names a season
+              "item": d.choice(ITEMS) if "{item}" in "".join(plot) else ""}  # fmt: skip
+    beats = [b.format(**fields) for b in plot]
     tone = d.choice(("warm", "funny", "quiet"))
     trace = "\n".join([f"A {form} about {p.name}. First, what I know about {p.name}:",
                        "\n".join(f"- {state(d, p, a)}" for a in recalled),
