@@ -23,7 +23,11 @@ full context — reached only by a model that knows the world and the generator 
 It is nats per document divided by *this tokenizer's* token count, not an entropy rate
 of the text: another tokenizer divides the same nats by another count. Had a draw been
 invisible in the text, Σ −log p(draw) would exceed −log p(D) and the number would be an
-upper bound on the entropy rather than a floor; that is why every draw must show.
+upper bound on the entropy rather than a floor; that is why every draw must show (a
+test changes each draw in turn and checks that the text changes, a necessary condition
+checked on samples of every exercise type). The floor of a split
+is a ratio over its documents, an estimate of E[nats] / E[tokens] whose sampling error
+shrinks with the split; a run's mean loss over many tokens is the same kind of ratio.
 
 Per region, the floor is the information first revealed in that region, so a model's
 loss on the region's tokens is bounded by it given what came before. One boundary
