@@ -8,8 +8,9 @@ SYNTH-shaped exercises about it (SPEC §1.5, §1.6): a short, low-context user t
 reasoning trace grounded in what came before, and an answer that states the result.
 By default about 6% of tokens are query, 57% trace and 36% answer, as in SYNTH.
 
-Recall types need the weights: the trace recalls world facts that nothing earlier in
-the document states.
+Recall types (`RECALL_TYPES`) need the weights: the trace states world facts that
+nothing earlier in the document states, and only a model that has memorised the world
+can predict them (their values cost nothing in the entropy floor: the world is fixed).
 
 - memorization: a closed-book question; the trace recalls what it knows about the entity
   and picks out the asked facts, the answer states them;
@@ -17,7 +18,8 @@ the document states.
   every option;
 - multihop (this project's own type): a 2–3 hop question (person → teacher → birthplace →
   country); the trace retrieves notes (true world facts, the chain among distractors) and
-  walks the chain, the answer is the last hop's value.
+  walks the chain, the answer is the last hop's value. Mixed: the notes are recall (a
+  model that knows the world predicts them), the walk is read from them.
 
 Context-grounded types carry their material in the document itself:
 
@@ -29,11 +31,13 @@ Context-grounded types carry their material in the document itself:
 - cooking (procedural): a recipe retrieved in the trace, every amount scaled to the number
   of people asked for, the method written out;
 - editing: reverse, sort, capitalise, rename or join short material given in the query,
-  item by item in the trace;
-- constrained-writing: describe an entity in exactly N words (the trace drafts from
-  recalled facts, trims and counts word by word);
+  item by item in the trace (the one type whose material is in the query);
+- constrained-writing: describe a person in exactly N words (the trace recalls facts,
+  adds them while they fit and pads with filler; the answer is the N words);
 - creative-writing: a short story about a person, planned in the trace (recalled facts and
   a plot of random beats) and told in the answer.
+
+The two writing types open with a recalled profile too; what follows it is grounded in it.
 
 Every document is a pure function of (world, seed, index), so the stream is indexable,
 reproducible and needs no state. All randomness goes through `Draws`, which keeps the
@@ -64,10 +68,12 @@ EXERCISES: tuple[str, ...] = (
 )  # fmt: skip
 RECALL_TYPES: tuple[str, ...] = ("memorization", "mcq", "multihop")
 
-# The default mix. Documents, not tokens: recall types are shorter than grounded ones.
-# About 40% of documents are recall types (their tokens are what only the weights can
-# predict: the paper's deficit sits there), the rest context-grounded, so both sides of
-# the contrast get enough tokens for per-type deltas at CPU budgets. Memorization is the
+# The default mix, as shares of documents (token shares follow document lengths;
+# `sanlab prepare` prints them: about 23% memorization, 15% rag, 11% multihop, 9% math
+# and creative writing, 7–8% mcq, cooking, editing and constrained writing, 4% math-mcq).
+# About 40% of documents and tokens are recall types (what only the weights can predict:
+# the paper's deficit sits there), the rest context-grounded, so both sides of the
+# contrast get enough tokens for per-type deltas at CPU budgets. Memorization is the
 # largest single type because it carries the most distinct world facts per document; rag
 # and math, the paper's context-grounded examples, come next; the writing, cooking and
 # editing types fill out SYNTH's nine. The mix also sets the region shares (query ≈ 6%,
