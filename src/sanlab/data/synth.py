@@ -143,7 +143,8 @@ class Draws:
     Set `region` before drawing what that region's text will express; `nats[r]` is then
     −Σ log p(draw) over the draws charged to region r. Each method's log-probability is
     that of the value it returns (so `choice` over a tuple with repeats charges the
-    value's total probability); `sample` and `shuffled` assume distinct items.
+    value's total probability); `sample`, `shuffled` and `choice` over more than 256 items
+    (the world's entity lists) assume distinct items.
     """
 
     def __init__(self, seed: int) -> None:
