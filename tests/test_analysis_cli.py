@@ -47,6 +47,13 @@ def test_analyze_vs_region_deltas_sum_to_aggregate(trained: dict[str, Path], cap
     assert cmp["region"]["identity"]["aggregate_delta"] == pytest.approx(san["loss"] - ffn["loss"])
     assert {r["group"] for r in san["region"]} <= {"other", "query", "trace", "answer"}
     assert sum(r["token_share"] for r in san["exercise"]) == pytest.approx(1.0)
+    # The synth data has an entropy floor: every region / type row shows it and the loss above it.
+    assert result["sample"]["entropy_floor_file"].endswith("entropy_floor.json") and "above floor" in printed
+    assert 0 < san["entropy_floor"] < san["loss"]
+    for row in san["region"] + san["exercise"]:
+        assert row["loss_above_floor"] == pytest.approx(row["loss"] - row["entropy_floor"])
+    assert {r["group"]: r["entropy_floor"] for r in san["region"]}.get("other", 0) == 0
+    assert all(r["entropy_floor"] > 0 for r in san["region"] if r["group"] == "query")
     for f in ("losses.csv", "deltas.csv", "delta_identity.csv", "attention_heads.csv", "stream.csv", "gates.csv"):
         assert (out / f).is_file(), f
     heads = result["runs"]["san"]["attention"]["heads"]

@@ -7,6 +7,8 @@ per layer and head, residual-stream RMS, peak activation and representation rank
 layer, residual gates; and weight spectra over the run's milestone checkpoints. With
 `--vs B`, each run's per-token losses are paired with B's on the same tokens: Δ = run − B
 per group, with the check that the token-weighted group Δs sum to the aggregate Δ.
+Where the data dir has an entropy floor (`sanlab.data.floor`), each run's loss by region
+and exercise type also shows the floor on the same tokens and the loss above it.
 
 Results go to `--out` (default `<first RUN_DIR>/analysis`): `analysis.json` with
 everything, and one CSV per table (see `sanlab.analysis.output`).
@@ -80,6 +82,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     from sanlab.analysis.rundir import RunDir, check_data_tokenizer, check_same_tokenizer, checkpoint_name
     from sanlab.analysis.spectra import DEFAULT_TOL, run_spectra
     from sanlab.analysis.stream import gate_values
+    from sanlab.data.floor import FLOOR_FILE, load_floor
+    from sanlab.data.floor import rates as floor_rates
 
     if args.eval_rows <= 0:
         raise ConfigError(f"--eval-rows must be positive, got {args.eval_rows}")
@@ -124,7 +128,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         "runs": {},
         "comparisons": [],
     }
-    sample = table = None
+    sample = table = token_floor = None
     if needs_sample:
         data_dir = runs[0].data_dir(args.data)
         for run, own in zip(runs, data_dirs):
@@ -138,6 +142,13 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
             "tokens": len(table),
             "exercises": list(sample.exercise_names),
         }
+        floor = load_floor(data_dir)
+        if floor is not None:
+            import torch
+
+            rates = torch.from_numpy(floor_rates(floor, "val", sample.exercise_names))
+            token_floor = L.token_entropy_floor(rates, table)
+            result["sample"]["entropy_floor_file"] = str(data_dir / FLOOR_FILE)
         vocab = int(sample.inputs.max()) + 1
         for run, path in zip(runs, paths):
             if run.config.model.vocab_size < vocab:
@@ -165,6 +176,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
             losses[label] = res.losses
             if "losses" in sections:
                 out["losses"] = L.decompose(res.losses, table, sample.token_counts)
+                if token_floor is not None:
+                    L.add_entropy_floor(out["losses"], token_floor, table)
             if res.attention is not None:
                 out["attention"] = res.attention
             if res.stream is not None:
