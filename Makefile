@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here (CPU wheel on CPU machines, the normal CUDA build on GPU machines).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-all demo bench clean
+.PHONY: setup test test-all demo bench mutate clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +27,10 @@ demo: setup
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# Plant known bugs one at a time and check the tests catch each (scripts/mutate.py; not part of `make test`).
+mutate: setup
+	$(PY) scripts/mutate.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
