@@ -15,7 +15,8 @@ import sanlab.data.prepare as prepare_mod
 from sanlab.config import apply_overrides
 from sanlab.data.prepare import PrepareConfig, corpus_documents, is_val, prepare
 from sanlab.data.shards import doc_metadata, load_manifest, open_split, unpack_documents
-from sanlab.data.tokenizer import load_tokenizer
+from sanlab.data.regions import OTHER, QUERY, chat_document
+from sanlab.data.tokenizer import encode_documents, load_tokenizer, train_tokenizer
 
 # SPEC §1.5, written out literally.
 SPEC_IDS = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<|im_start|>": 4, "<|im_end|>": 5,
@@ -76,3 +77,15 @@ def test_the_tokenizer_is_trained_on_training_documents_only(tmp_path: Path,
     # The check has teeth: validation documents lie among the ones the BPE's sample was drawn from.
     last_sampled = max(index_of[t] for t in sample)
     assert any(s == "val" and i < last_sampled for i, s in split_of.items())
+
+
+def test_a_literal_special_token_inside_a_turn_is_other() -> None:
+    """A special-token string typed inside a query still becomes the atomic id, and (like
+    every special token) counts as OTHER, not as the query it sits in."""
+    tok = train_tokenizer(["plain words for a small tokenizer, see here"] * 20, 300)
+    doc = chat_document("see <think> here", "ok", "fine", "math")
+    ((ids, regions),) = encode_documents(tok, [doc])
+    think = [i for i, t in enumerate(ids.tolist()) if t == 6]
+    assert len(think) == 2  # the literal one in the query, then the trace's own marker
+    assert all(regions[i] == OTHER for i in think)
+    assert regions[think[0] - 1] == QUERY and regions[think[0] + 1] == QUERY
