@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here (CPU wheel on CPU machines, the normal CUDA build on GPU machines).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-all demo bench docs docs-serve clean
+.PHONY: setup test test-all demo bench docs docs-serve mutate clean
 
 setup: $(VENV)/.installed
 
@@ -35,6 +35,9 @@ docs: setup
 
 docs-serve: docs
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+# Plant known bugs one at a time and check the tests catch each (scripts/mutate.py; not part of `make test`).
+mutate: setup
+	$(PY) scripts/mutate.py
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache
