@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here (CPU wheel on CPU machines, the normal CUDA build on GPU machines).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-all demo bench clean
+.PHONY: setup test test-all demo bench docs docs-serve mutate clean
 
 setup: $(VENV)/.installed
 
@@ -30,5 +30,16 @@ demo: setup
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
+# The documentation site (mkdocs.yml, docs/) into site/; warnings are errors.
+docs: setup
+	@$(PY) -c "import mkdocs, material, mkdocstrings" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
+
+docs-serve: docs
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs serve
+# Plant known bugs one at a time and check the tests catch each (scripts/mutate.py; not part of `make test`).
+mutate: setup
+	$(PY) scripts/mutate.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -47,6 +47,13 @@ def test_analyze_vs_region_deltas_sum_to_aggregate(trained: dict[str, Path], cap
     assert cmp["region"]["identity"]["aggregate_delta"] == pytest.approx(san["loss"] - ffn["loss"])
     assert {r["group"] for r in san["region"]} <= {"other", "query", "trace", "answer"}
     assert sum(r["token_share"] for r in san["exercise"]) == pytest.approx(1.0)
+    # The synth data has an entropy floor: every region / type row shows it and the loss above it.
+    assert result["sample"]["entropy_floor_file"].endswith("entropy_floor.json") and "above floor" in printed
+    assert 0 < san["entropy_floor"] < san["loss"]
+    for row in san["region"] + san["exercise"]:
+        assert row["loss_above_floor"] == pytest.approx(row["loss"] - row["entropy_floor"])
+    assert {r["group"]: r["entropy_floor"] for r in san["region"]}.get("other", 0) == 0
+    assert all(r["entropy_floor"] > 0 for r in san["region"] if r["group"] == "query")
     for f in ("losses.csv", "deltas.csv", "delta_identity.csv", "attention_heads.csv", "stream.csv", "gates.csv"):
         assert (out / f).is_file(), f
     heads = result["runs"]["san"]["attention"]["heads"]
@@ -121,7 +128,7 @@ def test_mismatched_tokenizers(tmp_path: Path, capsys: pytest.CaptureFixture, tr
 
 
 def test_bad_arguments(trained: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
-    assert "--eval-rows must be positive" in _error(capsys, ["analyze", str(trained["san"]), "--eval-rows", "0"])
+    assert "--eval-rows: must be >= 1" in _error(capsys, ["analyze", str(trained["san"]), "--eval-rows", "0"])
     assert "data dir not found" in _error(capsys, ["analyze", str(trained["san"]), "--data", "/nonexistent"])
 
 
@@ -133,15 +140,8 @@ def test_signal_command(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     assert [r["depth"] for r in rows] == [2, 8]
     # Theorem 1: bounded at init with gates at ½ and W_o std s/√(2L)
     assert all(0.5 < r["ratio"] < 2.0 for r in rows)
-    assert "expected comma-separated integers" in _error_argparse(capsys, ["signal", "--depths", "a,b"])
+    assert "expected comma-separated integers" in _error(capsys, ["signal", "--depths", "a,b"])
     assert "unknown key" in _error(capsys, ["signal", "model.nope=1"])
-
-
-def _error_argparse(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    return capsys.readouterr().err
 
 
 def test_same_run_twice_and_foreign_data(trained: dict[str, Path], capsys: pytest.CaptureFixture, tmp_path: Path) -> None:

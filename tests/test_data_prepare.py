@@ -197,11 +197,11 @@ def test_bad_config_is_a_config_error(override: str, message: str) -> None:
 
 
 def test_cli_prepares_and_prints_shares(tmp_path: Path, capsys) -> None:
-    code = main(["prepare", "--out", str(tmp_path / "d"), "--tokens", "3k", "vocab_size=300", "seq_len=32",
+    code = main(["prepare", "--out", str(tmp_path / "d"), "--tokens", "20k", "vocab_size=300", "seq_len=32",
                  "val_frac=0.2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
-    for word in ("train", "val", "query", "trace", "answer", "memorization", "multihop"):
+    for word in ("train", "val", "query", "trace", "answer", "memorization", "multihop", "entropy floor", "world"):
         assert word in out
 
 

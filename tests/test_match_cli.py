@@ -90,7 +90,7 @@ def test_impossible_matching_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
     (["--preset", "base", "--partner", "n_layers=3"], "n_layers is what the solver chooses"),
     (["--preset", "base", "n_heads=7"], "does not divide"),
     (["--preset", "base", "--targets", "speed"], "unknown target 'speed'"),
-    (["--preset", "base", "--seq-len", "0"], "--seq-len must be positive"),
+    (["--preset", "base", "--seq-len", "0"], "argument --seq-len: must be >= 1"),
     (["no-such-file.toml"], "config file not found"),
 ])
 def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:

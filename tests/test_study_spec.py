@@ -118,7 +118,7 @@ def test_override_on_the_command_line(tmp_path: Path) -> None:
 def test_plan_json_lists_the_four_matched_arms(capsys: pytest.CaptureFixture[str]) -> None:
     from sanlab.accounting import count_flops, count_params
 
-    assert main(["study", "plan", str(EXAMPLES / "quick.toml"), "--json"]) == 0
+    assert main(["study", "plan", str(EXAMPLES / "quick.toml"), "--json", "--no-timing"]) == 0
     plan = json.loads(capsys.readouterr().out)
     arms = {a["name"]: a for a in plan["arms"]}
     assert list(arms) == ["san", "iso_param", "iso_flop", "iso_depth"]
@@ -142,6 +142,7 @@ def test_plan_table_prints_runs_and_cost(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["study", "plan", str(EXAMPLES / "quick.toml")]) == 0
     out = capsys.readouterr().out
     assert "san-L5-d64-muon-lr0.02-120K-s1" in out and "total:" in out and "boundary extension" in out
+    assert "timed on this machine" in " ".join(out.split())  # the local runner times each arm's step
 
 
 def test_identical_trainings_share_one_run(tmp_path: Path) -> None:

@@ -3,4 +3,4 @@
 Importing sanlab has no side effects: no device probing, no downloads, no process groups.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

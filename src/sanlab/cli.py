@@ -6,8 +6,9 @@ Each command lives in its own module, which defines
 Only the chosen command's module is imported, so `sanlab --help` is instant and
 importing one command never drags in another's dependencies.
 
-User errors (`SanlabError`) print one line and exit 2; anything else is a bug and
-keeps its traceback.
+User errors (`SanlabError`, argparse's usage errors included: `sanlab.cliargs`) print
+one line and exit with the error's code (2, or e.g. 5 for a full disk); anything else is
+a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import os
 import sys
 from typing import Sequence
 
-from sanlab.errors import EXIT_USAGE, SanlabError
+from sanlab.cliargs import ArgumentParser
+from sanlab.errors import EXIT_NO_SPACE, EXIT_USAGE, SanlabError
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -33,7 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _build_parser(command: str | None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="sanlab",
         description="Controlled architecture studies of language models.",
     )
@@ -64,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         module = importlib.import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
     except SanlabError as e:
-        print(f"sanlab: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        message = " ".join(str(e).splitlines())  # one line, whatever the message holds
+        print(f"sanlab: error: {message}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("sanlab: interrupted", file=sys.stderr)
         return 130
@@ -74,6 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as e:  # after BrokenPipeError, which is one
+        from sanlab.paths import no_space
+
+        if not no_space(e):
+            raise
+        where = f" writing {e.filename}" if e.filename else ""
+        print(f"sanlab: error: no space left on the device{where}", file=sys.stderr)
+        return EXIT_NO_SPACE
 
 
 def entry() -> None:

@@ -12,7 +12,9 @@ Other tools reuse the same machinery for their own configs (`StrictModel`,
 from __future__ import annotations
 
 import collections.abc
+import datetime
 import json
+import math
 import re
 import tomllib
 import types
@@ -38,7 +40,10 @@ def parse_tokens(value: Any) -> Any:
         m = _TOKENS_RE.match(value)
         if not m:
             raise ValueError(f"not a token count: {value!r} (use an integer or e.g. '5B', '2M', '500k')")
-        return int(round(float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)))
+        count = float(m.group(1).replace("_", "")) * _SUFFIX.get(m.group(2).upper(), 1)
+        if not math.isfinite(count):
+            raise ValueError(f"not a token count: {value!r} (too large)")
+        return int(round(count))
     return value
 
 
@@ -53,10 +58,53 @@ def format_tokens(n: int) -> str:
     return str(n)
 
 
-class StrictModel(BaseModel):
-    """Base for every config: unknown keys are errors, assignments are validated."""
+def _non_finite(value: Any, path: str) -> tuple[str, float] | None:
+    """(dotted path, value) of the first NaN / ±inf inside `value` (dicts, lists, tuples)."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, Mapping):
+        items: Any = ((f"{path}.{k}", v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub, v in items:
+        if (found := _non_finite(v, sub)) is not None:
+            return found
+    return None
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+
+class StrictModel(BaseModel):
+    """Base for every config: unknown keys are errors, assignments are validated, and no
+    number anywhere in it (float fields, list items, dict values, free-form `Any` fields)
+    may be NaN or ±inf.
+
+    A string literal under a field is its description (`use_attribute_docstrings`): the
+    configuration reference of the documentation is generated from these
+    (`sanlab.configref`).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False,
+                              use_attribute_docstrings=True)
+
+    @model_validator(mode="after")
+    def _finite(self) -> "StrictModel":
+        # Typed float fields are refused by pydantic itself (allow_inf_nan=False); this
+        # catches the rest: `Any` values and containers of them (e.g. `matching.partner`).
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if not isinstance(value, BaseModel) and (found := _non_finite(value, name)) is not None:
+                raise ValueError(f"{found[0]} must be a finite number, got {found[1]}")
+        return self
+
+
+def _in_range(cfg: BaseModel, **bounds: tuple[float, float | None]) -> None:
+    """Refuse a field outside its closed range [lo, hi] (hi None: unbounded), naming it."""
+    for key, (lo, hi) in bounds.items():
+        v = getattr(cfg, key)
+        if v < lo or (hi is not None and v > hi):
+            where = f"lie in [{lo}, {hi}]" if hi is not None else f"be >= {lo}"
+            raise ValueError(f"{key} must {where}, got {v}")
 
 
 # --------------------------------------------------------------------------- sections
@@ -66,24 +114,38 @@ class ModelConfig(StrictModel):
     """Architecture (SPEC §1.1). The SAN is `ffn=false`; the standard arm is `ffn=true`."""
 
     d_model: int = 128
+    """Width of the residual stream."""
     n_layers: int = 4
+    """Number of blocks."""
     n_heads: int = 4
+    """Query heads; head_dim = d_model / n_heads (must be even for RoPE)."""
     n_kv_heads: int = 2
+    """Key/value heads (grouped-query attention); must divide n_heads."""
     vocab_size: int = 2048
+    """Embedding rows; must cover the prepared data's tokenizer (16384 at paper scale)."""
     ffn: bool = False
+    """Add the SwiGLU feed-forward sublayer after attention: false = the SAN, true = the standard arm."""
     d_ff: int | None = None  # None -> 4 * d_model
     residual: Literal["gated", "rezero", "standard", "none"] = "gated"
+    """gated: x + σ(g)·f(x), g init 0; rezero: x + α·f(x), α init 0; standard: x + f(x); none: f(x)."""
     norm: Literal["zcrms", "rms"] = "zcrms"
+    """zcrms: (1 + γ) ⊙ z / RMS(z) with γ init 0; rms: γ ⊙ z / RMS(z) with γ init 1."""
     qk_norm: bool = True
+    """Per-head norm of q and k over head_dim, before RoPE (deep SANs diverge without it)."""
     sandwich_norm: bool = False
+    """An extra norm on each sublayer's output, before its residual gate."""
     rope_theta: float = 10000.0
+    """RoPE base frequency."""
     norm_eps: float = 1e-6
+    """Epsilon inside RMS(z)."""
     init_std: float = 0.02
+    """Std of the normal init of embedding and input projections."""
     # W_o / W_down std = init_std / sqrt(2 * n_layers) (SPEC §1.1); false = unscaled (Theorem 1 contrast)
     scale_out_init: bool = True
     # Registered sequence mixer (attention or a variant) and state mixer (FFN) names.
     mixer: str = "softmax"
     ffn_type: str = "swiglu"
+    """Registered state mixer used when ffn = true (sanlab.model.blocks.STATE_MIXERS)."""
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
     # kernel (faster than SDPA from T = 64 to 1024, measured) while the probabilities it
     # keeps fit sanlab.model.layers.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
@@ -104,6 +166,9 @@ class ModelConfig(StrictModel):
             )
         if self.d_ff is not None and self.d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {self.d_ff}")
+        for key in ("rope_theta", "norm_eps", "init_std"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
         return self
 
     @property
@@ -120,6 +185,7 @@ class DataConfig(StrictModel):
 
     dir: str | None = None  # a directory written by `sanlab prepare`
     seq_len: int = 256
+    """Tokens per training row (T); must equal the prepared data's seq_len."""
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
@@ -137,28 +203,51 @@ class OptimConfig(StrictModel):
     """
 
     name: Literal["muon", "adamw"] = "muon"
+    """muon: Muon for hidden matrices + AdamW for the rest; adamw: AdamW for everything."""
     lr: float = 0.02
+    """Peak learning rate of the main group (Muon's matrices, or everything under adamw)."""
     adam_lr: float = 3e-4
+    """Peak learning rate of the AdamW group in Muon runs (embedding, gains, gates)."""
     weight_decay: float = 0.01
+    """Decoupled weight decay on matrices (Muon's, or AdamW's matrices under adamw)."""
     momentum: float = 0.95
+    """Muon momentum."""
     nesterov: bool = True
+    """Nesterov momentum in Muon."""
     ns_steps: int = 5
+    """Newton–Schulz iterations that orthogonalise Muon's update."""
     ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
+    """Newton–Schulz polynomial coefficients (a, b, c)."""
     # torch.optim.Muon's adjust_lr_fn: "original" (max(1, rows/cols)^0.5) or "match_rms_adamw".
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     beta1: float = 0.9
+    """AdamW β₁."""
     beta2: float = 0.95
+    """AdamW β₂."""
     eps: float = 1e-8
+    """AdamW ε."""
     grad_clip: float = 1.0  # global gradient-norm clip; 0 disables
     schedule: Literal["wsd", "cosine", "constant"] = "wsd"
+    """wsd: warmup, constant, cosine decay at the end; cosine: warmup, then cosine; constant: warmup, then flat."""
     warmup_frac: float = 0.05
+    """Share of the steps spent in linear warmup."""
     decay_frac: float = 0.15
+    """Share of the steps in the final decay (wsd)."""
     final_lr_frac: float = 0.05
+    """Learning rate at the last step, as a fraction of the peak."""
 
     @model_validator(mode="after")
     def _check(self) -> "OptimConfig":
         if self.lr <= 0 or self.adam_lr <= 0:
             raise ValueError("learning rates must be positive")
+        _in_range(self, weight_decay=(0, None), momentum=(0, 1), beta1=(0, 1), beta2=(0, 1),
+                  grad_clip=(0, None))
+        if self.beta1 == 1 or self.beta2 == 1:
+            raise ValueError("beta1 and beta2 must be below 1")
+        if self.eps <= 0:
+            raise ValueError(f"eps must be positive, got {self.eps}")
+        if self.ns_steps <= 0:
+            raise ValueError(f"ns_steps must be positive, got {self.ns_steps}")
         if not (0 <= self.warmup_frac <= 1 and 0 <= self.decay_frac <= 1):
             raise ValueError("warmup_frac and decay_frac must lie in [0, 1]")
         if self.warmup_frac + self.decay_frac > 1:
@@ -176,18 +265,27 @@ class TrainConfig(StrictModel):
     batch_rows: int = 16  # global batch in rows of data.seq_len tokens
     micro_batch_rows: int | None = None  # per-rank micro-batch; None = whole per-rank batch
     seed: int = 0
+    """Seed of the initialisation and of the data order."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """auto: CUDA when available, else the CPU (recorded resolved in config.json)."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast where the device has native bf16, else fp32 (recorded resolved)."""
     z_loss: float = 1e-4
+    """Weight of the z-loss term z_loss · logsumexp(logits)²."""
     eval_every: int = 100  # steps; 0 = only at the end
     eval_rows: int = 64  # held-out rows per evaluation
     log_every: int = 10
+    """Steps between console lines when there is no progress bar (metrics.jsonl gets every step)."""
     checkpoint_every: int = 0  # steps between rolling checkpoints; 0 = milestones only
     milestones: list[float] = [0.0, 0.25, 0.5, 0.75, 1.0]
+    """Fractions of training at which a milestone checkpoint is kept (the spectra analysis reads them)."""
     spike_factor: float | None = None  # loss > factor * running mean => diverged
     compile: bool = False
+    """Train through torch.compile."""
     tensorboard: bool = False
+    """Also log to TensorBoard in RUN_DIR (needs the log extra)."""
     wandb: bool = False
+    """Also log to Weights & Biases, offline unless WANDB_MODE says otherwise (needs the log extra)."""
     threads: int | None = None  # torch intra-op threads on CPU; None = torch default
 
     @model_validator(mode="after")
@@ -202,6 +300,10 @@ class TrainConfig(StrictModel):
             raise ValueError(f"batch_rows must be positive, got {self.batch_rows}")
         if any(not (0.0 <= m <= 1.0) for m in self.milestones):
             raise ValueError("milestones are fractions of training in [0, 1]")
+        _in_range(self, z_loss=(0, None), eval_every=(0, None), eval_rows=(1, None), log_every=(1, None),
+                  checkpoint_every=(0, None))
+        if self.spike_factor is not None and self.spike_factor <= 0:
+            raise ValueError(f"spike_factor must be positive, got {self.spike_factor}")
         return self
 
 
@@ -209,16 +311,23 @@ class Config(StrictModel):
     """A whole run."""
 
     model: ModelConfig = ModelConfig()
+    """The architecture."""
     data: DataConfig = DataConfig()
+    """The prepared data and the row length."""
     optim: OptimConfig = OptimConfig()
+    """Optimizer and learning-rate schedule."""
     train: TrainConfig = TrainConfig()
+    """Length, batch, precision, evaluation and checkpoints."""
 
 
 # --------------------------------------------------------------------------- loading
 
 
 def _format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    # An unknown key explains the rest (a misspelt section also leaves a required one
+    # missing), so it is reported first.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"] if p != "__root__")
     if prefix:
         loc = f"{prefix}.{loc}" if loc else prefix
@@ -283,16 +392,27 @@ def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tupl
     return steps
 
 
+_VALUE_CONFIG = ConfigDict(allow_inf_nan=False)  # a bare field type parses as strictly as in its model
+
+
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
-    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON."""
-    adapter = TypeAdapter(annotation)
+    """Parse a command-line string for a field: first as-is (lax coercion), then as JSON,
+    then as a TOML value (so `[0.5, nan]` means what it means in a file, and is refused)."""
+    strict_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    adapter = TypeAdapter(annotation) if strict_model else TypeAdapter(annotation, config=_VALUE_CONFIG)
     candidates: list[Any] = []
     if raw.lower() in ("none", "null"):
         candidates.append(None)
     candidates.append(raw)
     try:
         candidates.append(json.loads(raw))
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
+        pass
+    try:  # TOML's value syntax too: the override means what the same text means in a file
+        parsed = tomllib.loads(f"v = {raw}")
+        if set(parsed) == {"v"}:  # one value, not a snippet smuggling in more keys
+            candidates.append(parsed["v"])
+    except (tomllib.TOMLDecodeError, RecursionError):
         pass
     last: ValidationError | None = None
     for c in candidates:
@@ -301,15 +421,18 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
         except ValidationError as e:
             last = e
     assert last is not None
-    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last)}") from None
+    inner = bool(last.errors()[0]["loc"])  # an item of a list / dict value: name it in full
+    raise ConfigError(f"override {key}={raw}: {_format_validation_error(last, key if inner else '')}") from None
 
 
 def apply_overrides(
     cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
 ) -> M:
     """Apply `a.b=value` overrides to raw config data and validate the result."""
-    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=list))
+    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
     for item in overrides:
+        if not item.isprintable():  # a newline or another control character: never meant
+            raise ConfigError(f"override {item!r}: contains a control character")
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected section.key=value")
         key, raw = item.split("=", 1)
@@ -328,11 +451,19 @@ def apply_overrides(
     return validate(cls, merged, source=source)
 
 
+def _json_default(value: Any) -> Any:
+    """JSON for what TOML or a model can hold beyond JSON: tuples as lists, dates as text
+    (which then fails the field's type check with a message naming the key)."""
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return list(value)
+
+
 def _plain(value: Any) -> Any:
     """A JSON-like copy of a config value (models dumped, tuples as lists)."""
     if isinstance(value, BaseModel):
         return json.loads(value.model_dump_json())
-    return json.loads(json.dumps(value, default=list))
+    return json.loads(json.dumps(value, default=_json_default))
 
 
 def load_config(

@@ -7,6 +7,8 @@ per layer and head, residual-stream RMS, peak activation and representation rank
 layer, residual gates; and weight spectra over the run's milestone checkpoints. With
 `--vs B`, each run's per-token losses are paired with B's on the same tokens: Δ = run − B
 per group, with the check that the token-weighted group Δs sum to the aggregate Δ.
+Where the data dir has an entropy floor (`sanlab.data.floor`), each run's loss by region
+and exercise type also shows the floor on the same tokens and the loss above it.
 
 Results go to `--out` (default `<first RUN_DIR>/analysis`): `analysis.json` with
 everything, and one CSV per table (see `sanlab.analysis.output`).
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sanlab.cliargs import bounded, positive_int
 from sanlab.errors import CheckpointError, ConfigError, DataError
 
 SECTIONS = ("losses", "attention", "stream", "spectra")
@@ -40,9 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where to write results (default: <first RUN_DIR>/analysis)")
     parser.add_argument("--checkpoint", default="latest", metavar="NAME",
                         help="checkpoint to evaluate: latest, milestone-050 or 50 (default latest)")
-    parser.add_argument("--eval-rows", type=int, default=32, metavar="N",
+    parser.add_argument("--eval-rows", type=positive_int, default=32, metavar="N",
                         help="held-out rows in the evaluation sample (default 32)")
-    parser.add_argument("--batch-rows", type=int, default=None, metavar="N",
+    parser.add_argument("--batch-rows", type=positive_int, default=None, metavar="N",
                         help="rows per forward pass (default 4 on CPU, 16 on CUDA)")
     parser.add_argument("--data", type=Path, default=None, metavar="DIR",
                         help="prepared data dir to evaluate on (default: the first run's data.dir)")
@@ -50,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated sections to skip ({', '.join(SECTIONS)})")
     parser.add_argument("--normalize", action="store_true",
                         help="min–max normalise attention metrics across each run's layers and heads")
-    parser.add_argument("--crystal-tol", type=float, default=None, metavar="TOL",
+    parser.add_argument("--crystal-tol", type=bounded(float, lo=0, lo_open=True, hi=1), default=None, metavar="TOL",
                         help="spectrum change (total variation) below which a matrix type counts as "
                              "crystallised (default 0.02)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -79,6 +82,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
     from sanlab.analysis.rundir import RunDir, check_data_tokenizer, check_same_tokenizer, checkpoint_name
     from sanlab.analysis.spectra import DEFAULT_TOL, run_spectra
     from sanlab.analysis.stream import gate_values
+    from sanlab.data.floor import FLOOR_FILE, load_floor
+    from sanlab.data.floor import rates as floor_rates
 
     if args.eval_rows <= 0:
         raise ConfigError(f"--eval-rows must be positive, got {args.eval_rows}")
@@ -123,7 +128,7 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         "runs": {},
         "comparisons": [],
     }
-    sample = table = None
+    sample = table = token_floor = None
     if needs_sample:
         data_dir = runs[0].data_dir(args.data)
         for run, own in zip(runs, data_dirs):
@@ -137,6 +142,13 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
             "tokens": len(table),
             "exercises": list(sample.exercise_names),
         }
+        floor = load_floor(data_dir)
+        if floor is not None:
+            import torch
+
+            rates = torch.from_numpy(floor_rates(floor, "val", sample.exercise_names))
+            token_floor = L.token_entropy_floor(rates, table)
+            result["sample"]["entropy_floor_file"] = str(data_dir / FLOOR_FILE)
         vocab = int(sample.inputs.max()) + 1
         for run, path in zip(runs, paths):
             if run.config.model.vocab_size < vocab:
@@ -164,6 +176,8 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
             losses[label] = res.losses
             if "losses" in sections:
                 out["losses"] = L.decompose(res.losses, table, sample.token_counts)
+                if token_floor is not None:
+                    L.add_entropy_floor(out["losses"], token_floor, table)
             if res.attention is not None:
                 out["attention"] = res.attention
             if res.stream is not None:
@@ -206,10 +220,14 @@ def run(args: argparse.Namespace) -> int:
 
     from sanlab.analysis.output import print_tables, write_outputs
 
+    from sanlab.paths import check_out_dir
+
     t0 = time.perf_counter()
+    if args.out is not None:  # before any work (the default, inside the first run dir, after its checks)
+        check_out_dir(args.out)
     result = analyze(args)
     result["seconds"] = time.perf_counter() - t0
-    out_dir = args.out if args.out is not None else args.runs[0] / "analysis"
+    out_dir = check_out_dir(args.out if args.out is not None else args.runs[0] / "analysis")
     files = write_outputs(result, out_dir)
     console = Console()
     print_tables(result, console)

@@ -7,6 +7,10 @@ an exercise type, a position bucket or a token-frequency bucket.
 Because the groups partition the tokens, the aggregate Δ is exactly the token-weighted
 sum of the group Δs; `delta_identity` reports how closely the tables reproduce it, which
 catches tokens that fell in no group (an unknown region id) as well as rounding.
+
+Where the data dir has an entropy floor (`sanlab.data.floor`), `add_entropy_floor`
+sets each region / exercise row's floor on the same tokens beside its loss: the loss
+above it is the reducible part the architectures compete for.
 """
 
 from __future__ import annotations
@@ -171,3 +175,36 @@ def compare(loss_a: Tensor, loss_b: Tensor, table: TokenTable, token_counts: Ten
         rows = delta_table(loss_a, loss_b, g, names)
         out[key] = {"rows": rows, "identity": delta_identity(loss_a, loss_b, rows)}
     return out
+
+
+FLOOR_GROUPINGS: tuple[str, ...] = ("region", "exercise")
+
+
+def token_entropy_floor(rates: Tensor, table: TokenTable) -> Tensor:
+    """Per-token floor (N,) from a (exercises, regions) table of nats per token.
+
+    Within one (exercise type, region) the floor is spread evenly over the tokens, so
+    only groupings made of whole such cells (region, exercise type, and the aggregate)
+    get an exact floor of the sample; position and frequency buckets do not.
+    """
+    return rates.to(torch.float64)[table.exercise, table.region]
+
+
+def add_entropy_floor(decomposed: dict, token_floor: Tensor, table: TokenTable) -> dict:
+    """Add `entropy_floor` and `loss_above_floor` to a `decompose` result (in place).
+
+    At the top level for all tokens, and on every row of the region and exercise
+    tables: the mean floor of the row's tokens and the row's loss minus it.
+    """
+    f = token_floor.to(torch.float64)
+    decomposed["entropy_floor"] = float(f.mean()) if len(table) else float("nan")
+    decomposed["loss_above_floor"] = decomposed["loss"] - decomposed["entropy_floor"]
+    groups = groupings(table, None)
+    for key in FLOOR_GROUPINGS:
+        ids, names = groups[key]
+        index = {n: g for g, n in enumerate(names)}
+        for row in decomposed.get(key, []):
+            sel = ids == index[row["group"]]
+            row["entropy_floor"] = float(f[sel].mean())
+            row["loss_above_floor"] = row["loss"] - row["entropy_floor"]
+    return decomposed

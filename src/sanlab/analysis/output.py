@@ -3,7 +3,9 @@
 Files in the output dir (every CSV has a `run` column; NaN is written empty):
 
     analysis.json              everything below plus the sample description and timings
-    losses.csv                 run, grouping, group, tokens, token_share, loss, loss_share
+    losses.csv                 run, grouping, group, tokens, token_share, loss, loss_share,
+                               entropy_floor, loss_above_floor (region / exercise rows, where
+                               the data has an entropy floor; empty otherwise)
     deltas.csv                 run, vs, grouping, group, tokens, token_share, loss_a, loss_b,
                                delta, weighted, contribution
     delta_identity.csv         run, vs, grouping, aggregate_delta, weighted_sum, abs_error, rel_error
@@ -131,11 +133,16 @@ def print_tables(result: dict, console: Console) -> None:
     for name, r in result["runs"].items():
         ls = r.get("losses")
         if ls:
+            floor = "entropy_floor" in ls
             for grouping in ("region", "exercise"):
+                title = f"{name}: loss by {grouping} (mean {ls['loss']:.4f} over {ls['tokens']} tokens"
+                if floor:
+                    title += f"; entropy floor {ls['entropy_floor']:.4f}, above it {ls['loss_above_floor']:.4f}"
                 console.print(_table(
-                    f"{name}: loss by {grouping} (mean {ls['loss']:.4f} over {ls['tokens']} tokens)",
-                    (grouping, "tokens", "token share", "loss", "loss share"),
-                    ((g["group"], g["tokens"], g["token_share"], g["loss"], g["loss_share"]) for g in ls[grouping]),
+                    title + ")",
+                    (grouping, "tokens", "token share", "loss", "loss share", *(("floor", "above floor") if floor else ())),
+                    ((g["group"], g["tokens"], g["token_share"], g["loss"], g["loss_share"],
+                      *((g["entropy_floor"], g["loss_above_floor"]) if floor else ())) for g in ls[grouping]),
                 ))  # fmt: skip
         sp = r.get("spectra")
         if sp:

@@ -1,6 +1,6 @@
 """Reading run dirs and their checkpoints, with one-line errors for every bad input.
 
-Analysis reads run dirs only (DESIGN.md): `config.json` says how to rebuild the model,
+Analysis reads run dirs only (docs/architecture.md): `config.json` says how to rebuild the model,
 `checkpoints/{latest,milestone-NNN}/model.safetensors` hold the weights, `meta.json` the
 recorded final metrics, and `config.data.dir` where the held-out documents live.
 """

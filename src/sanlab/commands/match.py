@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from sanlab.accounting import PRESET_SEQ_LEN, PRESETS, preset
+from sanlab.cliargs import non_negative_float, positive_int
 from sanlab.config import Config, ModelConfig, apply_overrides, load_toml
 from sanlab.errors import ConfigError
 from sanlab.matching import POLICIES, TARGETS, Arm, match
@@ -39,10 +40,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("items", nargs="*", metavar="[CONFIG.toml] [key=value]",
                         help="a run config file and/or overrides of the reference")
     parser.add_argument("--preset", choices=list(PRESETS), help="a rung of the paper's size ladder")
-    parser.add_argument("--seq-len", type=int, help="row length T for the attention FLOPs (default: data.seq_len)")
+    parser.add_argument("--seq-len", type=positive_int, help="row length T for the attention FLOPs (default: data.seq_len)")
     parser.add_argument("--policy", choices=POLICIES, default="at_most",
                         help="partner not above (paper's Table 1), nearest to, or not below the reference")
-    parser.add_argument("--tolerance", type=float,
+    parser.add_argument("--tolerance", type=non_negative_float,
                         help="largest accepted |relative mismatch|, e.g. 0.02; beyond it is an error")
     parser.add_argument("--causal-half", action="store_true",
                         help="count causal attention as half the T×T square")

@@ -13,6 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
+from sanlab.cliargs import non_negative_int, positive_int
 from sanlab.errors import ConfigError
 
 
@@ -33,9 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--depths", type=_depths, default=[2, 4, 8, 16, 32, 48],
                         help="comma-separated numbers of blocks (default 2,4,8,16,32,48)")
-    parser.add_argument("--rows", type=int, default=8, help="random rows per depth (default 8)")
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens per row (default 64)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rows", type=positive_int, default=8, help="random rows per depth (default 8)")
+    parser.add_argument("--seq-len", type=positive_int, default=64, help="tokens per row (default 64)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
 
@@ -55,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"expected one config file and key=value overrides, got also {extra[0]!r}")
     if args.rows <= 0 or args.seq_len <= 0:
         raise ConfigError("--rows and --seq-len must be positive")
+    if args.json is not None:
+        from sanlab.paths import check_out_file
+
+        check_out_file(args.json, "--json")
     cfg = load_config(path, overrides).model
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device cuda: no CUDA device available")

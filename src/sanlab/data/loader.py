@@ -78,6 +78,13 @@ class Loader:
         meta = doc_metadata(self.data_dir, self.manifest, split)
         self.exercise_names: list[str] = list(self.manifest["exercises"])
         self.doc_exercise: np.ndarray = meta["exercise"].astype(np.int64)  # (documents,)
+        entry = self.manifest["splits"][split]
+        if len(self.doc_exercise) and self.doc_exercise.max() >= len(self.exercise_names):
+            raise DataError(f"{self.data_dir}: split {split!r} has documents of exercise type "
+                            f"{int(self.doc_exercise.max())}, but the manifest names {len(self.exercise_names)}")
+        if int(meta["length"].sum()) != entry["tokens"]:
+            raise DataError(f"{self.data_dir}: split {split!r}: its documents hold {int(meta['length'].sum())} "
+                            f"tokens, the manifest says {entry['tokens']}; prepare the data again")
         self.step = 0
         self._orders: dict[int, np.ndarray] = {}
 

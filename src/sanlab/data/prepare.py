@@ -29,9 +29,10 @@ from rich.table import Table
 
 from sanlab import __version__
 from sanlab.config import StrictModel, Tokens, apply_overrides, load_toml, parse_tokens
+from sanlab.data.floor import FLOOR_FILE, FloorCounter, floor_document
 from sanlab.data.regions import REGION_NAMES, Document
 from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
-from sanlab.data.synth import EXERCISES, SynthConfig, documents
+from sanlab.data.synth import EXERCISES, SynthConfig, documents, world_for
 from sanlab.data.text import HFConfig, TextConfig, file_documents, hf_documents, kjv_documents
 from sanlab.data.tokenizer import (
     TOKENIZER_FILE,
@@ -42,6 +43,7 @@ from sanlab.data.tokenizer import (
     vocab_problem,
 )
 from sanlab.errors import ConfigError, DataError
+from sanlab.paths import check_out_dir, raise_no_space
 
 CORPORA = ("synth", "text", "hf", "kjv")
 _ENCODE_CHUNK = 256  # documents per batched encode call
@@ -51,17 +53,24 @@ class PrepareConfig(StrictModel):
     """Everything that determines a prepared dir (stored in its manifest)."""
 
     corpus: Literal["synth", "text", "hf", "kjv"] = "synth"
+    """synth: the embedded generator; text: local files; hf: a Hugging Face dataset; kjv: built-in English."""
     tokens: Tokens | None = None  # training tokens to write (at least), e.g. 2M; None = whole corpus (not synth)
     seq_len: int = 256
+    """Tokens per packed row (a row stores seq_len + 1 tokens for the shifted targets)."""
     vocab_size: int = 2048  # 16384 at paper scale (SPEC §1.5)
     val_frac: float = 0.02  # share of documents held out for validation
     seed: int = 0
+    """Seed of the document stream (synth) and of the train/val split."""
     tokenizer: str | None = None  # reuse a tokenizer: a prepared dir or a tokenizer.json
     tokenizer_sample_chars: int = 4_000_000  # training text for the BPE (capped near the corpus size)
     shard_rows: int = 65_536
+    """Rows per shard file."""
     synth: SynthConfig = SynthConfig()
+    """Settings of the embedded generator (corpus = synth)."""
     text: TextConfig = TextConfig()
+    """Settings for local files (corpus = text)."""
     hf: HFConfig = HFConfig()
+    """Settings for a Hugging Face dataset (corpus = hf)."""
 
     @model_validator(mode="after")
     def _check(self) -> "PrepareConfig":
@@ -138,6 +147,7 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
     out = Path(out)
     if cfg.corpus == "synth" and cfg.tokens is None:
         raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
+    check_out_dir(out)
     _check_out(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -147,12 +157,20 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
     try:
         manifest = _build(cfg, tmp, console)
         _replace_dir(tmp, out)
+    except OSError as e:
+        raise_no_space(e, f"the prepared data for {out} (nothing was written there)")
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     if console is not None:
-        print_summary(manifest, console, out)
+        print_summary(manifest, console, out, floor=_read_floor(out, manifest))
     return manifest
+
+
+def _read_floor(out: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    name = manifest.get("entropy_floor_file")
+    return json.loads((out / name).read_text()) if name else None
 
 
 def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, Any]:
@@ -205,6 +223,8 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
     # Once the training budget is met, documents are drawn only until the validation split
     # holds at least one, so even a tiny budget gives a usable prepared dir.
     val = writers["val"]
+    floors = {"train": FloorCounter(), "val": FloorCounter()}
+    has_floor = True  # every document so far carries its draw information
     finished = False
     for chunk in chunks():
         encoded = encode_documents(tok, [d for _, d in chunk])
@@ -218,6 +238,10 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
                 continue
             ex = exercises.setdefault(doc.exercise, len(exercises))
             (val if held_out else train).add(ids, regions, ex, index)
+            if doc.draw_nats is None:
+                has_floor = False
+            elif has_floor:
+                floors["val" if held_out else "train"].add(doc.exercise, regions, doc.draw_nats)
         if finished:
             break
 
@@ -247,6 +271,13 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
         "splits": splits,
         "config": cfg.model_dump(mode="json"),
     }
+    if has_floor:
+        world = None
+        if cfg.corpus == "synth":
+            w = world_for(cfg.synth)
+            world = {"people": len(w.people), "cities": len(w.cities), "countries": len(w.countries), "facts": w.n_facts}
+        (tmp / FLOOR_FILE).write_text(json.dumps(floor_document(floors, world), indent=1))
+        manifest["entropy_floor_file"] = FLOOR_FILE
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -254,19 +285,28 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
 # --------------------------------------------------------------------------- summary
 
 
-def _share_table(title: str, counts: dict[str, int], total: int) -> Table:
+def _share_table(title: str, counts: dict[str, int], total: int, floors: dict[str, Any] | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("")
     table.add_column("tokens", justify="right")
     table.add_column("share", justify="right")
+    if floors is not None:
+        table.add_column("entropy floor", justify="right")
     for name, n in counts.items():
         if n:
-            table.add_row(name, f"{n:,}", f"{100 * n / max(total, 1):.1f}%")
+            row = [name, f"{n:,}", f"{100 * n / max(total, 1):.1f}%"]
+            if floors is not None:
+                f = (floors.get(name) or {}).get("nats_per_token")
+                row.append("–" if f is None else f"{f:.3f}")
+            table.add_row(*row)
     return table
 
 
-def print_summary(manifest: dict[str, Any], console: Console, out: Path | None = None) -> None:
-    """Documents, tokens, rows per split, and region / exercise-type token shares (training split)."""
+def print_summary(
+    manifest: dict[str, Any], console: Console, out: Path | None = None, floor: dict[str, Any] | None = None
+) -> None:
+    """Documents, tokens, rows per split, region / exercise-type token shares (training split),
+    and the entropy floor where the corpus has one (`sanlab.data.floor`)."""
     table = Table(title=f"prepared {manifest['corpus']} corpus" + (f" → {out}" if out else ""), title_justify="left")
     for col in ("split", "documents", "tokens", "rows", "padding"):
         table.add_column(col, justify="right" if col != "split" else "left")
@@ -274,8 +314,19 @@ def print_summary(manifest: dict[str, Any], console: Console, out: Path | None =
         table.add_row(name, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['rows']:,}", f"{s['pad_tokens']:,}")
     console.print(table)
     train = manifest["splits"]["train"]
-    console.print(_share_table("train tokens by region", train["region_tokens"], train["tokens"]))
-    console.print(_share_table("train tokens by exercise type", train["exercise_tokens"], train["tokens"]))
+    ft = floor["splits"]["train"] if floor else None
+    console.print(_share_table("train tokens by region", train["region_tokens"], train["tokens"],
+                               ft["region"] if ft else None))  # fmt: skip
+    console.print(_share_table("train tokens by exercise type", train["exercise_tokens"], train["tokens"],
+                               ft["exercise"] if ft else None))  # fmt: skip
+    if ft:
+        fv = floor["splits"]["val"]
+        val_floor = "–" if fv["nats_per_token"] is None else f"{fv['nats_per_token']:.4f}"
+        console.print(f"entropy floor {ft['nats_per_token']:.4f} nats/token (train), {val_floor} (val): a lower "
+                      f"bound on any model's mean loss on these documents ({FLOOR_FILE})")
+        if floor.get("world"):
+            wd = floor["world"]
+            console.print(f"world: {wd['facts']:,} facts ({wd['people']:,} people, {wd['cities']:,} cities)")
     console.print(f"vocab {manifest['vocab_size']:,} (BPE uses {manifest['tokenizer_vocab_size']:,}) · "
                   f"seq_len {manifest['seq_len']} · seed {manifest['seed']}")
 

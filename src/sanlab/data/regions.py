@@ -20,6 +20,7 @@ gives every token exactly one region without any offset bookkeeping.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 OTHER, QUERY, TRACE, ANSWER = 0, 1, 2, 3
 REGION_NAMES: tuple[str, ...] = ("other", "query", "trace", "answer")
@@ -47,12 +48,16 @@ class Document:
 
     `targets` are the short answers the answer region states (an entity, a number, a
     letter); they let an evaluation or a test check recall against context exactly.
-    BOS and EOS are not part of the spans: packing adds them.
+    `draw_nats`, when the generator knows it, is the information its random draws put
+    into each region (indexed by region id, in nats; `sanlab.data.floor`): the
+    document's share of the corpus's entropy floor. BOS and EOS are not part of the
+    spans: packing adds them.
     """
 
     spans: tuple[Span, ...]
     exercise: str
     targets: tuple[str, ...] = field(default=())
+    draw_nats: tuple[float, ...] | None = None
 
     @property
     def text(self) -> str:
@@ -69,7 +74,12 @@ class Document:
 
 
 def chat_document(
-    query: str, reasoning: str, answer: str, exercise: str, targets: tuple[str, ...] = ()
+    query: str,
+    reasoning: str,
+    answer: str,
+    exercise: str,
+    targets: tuple[str, ...] = (),
+    draw_nats: Sequence[float] | None = None,
 ) -> Document:
     """A SYNTH-format document (SPEC §1.5), split into regions (SPEC §1.6).
 
@@ -88,7 +98,8 @@ def chat_document(
         Span("\n" + answer, ANSWER),
         Span(IM_END, OTHER),
     )
-    return Document(spans=spans, exercise=exercise, targets=targets)
+    nats = tuple(float(x) for x in draw_nats) if draw_nats is not None else None
+    return Document(spans=spans, exercise=exercise, targets=targets, draw_nats=nats)
 
 
 def text_document(text: str, exercise: str = "text") -> Document:

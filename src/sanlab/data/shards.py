@@ -198,6 +198,74 @@ def _check_file(directory: Path, entry: dict[str, Any], verify: bool) -> None:
         raise DataError(f"{path}: checksum mismatch (corrupt shard); prepare the data again")
 
 
+def _int(value: Any, where: str, path: Path, low: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise DataError(f"{path}: {where} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _file_entry(entry: Any, where: str, path: Path) -> tuple[int, int]:
+    """(bytes, itemsize) of a file entry, refusing a malformed one."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        raise DataError(f"{path}: {where} is not a file entry with a path")
+    try:
+        itemsize = np.dtype(entry.get("dtype")).itemsize
+    except TypeError:
+        raise DataError(f"{path}: {where}.dtype {entry.get('dtype')!r} is not a numpy dtype") from None
+    return _int(entry.get("bytes"), f"{where}.bytes", path), itemsize
+
+
+def check_manifest(manifest: dict[str, Any], path: Path) -> None:
+    """The manifest must agree with itself and with the shape of its files: per split,
+    the shards' rows add up to `rows`, every array file holds exactly rows × (seq_len+1)
+    items of its dtype, every per-document file `documents` items, and document tokens
+    plus padding fill the rows. (`_check_file` then checks the files hold those bytes.)
+    A manifest that lies would otherwise surface as an IndexError deep in a loader.
+    """
+    row_len = _int(manifest.get("seq_len"), "seq_len", path, 1) + 1
+    _int(manifest.get("vocab_size"), "vocab_size", path, 1)
+    if not isinstance(manifest.get("tokenizer"), dict) or not isinstance(manifest.get("exercises"), list):
+        raise DataError(f"{path}: malformed manifest (tokenizer / exercises)")
+    splits = manifest.get("splits")
+    if not isinstance(splits, dict) or not splits:
+        raise DataError(f"{path}: malformed manifest (no splits)")
+    for name, split in splits.items():
+        where = f"splits.{name}"
+        if not isinstance(split, dict) or not isinstance(split.get("shards"), list):
+            raise DataError(f"{path}: {where} has no list of shards")
+        rows = _int(split.get("rows"), f"{where}.rows", path)
+        docs = _int(split.get("documents"), f"{where}.documents", path)
+        tokens = _int(split.get("tokens"), f"{where}.tokens", path)
+        pad = _int(split.get("pad_tokens"), f"{where}.pad_tokens", path)
+        shard_rows = 0
+        for k, shard in enumerate(split["shards"]):
+            if not isinstance(shard, dict) or not isinstance(shard.get("files"), dict):
+                raise DataError(f"{path}: {where}.shards[{k}] has no files")
+            n = _int(shard.get("rows"), f"{where}.shards[{k}].rows", path, 1)
+            shard_rows += n
+            missing = [a for a in ROW_ARRAYS if a not in shard["files"]]
+            if missing:
+                raise DataError(f"{path}: {where}.shards[{k}] lists no {missing[0]} file")
+            for a, entry in shard["files"].items():
+                size, item = _file_entry(entry, f"{where}.shards[{k}].files.{a}", path)
+                if size != n * row_len * item:
+                    raise DataError(f"{path}: {where}.shards[{k}].files.{a} says {size} bytes, but "
+                                    f"{n} rows of {row_len} are {n * row_len * item} bytes")
+        if shard_rows != rows:
+            raise DataError(f"{path}: {where}.rows is {rows} but its shards hold {shard_rows} rows")
+        if tokens + pad != rows * row_len:
+            raise DataError(f"{path}: {where}: tokens ({tokens}) + pad_tokens ({pad}) != rows × (seq_len+1) "
+                            f"({rows * row_len})")
+        doc_files = split.get("doc_files")
+        if not isinstance(doc_files, dict) or set(DOC_ARRAYS) - set(doc_files):
+            raise DataError(f"{path}: {where}.doc_files must list {', '.join(DOC_ARRAYS)}")
+        for key, entry in doc_files.items():
+            size, item = _file_entry(entry, f"{where}.doc_files.{key}", path)
+            if size != docs * item:
+                raise DataError(f"{path}: {where}.doc_files.{key} says {size} bytes, but {docs} documents "
+                                f"are {docs * item} bytes")
+
+
 def load_manifest(data_dir: str | Path, verify: bool = True) -> dict[str, Any]:
     """Read a prepared dir's manifest and check every file it lists.
 
@@ -212,8 +280,9 @@ def load_manifest(data_dir: str | Path, verify: bool = True) -> dict[str, Any]:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: malformed manifest ({e})") from None
-    if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise DataError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} manifest")
+    check_manifest(manifest, path)
     _check_file(d, manifest["tokenizer"], verify)
     for split in manifest["splits"].values():
         for shard in split["shards"]:

@@ -40,8 +40,10 @@ class TextConfig(StrictModel):
     """Local files: `.txt`, `.jsonl`, `.parquet`, or directories of them."""
 
     paths: list[str] = []
+    """Input files or directories (also given as positional arguments of sanlab prepare)."""
     field: str = "text"  # the text field of jsonl / parquet records (plain layout)
     record: Record = "auto"
+    """Record layout: plain (one text field), synth (SYNTH columns with regions), auto (detect)."""
     # How a .txt file is cut into documents: whole file, blank-line paragraphs, or lines.
     txt_split: Literal["file", "paragraph", "line"] = "paragraph"
 
@@ -52,8 +54,11 @@ class HFConfig(StrictModel):
     name: str | None = None  # e.g. "PleIAs/SYNTH" or "HuggingFaceFW/fineweb-edu"
     subset: str | None = None  # the dataset's config name, e.g. "sample-10BT"
     split: str = "train"
+    """The dataset split to read."""
     field: str = "text"
+    """The text field of plain records."""
     record: Record = "auto"
+    """Record layout: plain, synth (SYNTH columns with regions), auto (detect)."""
     streaming: bool = True  # stream instead of downloading the whole dataset first
 
 

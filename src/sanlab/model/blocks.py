@@ -1,7 +1,7 @@
 """A block is a sequence mixer plus an optional state mixer (FFN).
 
 Attention-only (the SAN) means `ffn=False`: the same class without its FFN, not a
-second code path (DESIGN.md rule 2). Pre-norm; each sublayer's update enters the
+second code path (docs/architecture.md, design rules). Pre-norm; each sublayer's update enters the
 residual stream through the configured residual rule (SPEC §1.1):
 
     gated     x + σ(g) · f(x)     g scalar, init 0 (σ(0) = 1/2)   [default]

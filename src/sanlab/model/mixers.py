@@ -2,7 +2,7 @@
 
 A sequence mixer maps the normalised residual stream u (B, T, d) to an update
 (B, T, d) using an `AttentionContext`. A new attention variant is a new class
-registered here, not another flag on an existing one (DESIGN.md rule 1).
+registered here, not another flag on an existing one (docs/architecture.md, design rules).
 
 Every mixer exposes `output_weights()`: the matrices written into the residual
 stream, which get the depth-scaled init std / sqrt(2 · n_layers) (SPEC §1.1).

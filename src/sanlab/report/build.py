@@ -180,12 +180,12 @@ def sweep(data: StudyData, out: Path) -> Section:
 
 def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
     """The gap table as the study prints it (same columns, same formatting)."""
-    cols = ["arm", "config", "opt", "tokens", "SAN loss", "std loss", "Δ per seed", "Δ mean ± sd", "Δ %",
+    ref = next(iter((data.tables or {}).get("arms", [])), {}).get("name", "reference")
+    cols = ["arm", "config", "opt", "tokens", f"{ref} loss", "arm loss", "Δ per seed", "Δ mean ± sd", "Δ %",
             "vs noise floor"]
     rows = []
     for g in (data.tables or {}).get("gaps", []):
         rows.append(_gap_row(g, f"{g['arm']} ({g['role']})", g.get("verdict", "")))
-    ref = next(iter((data.tables or {}).get("arms", [])), {}).get("name", "reference")
     for g in (data.tables or {}).get("noise_floor", []):
         rows.append(_gap_row(g, f"noise floor ({g['arm']} − {ref})", ""))
     return cols, rows
@@ -194,8 +194,8 @@ def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
 def _gap_row(g: dict, name: str, verdict: str) -> list[str]:
     per = " ".join(f"s{k}: {v:+.4f}" for k, v in g["per_seed"].items()) or "…"
     ms = "…" if g.get("mean") is None else _f(g["mean"]) + ("" if g.get("spread") is None else f" ± {g['spread']:.4f}")
-    return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("san_loss"), "{:.4f}"),
-            _f(g.get("standard_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
+    return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("reference_loss"), "{:.4f}"),
+            _f(g.get("arm_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
 
 
 def gap(data: StudyData, out: Path) -> Section:

@@ -73,9 +73,10 @@ class StudyData:
         stored path is as the study saw it, so a copied or moved study dir uses its own)."""
         own = self.dir / "runs" / run_id
         stored = (self.records.get(run_id) or {}).get("run_dir")
-        if own.is_dir() or not stored or not Path(stored).is_dir():
+        if own.is_dir() or not isinstance(stored, str):
             return own
-        return Path(stored)
+        path = Path(stored) if Path(stored).is_absolute() else self.dir / stored  # relative: to the study dir
+        return path if path.is_dir() else own
 
     def analysis_runs(self) -> dict[str, dict[str, Any]]:
         """Run id -> its per-run analysis (the newest analysis file that covers it)."""

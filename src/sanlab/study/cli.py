@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sanlab.errors import EXIT_OK
+from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.config import format_tokens
 from sanlab.study.table import make_console
 
@@ -33,6 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.add_argument("--out", help="a study dir whose results refine the plan (locked LRs)")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
+    p.add_argument("--no-timing", action="store_true",
+                   help="do not time the arms' training steps (local runner); scale "
+                        "runner.tokens_per_s by FLOPs per token instead")
     r = sub.add_parser("run", help="run (or continue) the study in a study dir")
     r.add_argument("spec", help="study spec (TOML)")
     r.add_argument("overrides", nargs="*", metavar="key=value")
@@ -63,17 +66,24 @@ def _fmt_seconds(s: float) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     from sanlab.matching import model_label
+    from sanlab.study.orchestrate import check
     from sanlab.study.plan import plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
     from sanlab.study.table import locks
 
     spec = load_spec(args.spec, args.overrides)
+    check(spec, Path(args.out) if args.out else None)  # exactly what `study run` refuses
     records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}
     plan = plan_study(spec, args.out, records)
     if records:
         lock = locks(spec, plan.arms, records, set(records))
         plan = plan_study(spec, args.out, records, lock)
+    if spec.runner.kind == "local" and not args.no_timing:
+        from sanlab.study.speed import arm_speeds, local_threads
+
+        plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out)
+        plan.notes += notes
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return EXIT_OK
@@ -100,9 +110,12 @@ def _plan(args: argparse.Namespace) -> int:
     console.print(runs)
     for note in plan.notes:
         console.print(f"note: {note}", highlight=False)
+    how = ("each arm's training step timed on this machine (start-up, steps and evaluations; "
+           "`--no-timing` to skip)" if plan.speeds else
+           f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
+           "scaled by FLOPs/token)")
     console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)} "
-                  f"with {plan.workers} run(s) in parallel at {plan.tokens_per_s:g} tokens/s for the reference "
-                  "arm (runner.tokens_per_s; other arms scaled by FLOPs/token)", highlight=False)
+                  f"with {plan.workers} run(s) in parallel, from {how}", highlight=False)
     return EXIT_OK
 
 
@@ -110,12 +123,18 @@ def _run(args: argparse.Namespace) -> int:
     from sanlab.study.orchestrate import Study
     from sanlab.study.spec import load_spec
 
+    from sanlab.paths import check_out_dir, is_run_dir
+
+    out = check_out_dir(args.out)
+    if is_run_dir(out):
+        raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
+                          "not a study dir; give the study a directory of its own")
     spec = load_spec(args.spec, args.overrides)
-    rc = Study(spec, Path(args.out)).run()
+    rc = Study(spec, out).run()
     if args.report:
         from sanlab.report.cli import make_report
 
-        html, _ = make_report(Path(args.out), analyze=True)
+        html, _ = make_report(out, analyze=True)
         print(html)
     return rc
 

@@ -9,15 +9,22 @@ Study dir layout:
     DIR/data/             the prepared corpus, when the spec asks the study to prepare it
     DIR/slurm/            submitit's folder (SLURM runner)
 
-Everything is validated before the first run starts (spec, matching, data), so bad
-input is one line and exit 2 with nothing started. The orchestration itself is
-stateless: what is done is read back from the store on every round, so a rerun after
-a kill continues where the store says the study is.
+Everything is validated before the first run starts (spec, matching, data: `check`,
+which `study plan` runs too), so bad input is one line and exit 2 with nothing started.
+The orchestration itself is stateless: what is done is read back from the store on
+every round, so a rerun after a kill continues where the store says the study is.
+
+A study dir is relocatable: nothing in it depends on where it is or how `--out` was
+spelled. The store keeps run dirs relative to the study dir, and a run's `data.dir`
+is relative to its run dir when the data lives inside the study dir (each run trains
+with its run dir as the working directory, see `runner.train_in_process`), absolute
+otherwise; so a study dir moved or copied (with its data) resumes where it was.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,7 @@ from sanlab.study.store import ResultStore
 from sanlab.study.table import locks, make_console, print_tables
 
 SPEC_FILE = "study.json"
+RUNS = "runs"  # run dirs: DIR/runs/RUN_ID
 
 
 def save_spec(spec: StudySpec, study_dir: Path) -> None:
@@ -56,7 +64,13 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
     path = Path(study_dir) / SPEC_FILE
     if not path.is_file():
         raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
-    return validate(StudySpec, json.loads(path.read_text()), source=str(path))
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: malformed JSON ({e}); rerun `sanlab study run` with the spec") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: not a study spec")
+    return validate(StudySpec, data, source=str(path))
 
 
 def prepare_config(spec: StudySpec) -> Any:
@@ -70,7 +84,7 @@ def prepare_config(spec: StudySpec) -> Any:
     return apply_overrides(PrepareConfig, {}, overrides, source="data.prepare")
 
 
-def resolve_data(spec: StudySpec, study_dir: Path, *, prepare: bool,
+def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
                  console: Console | None = None) -> Path:
     """The prepared data dir, preparing it first when the spec says how and `prepare`."""
     data_dir = Path(default_data_dir(spec, study_dir))
@@ -102,6 +116,22 @@ def _check_data(spec: StudySpec, data_dir: Path) -> None:
                         f"seq_len={manifest.get('seq_len')}")
 
 
+def check(spec: StudySpec, study_dir: Path | None) -> tuple[list[StudyArm], Path]:
+    """Everything that can be wrong with the input before any run starts (used by both
+    `study run` and `study plan`, so plan accepts exactly what run accepts)."""
+    arms = build_arms(spec)
+    return arms, resolve_data(spec, study_dir, prepare=False)
+
+
+def portable_data_dir(data_dir: str | Path, study_dir: Path, run_dir: Path) -> str:
+    """`data.dir` as a run of this study records it: relative to the run dir when the data
+    is inside the study dir (the pair moves together), else absolute."""
+    data, study = Path(os.path.abspath(data_dir)), Path(os.path.abspath(study_dir))
+    if data == study or study in data.parents:
+        return os.path.relpath(data, os.path.abspath(run_dir))
+    return str(data)
+
+
 class Study:
     """One `study run` invocation over a study dir."""
 
@@ -122,8 +152,8 @@ class Study:
 
     def check(self) -> None:
         """Everything that can be wrong with the input, before any run starts."""
-        self.arms = build_arms(self.spec)
-        self.data_dir = str(resolve_data(self.spec, self.dir, prepare=False))
+        self.arms, data_dir = check(self.spec, self.dir)
+        self.data_dir = str(data_dir)
 
     # ---------------------------------------------------------------- execution
 
@@ -137,8 +167,8 @@ class Study:
             return
         by_id = {r.run_id: r for r in todo}
         self.console.print(f"{what}: {len(todo)} run(s)")
-        jobs = [Job(run_id=r.run_id, run_dir=str(self.dir / "runs" / r.run_id),
-                    config=json.loads(r.config.model_dump_json()), jobs_dir=str(self.dir / "jobs"),
+        jobs = [Job(run_id=r.run_id, run_dir=os.path.abspath(self.dir / RUNS / r.run_id),
+                    config=self._run_config(r), jobs_dir=os.path.abspath(self.dir / "jobs"),
                     train_fn=self.train_fn) for r in todo]
         count = [0]
 
@@ -150,7 +180,7 @@ class Study:
                 "kind": r.kind, "optimizer": r.optimizer, "multiplier": r.multiplier, "lr": r.lr,
                 "seed": r.seed, "tokens": r.tokens, "params": r.params_total,
                 "params_non_embedding": r.params_non_embedding,
-                "flops_per_token": r.flops_per_token, "run_dir": job.run_dir,
+                "flops_per_token": r.flops_per_token, "run_dir": f"{RUNS}/{r.run_id}",
                 "config": job.config, **outcome,
             })
             count[0] += 1
@@ -161,6 +191,11 @@ class Study:
                                f"({outcome.get('wall_s', 0):.0f} s){err}", highlight=False)
 
         self.runner.run(jobs, on_done)
+
+    def _run_config(self, r: PlannedRun) -> dict[str, Any]:
+        config: dict[str, Any] = json.loads(r.config.model_dump_json())
+        config["data"]["dir"] = portable_data_dir(config["data"]["dir"], self.dir, self.dir / RUNS / r.run_id)
+        return config
 
     def _sweep(self) -> None:
         """Rounds of sweep points until every cell has locked its LR."""
@@ -201,6 +236,9 @@ class Study:
     def run(self) -> int:
         """The whole study; returns 0 when every run finished (completed or diverged)."""
         self.check()
+        note = self.store.repair()
+        if note:
+            self.console.print(f"note: {note}", highlight=False)
         save_spec(self.spec, self.dir)
         self.data_dir = str(resolve_data(self.spec, self.dir, prepare=True, console=self.console))
         if self.spec.sweep.enabled:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from sanlab.config import Config, ModelConfig, format_tokens, to_toml_dict, validate
+from sanlab.config import Config, ModelConfig, TrainConfig, format_tokens, to_toml_dict, validate
 from sanlab.errors import ConfigError
 from sanlab.matching import match, model_label
 from sanlab.study.spec import (
@@ -43,6 +43,8 @@ class StudyArm:
     params_non_embedding: int
     flops_per_token: int  # training FLOPs per token (3 × forward)
     mismatch: float | None = None  # signed relative mismatch in the matched quantity
+    train: Mapping[str, Any] = field(default_factory=dict)  # train keys this arm replaces (freeze, …)
+    base_lr: Mapping[str, float] = field(default_factory=dict)  # optimizer -> this arm's own base LR
 
     @property
     def kind(self) -> ArmKind:
@@ -50,7 +52,39 @@ class StudyArm:
 
     @property
     def label(self) -> str:
-        return model_label(self.model)
+        return arm_label(self.model, self.train)
+
+    def base_lr_for(self, spec: StudySpec, optimizer: str) -> float:
+        """The centre of this arm's sweep: its own base LR, else the spec's by kind."""
+        if optimizer in self.base_lr:
+            return float(self.base_lr[optimizer])
+        return spec.sweep.base_lr.get(self.kind, optimizer)  # type: ignore[arg-type]
+
+
+def arm_label(model: ModelConfig, train: Mapping[str, Any] | None = None) -> str:
+    """The model's shape label plus any training switch that changes the architecture
+    actually trained (a freeze)."""
+    freeze = (train or {}).get("freeze")
+    label = model_label(model)
+    return f"{label}, frozen {'+'.join(freeze)}" if freeze else label
+
+
+def arm_tag(model: ModelConfig, train: Mapping[str, Any] | None = None) -> str:
+    """A run-id fragment naming a non-default mixer, layout and freeze ('' for the
+    softmax arms, whose run ids stay as they were)."""
+    parts = []
+    layout = getattr(model, "layout", "uniform")
+    mixer = getattr(model, "mixer", "softmax")
+    if not isinstance(layout, str):
+        parts.append("custom")
+    elif layout != "uniform":
+        parts.append(layout[:3] if layout == "hybrid" else layout)
+    if mixer != "softmax":
+        parts.append(mixer.replace("_", ""))
+    freeze = (train or {}).get("freeze")
+    if freeze:
+        parts.append("frz" + "".join(sorted(freeze)))
+    return "-".join(parts)
 
 
 @dataclass
@@ -91,10 +125,11 @@ class PlannedRun:
 
 
 def _study_arm(name: str, role: str, model: ModelConfig, seq_len: int, causal_half: bool,
-               mismatch: float | None = None) -> StudyArm:
+               mismatch: float | None = None, **extra: Any) -> StudyArm:
     # One reference-only call of the solver gives the accounting of any single model.
     (a,) = match(model, seq_len, targets=(), causal_half=causal_half)
-    return StudyArm(name, role, model, a.params.total, a.params.non_embedding, a.flops.train, mismatch)
+    return StudyArm(name, role, model, a.params.total, a.params.non_embedding, a.flops.train, mismatch,
+                    **extra)
 
 
 def build_arms(spec: StudySpec) -> list[StudyArm]:
@@ -118,7 +153,9 @@ def build_arms(spec: StudySpec) -> list[StudyArm]:
     for explicit in spec.arms:
         model = validate(ModelConfig, {**spec.model.model_dump(), **explicit.model},
                          source=f"arms.{explicit.name}.model")
-        arms.append(_study_arm(explicit.name, "explicit", model, seq_len, m.causal_half))
+        validate(TrainConfig, {**spec.train.model_dump(), **explicit.train}, source=f"arms.{explicit.name}.train")
+        arms.append(_study_arm(explicit.name, "explicit", model, seq_len, m.causal_half,
+                               train=dict(explicit.train), base_lr=dict(explicit.base_lr)))
     return arms
 
 
@@ -139,8 +176,12 @@ def round_lr(lr: float) -> float:
 
 
 def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int) -> str:
+    """`san-L20-d512-muon-lr0.02-5B-s42`; a variant arm carries its mixer / layout / freeze
+    after the name (`nonapprox_h-hyb-nonapprox-L8-d128-…`)."""
     m = arm.model
-    return f"{arm.name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
+    tag = arm_tag(m, arm.train)
+    name = f"{arm.name}-{tag}" if tag else arm.name
+    return f"{name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
 
 
 def make_run(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, lr: float, seed: int,
@@ -152,7 +193,7 @@ def make_run(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, lr: float, se
         "model": arm.model.model_dump(),
         "data": data,
         "optim": {**spec.optim.model_dump(), "name": optimizer, "lr": lr},
-        "train": {**spec.train.model_dump(), "tokens": tokens, "seed": seed, "steps": None},
+        "train": {**spec.train.model_dump(), **arm.train, "tokens": tokens, "seed": seed, "steps": None},
     }, source=f"run {arm.name}")
     return PlannedRun(run_id(arm, optimizer, lr, tokens, seed), arm.name, arm.kind, optimizer,
                       [phase], multiplier, lr, seed, tokens, cfg, arm.params_total,
@@ -208,7 +249,7 @@ def cell_decision(spec: StudySpec, results: Mapping[float, float | None]) -> Swe
 
 def sweep_runs(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, multipliers: Iterable[float],
                data_dir: str, note: str = "") -> list[PlannedRun]:
-    base = spec.sweep.base_lr.get(arm.kind, optimizer)
+    base = arm.base_lr_for(spec, optimizer)
     return [make_run(spec, arm, optimizer, round_lr(base * m), spec.sweep_seed, spec.sweep.tokens,
                      "sweep", data_dir, multiplier=m, note=note) for m in multipliers]
 
@@ -250,11 +291,21 @@ class StudyPlan:
     notes: list[str] = field(default_factory=list)
     tokens_per_s: float = 0.0
     workers: int = 1  # runs in parallel (local workers, or the SLURM array parallelism)
+    # run id -> measured {step_s, eval_s, ready_s} of its shape (sanlab.study.speed)
+    speeds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def run_seconds(self, run: PlannedRun) -> float:
-        """Time estimate: the reference's throughput scaled by FLOPs per token."""
-        ref_flops = self.arms[0].flops_per_token
-        return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+        """Time estimate of one run. Timed shapes: start-up + steps × measured step time +
+        evaluations (the initial one, every `eval_every` steps and the last) × measured
+        evaluation time. Otherwise the reference's throughput scaled by FLOPs per token."""
+        speed = self.speeds.get(run.run_id)
+        if speed is None:
+            ref_flops = self.arms[0].flops_per_token
+            return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+        t = run.config.train
+        steps = -(-run.tokens // (t.batch_rows * run.config.data.seq_len))
+        evals = 2 + (steps // t.eval_every if t.eval_every else 0)
+        return speed["ready_s"] + steps * speed["step_s"] + evals * speed["eval_s"]
 
     @property
     def total_flops(self) -> float:
@@ -268,6 +319,7 @@ class StudyPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "arms": [{"name": a.name, "role": a.role, "kind": a.kind, "label": a.label,
+                      "train": dict(a.train), "base_lr": dict(a.base_lr),
                       "params_total": a.params_total, "params_non_embedding": a.params_non_embedding,
                       "train_flops_per_token": a.flops_per_token, "mismatch": a.mismatch,
                       "model": a.model.model_dump()} for a in self.arms],
@@ -278,6 +330,7 @@ class StudyPlan:
             "est_seconds": self.total_seconds,
             "tokens_per_s": self.tokens_per_s,
             "workers": self.workers,
+            "timed": sorted({r.arm for r in self.runs if r.run_id in self.speeds}),
         }
 
 
@@ -315,7 +368,7 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
     provisional = {}
     for arm, opt in cells(spec, arms):
         if (arm.name, opt) not in known_locks:
-            provisional[(arm.name, opt)] = round_lr(spec.sweep.base_lr.get(arm.kind, opt))
+            provisional[(arm.name, opt)] = round_lr(arm.base_lr_for(spec, opt))
     runs += final_runs(spec, arms, provisional, data_dir,
                        note="LR set by the sweep" if spec.sweep.enabled else "")
     runs += final_runs(spec, arms, known_locks, data_dir)

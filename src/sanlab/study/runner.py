@@ -104,7 +104,12 @@ def _resolve(path: str) -> Callable[..., dict[str, Any]]:
 
 
 def train_in_process(job: Job) -> dict[str, Any]:
-    """Train (or return / resume) one run in this process; never raises."""
+    """Train (or return / resume) one run in this process; never raises.
+
+    The run trains with its run dir as the working directory, so a relative `data.dir`
+    in its config (the study's own data, `../../data`) means the same wherever the
+    study dir is (see `orchestrate.portable_data_dir`).
+    """
     t0 = time.time()
     if job.threads:
         # Read by torch when it starts its thread pool; set directly if it already has.
@@ -115,7 +120,14 @@ def train_in_process(job: Job) -> dict[str, Any]:
         from sanlab.config import Config, validate
 
         cfg = validate(Config, job.config, source=f"run {job.run_id}")
-        meta = _resolve(job.train_fn)(cfg, job.run_dir, resume=True)
+        run_dir = Path(job.run_dir).absolute()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cwd = os.getcwd()
+        os.chdir(run_dir)
+        try:
+            meta = _resolve(job.train_fn)(cfg, run_dir, resume=True)
+        finally:
+            os.chdir(cwd)
     except Exception as e:  # a crashing run is a recorded outcome; the study goes on
         traceback.print_exc()
         return {**_failed(f"{type(e).__name__}: {e}"), "wall_s": time.time() - t0}

@@ -47,6 +47,7 @@ class StudyData(DataConfig):
     """
 
     corpus: str | None = None
+    """Prepare this corpus (synth, text, hf, kjv) into dir; unset: dir must already hold a prepared corpus."""
     tokens: Tokens | None = None  # corpus size to prepare
     prepare: list[str] = []  # extra `key=value` settings passed to `sanlab prepare`
 
@@ -78,11 +79,16 @@ class MatchingSpec(StrictModel):
     """
 
     arms: list[Matching] = ["iso_param", "iso_flop", "iso_depth"]
+    """The matched standard partners to build."""
     policy: Literal["at_most", "nearest", "at_least"] = "at_most"
+    """Which candidate to take: at_most (not above the reference, the paper's Table 1), nearest, at_least."""
     tolerance: float | None = 0.25
+    """Largest accepted |relative mismatch| for iso_param / iso_flop; none: no limit."""
     vary: Literal["depth", "width"] = "depth"
+    """Search the partner's depth (at the reference width) or its width (at the reference depth)."""
     causal_half: bool = False  # count attention FLOPs over the causal half, not the full square
     partner: dict[str, Any] = {}
+    """Model keys in which every partner differs from the reference besides ffn, e.g. {d_ff = 1024}."""
 
     @model_validator(mode="after")
     def _check(self) -> "MatchingSpec":
@@ -94,15 +100,34 @@ class MatchingSpec(StrictModel):
 
 
 class ArmSpec(StrictModel):
-    """An explicit arm: the reference model with `model` keys replaced."""
+    """An explicit arm: the reference run with `model` and `train` keys replaced.
+
+    An arm may be any model the config can describe (a variant mixer, a layout, no FFN)
+    and any training switch the study does not set per run (`train.freeze`). `base_lr`
+    gives this arm its own base LR per optimizer, the centre of its own sweep; an
+    optimizer it does not name uses `sweep.base_lr` by the arm's kind (with or without
+    a state mixer).
+    """
 
     name: str
+    """The arm's name in run ids and tables (lower-case letters, digits, _)."""
     model: dict[str, Any] = {}
+    """Model keys that replace the reference's, e.g. {mixer = "...", ffn = true}."""
+    train: dict[str, Any] = {}
+    """Train keys that replace the reference's (not tokens, steps or seed, which the study sets)."""
+    base_lr: dict[Optimizer, float] = {}
+    """This arm's own base LR per optimizer, e.g. {muon = 0.03}; others come from sweep.base_lr."""
 
     @model_validator(mode="after")
     def _check(self) -> "ArmSpec":
         if not _NAME_RE.match(self.name):
             raise ValueError(f"arm name {self.name!r}: use lower-case letters, digits and _")
+        for key in ("tokens", "steps", "seed"):
+            if key in self.train:
+                raise ValueError(f"arms.{self.name}.train.{key} is set per run by the study")
+        for opt, lr in self.base_lr.items():
+            if not lr > 0:
+                raise ValueError(f"arms.{self.name}.base_lr.{opt} must be positive, got {lr}")
         return self
 
 
@@ -110,9 +135,13 @@ class BaseLR(StrictModel):
     """Base learning rate per arm kind × optimizer (SPEC §1.3, single-device values)."""
 
     san_muon: float = 0.02
+    """Attention-only arms under Muon."""
     ffn_muon: float = 0.04
+    """Arms with an FFN under Muon."""
     san_adamw: float = 6e-4
+    """Attention-only arms under AdamW."""
     ffn_adamw: float = 2.4e-3
+    """Arms with an FFN under AdamW."""
 
     def get(self, kind: ArmKind, optimizer: Optimizer) -> float:
         return float(getattr(self, f"{kind}_{optimizer}"))
@@ -130,11 +159,14 @@ class SweepSpec(StrictModel):
 
     enabled: bool = True  # false: every arm trains at its base LR
     tokens: Tokens = 5_000_000_000
+    """Training budget of every sweep run."""
     multipliers: list[float] = [0.5, 1.0, 2.0]
+    """Multiples of the arm's base LR to try first."""
     extend: bool = True  # add ×2 / ×½ points while the best sits at an edge
     max_extensions: int = 4  # per arm × optimizer, both directions together
     seed: int | None = None  # None: the first of `seeds`
     base_lr: BaseLR = BaseLR()
+    """The LR the multipliers scale, per arm kind × optimizer."""
 
     @model_validator(mode="after")
     def _check(self) -> "SweepSpec":
@@ -153,6 +185,7 @@ class FinalSpec(StrictModel):
     """The long runs at the locked LRs: every budget × seed (SPEC §1.6's 5B/30B/105B axis)."""
 
     tokens: list[Tokens] = [105_000_000_000]
+    """Budgets of the final runs; each arm × optimizer × seed trains at every budget."""
 
     @model_validator(mode="after")
     def _check(self) -> "FinalSpec":
@@ -169,6 +202,7 @@ class NoiseSpec(StrictModel):
     Their gap is the floor every reported gap is read against."""
 
     enabled: bool = True
+    """Train the noise-floor pair."""
     optimizer: Optimizer | None = None  # None: the first of `optimizers`
     tokens: Tokens | None = None  # None: the largest final budget
     seeds: list[int] | None = None  # None: the study's seeds
@@ -178,14 +212,22 @@ class SlurmSpec(StrictModel):
     """SLURM parameters handed to submitit (`slurm_*` in submitit's names)."""
 
     partition: str | None = None
+    """SLURM partition (slurm_partition)."""
     account: str | None = None
+    """SLURM account to charge."""
     qos: str | None = None
+    """SLURM quality of service."""
     constraint: str | None = None
+    """SLURM node constraint, e.g. a GPU type."""
     time_min: int = 24 * 60
+    """Wall-clock limit of one job, in minutes."""
     cpus_per_task: int = 8
+    """CPU cores per task."""
     mem_gb: int | None = None
+    """Memory per node in GB; none: the partition's default."""
     nodes: int = 1  # >1: a run spans nodes (torchrun rendezvous on the first node)
     array_parallelism: int = 64
+    """Most jobs of the study's array running at once."""
     # Run with submitit's local executor instead of sbatch: the same code path on one machine.
     local: bool = False
 
@@ -195,13 +237,18 @@ class RunnerSpec(StrictModel):
     process, CPU threads split between them. `slurm`: one submitit job per run."""
 
     kind: Literal["local", "slurm"] = "local"
+    """local: processes on this machine; slurm: one submitit job per run."""
     workers: int = 1
+    """Runs in parallel on this machine (local runner)."""
     threads: int | None = None  # torch threads per run; None: cores // workers
     gpus_per_run: int = 0  # >1: the run starts through torchrun
-    # Throughput of the reference arm on one worker, for the time estimate in `study plan`;
-    # other arms are scaled by their FLOPs per token.
+    # Throughput of the reference arm on one worker, for the time estimate in `study plan`
+    # where the arms are not timed (SLURM, `--no-timing`, steps too large to time here);
+    # other arms are scaled by their FLOPs per token. A local plan times every arm's
+    # step on this machine instead (sanlab/study/speed.py).
     tokens_per_s: float = 9000.0
     slurm: SlurmSpec = SlurmSpec()
+    """SLURM settings (runner.kind = "slurm")."""
 
     @model_validator(mode="after")
     def _check(self) -> "RunnerSpec":
@@ -217,21 +264,38 @@ class RunnerSpec(StrictModel):
 
 
 class StudySpec(StrictModel):
-    """A whole study. `model` is the reference arm (normally the SAN, `ffn = false`)."""
+    """A whole study. `model` is the reference arm (normally the SAN, `ffn = false`); every
+    gap is read as Δ = arm − reference. Matched partners are built from the reference by
+    the solver (by default the other kind: FFN partners for an attention-only reference,
+    attention-only partners for one with an FFN; `matching.partner` changes any other key,
+    e.g. a softmax partner for a variant reference)."""
 
     name: str = "study"
+    """Study name (lower-case letters, digits, - and _)."""
     optimizers: list[Optimizer] = ["muon"]
+    """Optimizers each arm is studied under; every arm × optimizer gets its own sweep."""
     seeds: list[int] = [42]
+    """Seeds of the final runs, shared by all arms so gaps pair."""
     model: ModelConfig = ModelConfig()
+    """The reference arm (normally the SAN, ffn = false)."""
     data: StudyData
+    """The corpus every run trains and evaluates on."""
     optim: OptimConfig = OptimConfig()
+    """Optimizer settings shared by all runs (name and lr are set per run)."""
     train: TrainConfig = TrainConfig()
+    """Training settings shared by all runs (tokens, steps and seed are set per run)."""
     matching: MatchingSpec = MatchingSpec()
+    """The matched standard arms."""
     arms: list[ArmSpec] = []
+    """Explicit extra arms ([[arms]] tables)."""
     sweep: SweepSpec = SweepSpec()
+    """The per-arm LR sweep."""
     final: FinalSpec = FinalSpec()
+    """The long runs at the locked LRs."""
     noise: NoiseSpec = NoiseSpec()
+    """The noise-floor control pair."""
     runner: RunnerSpec = RunnerSpec()
+    """Where the runs execute."""
 
     @model_validator(mode="after")
     def _check(self) -> "StudySpec":
@@ -250,9 +314,6 @@ class StudySpec(StrictModel):
                 raise ValueError(f"optim.{key} is set per run by the study (optimizers/sweep)")
         if self.noise.optimizer is not None and self.noise.optimizer not in self.optimizers:
             raise ValueError(f"noise.optimizer={self.noise.optimizer} is not one of optimizers")
-        if self.model.ffn and self.matching.arms:
-            raise ValueError("matching.arms needs a SAN reference (model.ffn = false); "
-                             "for a standard reference list [[arms]] and set matching.arms = []")
         if not self.matching.arms and not self.arms:
             raise ValueError("nothing to compare: set matching.arms or list [[arms]]")
         names = [a.name for a in self.arms]

@@ -3,11 +3,12 @@
 Both are computed from the spec and the results store alone, so they can be printed at
 any time, also while a study is still running (missing cells show as "…").
 
-Gap: Δ = standard − SAN validation loss (nats; negative = the standard arm is ahead),
-per seed pair (the same seed in both arms) and as mean ± spread (sample standard
-deviation over seed pairs), and as % of the SAN loss. The noise floor is the gap
-between the two halves of the control pair (rms − zcrms norm, same seeds); a gap
-whose |mean| is not above |noise floor| + its spread is marked "within noise".
+Gap: Δ = arm − reference validation loss (nats; negative = the arm is ahead of the
+reference), per seed pair (the same seed in both arms) and as mean ± spread (sample
+standard deviation over seed pairs), and as % of the reference's loss. With the SAN as
+reference this is the paper's "standard − SAN". The noise floor is the gap between the
+two halves of the control pair (rms − zcrms norm, same seeds); a gap whose |mean| is not
+above |noise floor| + its spread is marked "within noise".
 """
 
 from __future__ import annotations
@@ -56,17 +57,17 @@ def _mean_spread(values: list[float]) -> tuple[float | None, float | None]:
 
 @dataclass
 class Gap:
-    """One arm vs the reference at one optimizer and budget."""
+    """One arm vs the reference at one optimizer and budget: Δ = arm − reference."""
 
     arm: str
     role: str
     label: str
     optimizer: str
     tokens: int
-    per_seed: dict[int, float] = field(default_factory=dict)  # seed -> Δ (standard − SAN)
-    san_loss: float | None = None  # mean over paired seeds
-    other_loss: float | None = None
-    sign: int = 1  # +1: Δ = arm − reference; −1: reference − arm (keeps "standard − SAN")
+    reference: str = ""
+    per_seed: dict[int, float] = field(default_factory=dict)  # seed -> Δ (arm − reference)
+    ref_loss: float | None = None  # mean over paired seeds
+    arm_loss: float | None = None
 
     @property
     def mean(self) -> float | None:
@@ -78,30 +79,30 @@ class Gap:
 
     @property
     def percent(self) -> float | None:
-        return None if self.mean is None or not self.san_loss else 100 * self.mean / self.san_loss
+        return None if self.mean is None or not self.ref_loss else 100 * self.mean / self.ref_loss
 
     def to_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "role": self.role, "label": self.label, "optimizer": self.optimizer,
-                "tokens": self.tokens, "per_seed": {str(k): v for k, v in self.per_seed.items()},
+                "tokens": self.tokens, "reference": self.reference, "delta": "arm - reference",
+                "per_seed": {str(k): v for k, v in self.per_seed.items()},
                 "mean": self.mean, "spread": self.spread, "percent": self.percent,
-                "san_loss": self.san_loss, "standard_loss": self.other_loss}
+                "reference_loss": self.ref_loss, "arm_loss": self.arm_loss}
 
 
-def _pair(a: StudyArm, b: StudyArm, opt: str, tokens: int, seeds: list[int],
-          lr_a: float, lr_b: float, records: Mapping[str, dict], sign: int, role: str) -> Gap:
-    """Gap of arm `b` against arm `a` over the seeds where both finished."""
-    gap = Gap(b.name, role, b.label, opt, tokens, sign=sign)
-    la_all, lb_all = [], []
+def _pair(ref: StudyArm, arm: StudyArm, opt: str, tokens: int, seeds: list[int],
+          lr_ref: float, lr_arm: float, records: Mapping[str, dict], role: str) -> Gap:
+    """Gap of `arm` against `ref` over the seeds where both finished."""
+    gap = Gap(arm.name, role, arm.label, opt, tokens, ref.name)
+    lr_all, la_all = [], []
     for seed in seeds:
-        la = _loss(records, run_id(a, opt, lr_a, tokens, seed))
-        lb = _loss(records, run_id(b, opt, lr_b, tokens, seed))
-        if la is not None and lb is not None:
-            gap.per_seed[seed] = sign * (lb - la)
+        lr_ = _loss(records, run_id(ref, opt, lr_ref, tokens, seed))
+        la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed))
+        if lr_ is not None and la is not None:
+            gap.per_seed[seed] = la - lr_
+            lr_all.append(lr_)
             la_all.append(la)
-            lb_all.append(lb)
-    if la_all:
-        san, other = (la_all, lb_all) if sign > 0 else (lb_all, la_all)
-        gap.san_loss, gap.other_loss = statistics.fmean(san), statistics.fmean(other)
+    if lr_all:
+        gap.ref_loss, gap.arm_loss = statistics.fmean(lr_all), statistics.fmean(la_all)
     return gap
 
 
@@ -114,7 +115,7 @@ def locks(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
     """
     out: dict[tuple[str, str], float] = {}
     for arm, opt in cells(spec, arms):
-        base = spec.sweep.base_lr.get(arm.kind, opt)
+        base = arm.base_lr_for(spec, opt)
         if not spec.sweep.enabled:
             out[(arm.name, opt)] = round_lr(base)
             continue
@@ -133,17 +134,15 @@ def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
         for opt in spec.optimizers:
             if (ref.name, opt) not in lock or (arm.name, opt) not in lock:
                 continue
-            # Keep Δ = standard − SAN whichever side the reference is on.
-            sign = -1 if (ref.kind == "ffn" and arm.kind == "san") else 1
             for tokens in spec.final.tokens:
                 out.append(_pair(ref, arm, opt, tokens, spec.seeds, lock[(ref.name, opt)],
-                                 lock[(arm.name, opt)], records, sign, arm.role))
+                                 lock[(arm.name, opt)], records, arm.role))
     noise: list[Gap] = []
     opt = spec.noise_optimizer
     if spec.noise.enabled and (ref.name, opt) in lock:
         lr = lock[(ref.name, opt)]
         noise.append(_pair(ref, noise_arm(spec), opt, spec.noise_tokens, spec.noise_seeds,
-                           lr, lr, records, 1, "noise"))
+                           lr, lr, records, "noise"))
     return out, noise
 
 
@@ -154,7 +153,7 @@ def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
 def verdict(g: Gap, floor: Gap | None) -> str:
     if g.mean is None:
         return "…"
-    favours = "std" if g.mean < 0 else "SAN"
+    favours = g.arm if g.mean < 0 else g.reference
     if floor is None or floor.mean is None:
         return f"{favours} ahead (no floor yet)"
     # The floor's size: its mean gap or its seed-to-seed spread, whichever is larger.
@@ -170,17 +169,17 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
     floor = noise[0] if noise else None
     ref = arms[0]
     seeds = ", ".join(f"s{s}" for s in spec.seeds)
-    table = Table(title=f"Gap to the reference ({ref.name}: {ref.label}) — Δ = standard − SAN "
-                        f"validation loss, nats (seed pairs {seeds})")
+    table = Table(title=f"Gap to the reference ({ref.name}: {ref.label}) — Δ = arm − {ref.name} "
+                        f"validation loss, nats; Δ < 0: the arm is ahead (seed pairs {seeds})")
     for col, j in (("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
-                   ("SAN loss", "right"), ("std loss", "right"), ("Δ per seed", "right"),
+                   (f"{ref.name} loss", "right"), ("arm loss", "right"), ("Δ per seed", "right"),
                    ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")):
         table.add_column(col, justify=j)  # type: ignore[arg-type]
     for g in rows:
         per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or "…"
         ms = "…" if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
         table.add_row(f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
-                      _f(g.san_loss, "{:.4f}"), _f(g.other_loss, "{:.4f}"), per, ms,
+                      _f(g.ref_loss, "{:.4f}"), _f(g.arm_loss, "{:.4f}"), per, ms,
                       _f(g.percent, "{:+.2f}%"), verdict(g, floor))
     if floor is not None:
         per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or "…"
@@ -188,8 +187,8 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
             "" if floor.spread is None else f" ± {floor.spread:.4f}")
         table.add_section()
         table.add_row(f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
-                      format_tokens(floor.tokens), _f(floor.san_loss, "{:.4f}"),
-                      _f(floor.other_loss, "{:.4f}"), per, ms, _f(floor.percent, "{:+.2f}%"), "")
+                      format_tokens(floor.tokens), _f(floor.ref_loss, "{:.4f}"),
+                      _f(floor.arm_loss, "{:.4f}"), per, ms, _f(floor.percent, "{:+.2f}%"), "")
     return table
 
 
@@ -218,7 +217,7 @@ def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
     for arm, opt in cells(spec, arms):
         results = sweep_results(spec, arm, opt, records, set(records))
         d = cell_decision(spec, results)
-        rows.append(SweepRow(arm.name, opt, spec.sweep.base_lr.get(arm.kind, opt), results, d.best,
+        rows.append(SweepRow(arm.name, opt, arm.base_lr_for(spec, opt), results, d.best,
                              d.done, d.at_edge and d.done and d.best is not None))
     return rows
 

@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
 
 from sanlab.errors import CheckpointError
+from sanlab.paths import raise_no_space
 from sanlab.train.optim import Optimizers
 
 FORMAT = 1
@@ -160,17 +161,23 @@ def save(dest: Path, model: nn.Module, optims: Optimizers, state: dict[str, Any]
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / MODEL_FILE))
-    tensors, optim_meta = _flatten_optim(optims)
-    save_file(tensors, str(tmp / OPTIM_FILE))
-    full = {
-        "format": FORMAT, **state, "rng": rng_state(), "optim": optim_meta,
-        "checksums": {f: _sha256(tmp / f) for f in (MODEL_FILE, OPTIM_FILE)},
-    }
-    (tmp / STATE_FILE).write_text(json.dumps(full))
-    for f in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
-        _fsync(tmp / f)
+    try:
+        tmp.mkdir(parents=True)
+        save_model(model, str(tmp / MODEL_FILE))
+        tensors, optim_meta = _flatten_optim(optims)
+        save_file(tensors, str(tmp / OPTIM_FILE))
+        full = {
+            "format": FORMAT, **state, "rng": rng_state(), "optim": optim_meta,
+            "checksums": {f: _sha256(tmp / f) for f in (MODEL_FILE, OPTIM_FILE)},
+        }
+        (tmp / STATE_FILE).write_text(json.dumps(full))
+        for f in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
+            _fsync(tmp / f)
+    except (OSError, SafetensorError) as e:
+        # Nothing was replaced yet: the previous checkpoint at `dest` is intact.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_no_space(e, f"checkpoint {dest} (the previous one is intact)")
+        raise
     _replace_dir(tmp, dest)
 
 
@@ -179,7 +186,12 @@ def copy(src: Path, dest: Path) -> None:
     tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
-    shutil.copytree(src, tmp)
+    try:
+        shutil.copytree(src, tmp)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise_no_space(e, f"checkpoint {dest}")
+        raise
     _replace_dir(tmp, dest)
 
 
@@ -199,7 +211,13 @@ def read_state(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path / STATE_FILE}: not a sanlab checkpoint (format {FORMAT})")
-    for name, expected in state["checksums"].items():
+    missing = [k for k in ("step", "rng", "optim", "checksums") if k not in state]
+    if missing:
+        raise CheckpointError(f"{path / STATE_FILE}: incomplete checkpoint state (no {missing[0]!r})")
+    checksums = state.get("checksums")
+    if not isinstance(checksums, dict) or set(checksums) != {MODEL_FILE, OPTIM_FILE}:
+        raise CheckpointError(f"{path / STATE_FILE}: no checksums of {MODEL_FILE} and {OPTIM_FILE}")
+    for name, expected in checksums.items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{f}: missing checkpoint file")
@@ -208,16 +226,34 @@ def read_state(path: Path) -> dict[str, Any]:
     return state
 
 
+def _first_shape_mismatch(file: Path, model: nn.Module) -> str | None:
+    """The first parameter whose stored shape differs from the model's, as one phrase."""
+    try:
+        with safe_open(str(file), "pt") as f:
+            saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        return f"unreadable {file.name} ({e})"
+    for name, t in model.state_dict().items():
+        if name in saved and saved[name] != tuple(t.shape):
+            return (f"{name} has shape {list(saved[name])} in the checkpoint, "
+                    f"{list(t.shape)} in the model (a different model config?)")
+    return None
+
+
 def load(path: Path, model: nn.Module, optims: Optimizers | None = None,
          *, restore_rng: bool = True) -> dict[str, Any]:
     """Verify and load a checkpoint into `model` (and `optims`); returns its state.json."""
     state = read_state(path)
+    mismatch = _first_shape_mismatch(path / MODEL_FILE, model)
+    if mismatch is not None:
+        raise CheckpointError(f"{path}: checkpoint does not fit this model: {mismatch}")
     try:
         missing, unexpected = load_model(model, str(path / MODEL_FILE), strict=False)
         if optims is not None:
             _restore_optim(optims, load_file(str(path / OPTIM_FILE)), state["optim"])
     except (SafetensorError, RuntimeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"{path}: checkpoint does not fit this model ({e})") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"{path}: checkpoint does not fit this model ({first})") from None
     if missing or unexpected:
         raise CheckpointError(
             f"{path}: checkpoint does not fit this model (missing {sorted(missing)[:3]}, "

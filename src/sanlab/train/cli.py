@@ -1,7 +1,8 @@
 """`sanlab train [CONFIG.toml] [section.key=value …] --out RUN_DIR [--resume] [--force] [--nproc N]`.
 
 Exit codes: 0 completed (or already complete), 2 user error, 3 diverged (a recorded
-result), 4 interrupted by a signal after saving a checkpoint.
+result, a collapse included), 4 interrupted by a signal after saving a checkpoint, 5 the
+disk filled up while writing (the previous checkpoint is intact).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import argparse
 import os
 from pathlib import Path
 
+from sanlab.cliargs import positive_int
 from sanlab.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 
 _EXIT = {"completed": EXIT_OK, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}
@@ -24,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "is the base config; overrides that change it need --force)")
     parser.add_argument("--force", action="store_true",
                         help="start over in an existing RUN_DIR, or with --resume accept a changed config")
-    parser.add_argument("--nproc", type=int, default=1, metavar="N",
+    parser.add_argument("--nproc", type=positive_int, default=1, metavar="N",
                         help="data-parallel processes on this machine (launches torch.distributed.run)")
 
 
@@ -40,10 +42,20 @@ def run(args: argparse.Namespace) -> int:
     from sanlab.train import dist, rundir
     from sanlab.train.trainer import train
 
+    from sanlab.paths import check_out_dir
+
     path, overrides = _split_items(args.items)
+    check_out_dir(args.out)
     if args.nproc < 1:
         raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
     stored = args.out / rundir.CONFIG_FILE
+    if args.resume and path is None and not overrides and not stored.is_file():
+        # Nothing to take the config from: say why instead of asking for a training length.
+        if not args.out.exists():
+            raise ConfigError(f"--resume: {args.out} does not exist, so there is no run to resume "
+                              "(drop --resume to start one)")
+        raise ConfigError(f"--resume: {args.out} has no {rundir.CONFIG_FILE} (the run was stopped before "
+                          "it started, or this is not a run dir); start it again with its config and --force")
     if args.resume and path is None and stored.is_file():
         # Resuming needs no config: the run dir has it; overrides apply on top of it.
         data = rundir.read_json(stored)
@@ -53,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, overrides)
     if args.nproc > 1 and not dist.in_torchrun():
+        from sanlab.train.trainer import make_plan
+
+        make_plan(cfg, args.nproc)  # batch / length errors here, once, not from every rank
         argv = ["train", *args.items, "--out", str(args.out)]
         argv += ["--resume"] * args.resume + ["--force"] * args.force
         return dist.launch(args.nproc, argv)

@@ -28,8 +28,9 @@ import torch
 from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
 from sanlab.data.regions import REGION_NAMES
-from sanlab.errors import ConfigError, DataError
+from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.model.lm import LM, token_losses
+from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
 from sanlab.train.host import tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
@@ -39,6 +40,15 @@ from sanlab.train.signals import StopSignal
 
 Batch = dict[str, torch.Tensor]
 _EMA_DECAY, _EMA_WARMUP = 0.9, 10  # running mean for the loss-spike test
+# Collapse: a model killed by a huge LR predicts the uniform distribution (loss = ln V)
+# and gets no gradient. Healthy training never has a gradient norm near zero, so this
+# many consecutive such steps mark the run diverged: a sweep must never lock it.
+_COLLAPSE_STEPS, _COLLAPSE_GRAD, _COLLAPSE_LOSS_TOL = 5, 1e-6, 1e-3
+
+
+def collapsed(train_loss: float, grad_norm: float, vocab_size: int) -> bool:
+    """Whether one step looks dead: loss at ln(vocab_size) and a (near-)zero gradient."""
+    return abs(train_loss - math.log(vocab_size)) <= _COLLAPSE_LOSS_TOL and 0 <= grad_norm <= _COLLAPSE_GRAD
 
 
 # --------------------------------------------------------------------------- resolution
@@ -160,6 +170,29 @@ def evaluate(model: torch.nn.Module, batches: list[Batch],
 # --------------------------------------------------------------------------- the run
 
 
+def _check_finished(out: Path) -> None:
+    """A finished run is returned as it is, but only with an intact latest checkpoint."""
+    found = checkpoint.find(out / rundir.CHECKPOINTS / "latest")
+    if found is not None:
+        try:
+            checkpoint.read_state(found)
+        except CheckpointError as e:
+            raise CheckpointError(f"{out} is a finished run, but {e}") from None
+
+
+def _complete_milestones(ckpt_dir: Path, latest: Path, start: int, plan: Plan) -> None:
+    """Make the milestone of the resumed step exist.
+
+    `save` writes `latest` and then copies it to the milestone; a kill between the two
+    leaves `latest` at a milestone step without its copy, and the resumed loop starts
+    after that step, so the copy is made here. Earlier milestones cannot be missing that
+    way (each was copied before a later `latest` replaced the one it came from).
+    """
+    pct = plan.milestones.get(start)
+    if pct is not None and checkpoint.find(ckpt_dir / f"milestone-{pct:03d}") is None:
+        checkpoint.copy(latest, ckpt_dir / f"milestone-{pct:03d}")
+
+
 def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Train one run into `out_dir` and return its meta (see docs/architecture.md, run dir).
 
@@ -169,12 +202,13 @@ def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool
     mistakes raise `SanlabError`.
     """
     cfg = resolve(cfg)
-    out = Path(out_dir)
+    out = check_out_dir(out_dir, "run dir")
     with dist.session(cfg.train.device) as d:
         plan = make_plan(cfg, d.world_size)
         decision = rundir.decide(out, cfg, resume=resume, force=force)
         if decision.action == "done":
             assert decision.meta is not None
+            _check_finished(out)
             return decision.meta
         with StopSignal() as stop:
             return _run(cfg, out, plan, d, decision, stop)
@@ -221,11 +255,14 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
         found = checkpoint.find(ckpt_dir / "latest")
         assert found is not None
         state = checkpoint.load(found, model, optims)
+        if not (isinstance(state.get("loader"), dict) and isinstance(state.get("trainer"), dict)):
+            raise CheckpointError(f"{found}: not a training checkpoint (no loader / trainer state)")
         train_data.load_state_dict(state["loader"])
         start, trainer_state = state["step"], state["trainer"]
         meta = rundir.read_json(out / rundir.META_FILE) or {}
         if d.is_main:
             truncate_metrics(out / rundir.METRICS_FILE, start)
+            _complete_milestones(ckpt_dir, found, start, plan)
     meta.update({
         "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
         "device": {**rundir.device_info(d.device, t.precision, d.world_size), "malloc_tuned": malloc_tuned},
@@ -289,13 +326,17 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             # ---- divergence: a recorded result; the weights keep their last finite values
             spike = (t.spike_factor is not None and trainer_state["ema_n"] >= _EMA_WARMUP
                      and train_loss > t.spike_factor * trainer_state["ema"])
-            diverged = not (math.isfinite(train_loss) and math.isfinite(grad_norm)) or spike
+            dead = collapsed(train_loss, grad_norm, cfg.model.vocab_size)
+            trainer_state["dead_steps"] = trainer_state.get("dead_steps", 0) + 1 if dead else 0
+            dead_run = trainer_state["dead_steps"] >= _COLLAPSE_STEPS
+            diverged = not (math.isfinite(train_loss) and math.isfinite(grad_norm)) or spike or dead_run
             if not diverged:
                 optims.step()
                 ema, n_ema = trainer_state["ema"], trainer_state["ema_n"]
                 trainer_state["ema"] = train_loss if n_ema == 0 else _EMA_DECAY * ema + (1 - _EMA_DECAY) * train_loss
                 trainer_state["ema_n"] = n_ema + 1
             optims.zero_grad()
+            trainer_state["last_loss"] = train_loss
             done = step + 1
             dt = time.perf_counter() - t0
             trainer_state["train_time_s"] += dt
@@ -312,7 +353,12 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             log.log(row)
             if diverged:
                 status = "diverged"
-                log.message(f"diverged at step {done}: loss {train_loss:.4g}, grad norm {grad_norm:.4g}")
+                if dead_run:
+                    meta["diverged_reason"] = "collapse"
+                    log.message(f"diverged at step {done}: collapsed (loss {train_loss:.4g} = ln(vocab) and "
+                                f"gradient norm {grad_norm:.2g} for {_COLLAPSE_STEPS} steps); lower the LR")
+                else:
+                    log.message(f"diverged at step {done}: loss {train_loss:.4g}, grad norm {grad_norm:.4g}")
                 break
 
             # ---- checkpoints: milestones, rolling latest, and on a stop signal
@@ -328,15 +374,17 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
                 break
         else:
             status = "completed"
-    except BaseException:
+    except BaseException as e:
         meta["status"] = "failed"
-        write_meta()
+        with contextlib.suppress(OSError):  # the disk may be the problem
+            write_meta()
+        raise_no_space(e, f"run dir {out}")
         raise
     finally:
         log.close()
 
     # ---- the run's record
-    train_time, last_loss = trainer_state["train_time_s"], row.get("loss")
+    train_time, last_loss = trainer_state["train_time_s"], row.get("loss", trainer_state.get("last_loss"))
     done_steps = row.get("step", start)
     meta.update({
         "status": status,

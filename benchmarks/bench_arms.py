@@ -1,0 +1,197 @@
+"""Training speed of the SAN against its matched standard partners, next to their FLOP ratio.
+
+For each shape the matching solver (the same as `sanlab match`) builds the SAN's
+iso-param, iso-FLOP and iso-depth partners; all four models train in one child process
+with their steps alternating (A B C D, then D C B A, …), so a drift in the machine's
+speed hits every arm alike. Per arm: tokens/s (median step), achieved FLOP/s from the
+SPEC §1.2 training FLOPs/token, and against the SAN the measured speed ratio (partner
+tokens/s ÷ SAN tokens/s) beside the FLOP ratio (SAN FLOPs/token ÷ partner FLOPs/token).
+excess = speed ratio ÷ FLOP ratio: 1.00 means each arm runs as fast as its FLOPs allow
+relative to the other; > 1 means the SAN loses time beyond its FLOPs. Then a torch
+profiler breakdown of the SAN's step by operator, so the next bottleneck is visible.
+
+The step is the trainer's: bf16 autocast (or fp32), the fused head + loss, backward,
+global-norm clip, Muon for the hidden matrices and fused AdamW for the rest.
+
+    python benchmarks/bench_arms.py                     # the first shape of GRID
+    python benchmarks/bench_arms.py --grid              # every CPU shape of GRID
+    python benchmarks/bench_arms.py --d 512 --layers 20 --seq-len 2048 --batch 8 --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from typing import Any
+
+# (SAN layers, d_model, heads, kv_heads, seq_len, batch rows, vocab): MEASUREMENTS.md's shapes
+GRID = [(10, 128, 4, 2, 256, 16, 2048), (10, 256, 4, 2, 512, 8, 2048), (20, 512, 8, 4, 1024, 4, 2048),
+        (10, 128, 4, 2, 2048, 2, 2048)]
+ARMS = ("san", "iso_param", "iso_flop", "iso_depth")
+
+
+def _configs(a: argparse.Namespace) -> dict[str, Any]:
+    from sanlab.config import ModelConfig
+    from sanlab.matching import match
+
+    ref = ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
+                      vocab_size=a.vocab, ffn=False)
+    arms = match(ref, a.seq_len, targets=("params", "flops", "depth"), policy="nearest")
+    return {name: arm for name, arm in zip(ARMS, arms)}
+
+
+class _Arm:
+    def __init__(self, cfg: Any, a: argparse.Namespace) -> None:
+        import torch
+
+        from sanlab.config import OptimConfig
+        from sanlab.model.lm import LM
+        from sanlab.train.optim import build_optimizers
+
+        torch.manual_seed(0)
+        self.device = torch.device(a.device)
+        self.model = LM(cfg).to(self.device)
+        self.opt = build_optimizers(self.model, OptimConfig())
+        step_model = torch.compile(self.model) if a.compile else self.model
+        g = torch.Generator().manual_seed(0)
+        rows = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=g).to(self.device)
+        inputs, targets = rows[:, :-1], rows[:, 1:]
+        seg = torch.zeros_like(inputs)
+        mask = torch.ones_like(inputs, dtype=torch.bool)
+        self.bf16 = a.precision == "bf16"
+        self.forward = lambda: step_model(inputs, seg, targets, mask, 1e-4)[0]
+
+    def step(self) -> float:
+        import torch
+
+        from sanlab.train.optim import clip_grad_norm
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            loss = self.forward()
+        loss.backward()
+        clip_grad_norm(self.opt.params(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+def _child(a: argparse.Namespace, queue: Any) -> None:
+    import torch
+
+    from sanlab.train.host import tune_cpu_allocator
+
+    if a.device == "cpu":
+        tune_cpu_allocator()  # as `sanlab train` runs on the CPU
+    torch.set_num_threads(a.threads)
+    arms = {name: _Arm(arm.config, a) for name, arm in _configs(a).items()}
+    for _ in range(a.warmup):
+        for m in arms.values():
+            m.step()
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    order = list(arms)
+    for i in range(a.steps):
+        for name in order if i % 2 == 0 else order[::-1]:
+            times[name].append(arms[name].step())
+    profile = ""
+    if a.profile:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
+        with torch_profile(activities=acts) as prof:
+            for _ in range(3):
+                arms["san"].step()
+        key = "self_cuda_time_total" if a.device == "cuda" else "self_cpu_time_total"
+        profile = prof.key_averages().table(sort_by=key, row_limit=14)
+    queue.put({"times": times, "profile": profile})
+
+
+def _measure(a: argparse.Namespace) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    p = ctx.Process(target=_child, args=(a, queue))
+    p.start()
+    out = queue.get()
+    p.join()
+    return out
+
+
+def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
+    from rich.table import Table
+
+    from sanlab.matching import model_label
+
+    arms = _configs(a)
+    out = _measure(a)
+    tokens = a.batch * a.seq_len
+    step = {n: statistics.median(ts) for n, ts in out["times"].items()}
+    tps = {n: tokens / s for n, s in step.items()}
+    flops = {n: arm.flops.train for n, arm in arms.items()}
+    table = Table(title=f"SAN {a.layers}L d{a.d} H{a.heads}/{a.kv_heads} T{a.seq_len} B{a.batch} V{a.vocab} "
+                        f"{a.precision} {a.device}, {a.threads} threads; median of {a.steps} alternating steps")
+    for col in ("arm", "config", "tokens/s", "GFLOP/s", "speed ratio (arm/SAN)", "FLOP ratio (SAN/arm)",
+                "excess"):
+        table.add_column(col, justify="left" if col in ("arm", "config") else "right")
+    excess = {}
+    for n in arms:
+        achieved = tps[n] * flops[n]
+        if n == "san":
+            table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}", "", "", "")
+            continue
+        speed, fl = tps[n] / tps["san"], flops["san"] / flops[n]
+        excess[n] = speed / fl
+        table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}",
+                      f"{speed:.2f}", f"{fl:.2f}", f"{excess[n]:.2f}x")
+    console.print(table)
+    if out["profile"]:
+        console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
+    return excess
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from rich.console import Console
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=GRID[0][0], help="SAN layers")
+    p.add_argument("--d", type=int, default=GRID[0][1])
+    p.add_argument("--heads", type=int, default=GRID[0][2])
+    p.add_argument("--kv-heads", type=int, default=GRID[0][3])
+    p.add_argument("--seq-len", type=int, default=GRID[0][4])
+    p.add_argument("--batch", type=int, default=GRID[0][5])
+    p.add_argument("--vocab", type=int, default=GRID[0][6])
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--steps", type=int, default=8, help="timed steps per arm")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--compile", action="store_true", help="torch.compile every arm (train.compile=true)")
+    p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the SAN's per-op breakdown")
+    p.add_argument("--grid", action="store_true", help="every shape of GRID, one table each, then a summary")
+    a = p.parse_args(argv)
+    if a.device == "cuda" and not torch.cuda.is_available():
+        print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
+        return 0
+    console = Console(width=max(120, Console().width))
+    if not a.grid:
+        _shape_table(a, console)
+        return 0
+    summary = []
+    for layers, d, heads, kv, seq_len, batch, vocab in GRID:
+        shape = argparse.Namespace(**{**vars(a), "layers": layers, "d": d, "heads": heads, "kv_heads": kv,
+                                      "seq_len": seq_len, "batch": batch, "vocab": vocab})
+        summary.append((f"SAN {layers}L d{d} T{seq_len} B{batch}", _shape_table(shape, console)))
+    console.print("excess (speed ratio ÷ FLOP ratio) per shape: " + "; ".join(
+        f"{name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in ex.items()) for name, ex in summary), highlight=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

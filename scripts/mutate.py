@@ -1,0 +1,412 @@
+#!/usr/bin/env python3
+"""A mutation check of the test suite: plant one small bug at a time, run the tests that
+should catch it, and report which bugs got through.
+
+Each mutant is (file, original snippet, mutated snippet, test files). The snippet must
+occur exactly once in the current file; a mutant whose snippet is missing or ambiguous
+(the code moved) is reported as *stale*, never as caught, and the default suite checks
+that no mutant is stale (tests/test_mutate.py). Mutants are applied to a temporary copy
+of the repository (one per job), so the working tree is never touched; the copy's `src`
+comes first on PYTHONPATH, so the tests import the mutated code.
+
+    python scripts/mutate.py                 # every mutant, 2 jobs (`make mutate`)
+    python scripts/mutate.py --list          # the mutants and their test files
+    python scripts/mutate.py --only clip,pad # mutants whose name contains a word given
+
+Outcome per mutant: caught (a test failed, errored or timed out), survived (every test
+passed: the diff is printed), stale. Exit status 0 when every mutant is caught, 1 when
+any survived or is stale, 2 when the unmutated tree already fails its tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # relative to the repository root
+    original: str
+    mutated: str
+    tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
+    what: str  # the bug, in words
+
+    def apply(self, text: str) -> str | None:
+        """The mutated file text, or None when the snippet is not exactly once in `text`."""
+        if text.count(self.original) != 1:
+            return None
+        return text.replace(self.original, self.mutated)
+
+
+T = "tests/"
+M = Mutant
+MUTANTS: tuple[Mutant, ...] = (
+    # ---- the seven bugs of the issue that the suite used to let through
+    M("trainer-clip-off", "src/sanlab/train/trainer.py",
+      "grad_norm = clip_grad_norm(optims.params(), cfg.optim.grad_clip)",
+      "grad_norm = clip_grad_norm(optims.params(), 0.0)",
+      (T + "test_catches_trainer.py", T + "test_train_loop.py"), "the trainer never clips the gradient norm"),
+    M("tokenizer-sees-val", "src/sanlab/data/prepare.py",
+      "sample = [d.plain_text() for i, d in buffered if not is_val(cfg.seed, i, cfg.val_frac)]",
+      "sample = [d.plain_text() for i, d in buffered]",
+      (T + "test_catches_data.py", T + "test_data_prepare.py"), "the BPE is trained on validation documents too"),
+    M("noise-pair-shifted", "src/sanlab/study/table.py",
+      "        lb = _loss(records, run_id(b, opt, lr_b, tokens, seed))",
+      "        lb = _loss(records, run_id(b, opt, lr_b, tokens,\n"
+      "                                   seeds[(seeds.index(seed) + 1) % len(seeds)] if role == \"noise\" else seed))",
+      (T + "test_catches_study.py", T + "test_study_orchestrate.py"), "the noise-floor pair is shifted by one seed"),
+    M("multihop-first-hop", "src/sanlab/data/synth.py",
+      "final = hops[-1][0].facts[hops[-1][1]]",
+      "final = hops[0][0].facts[hops[0][1]]",
+      (T + "test_catches_synth.py", T + "test_data_synth.py"), "a multihop answer is the first hop's value"),
+    M("pad-eos-swapped", "src/sanlab/data/regions.py",
+      "SPECIAL_TOKENS: tuple[str, ...] = (PAD, EOS, BOS, UNK,",
+      "SPECIAL_TOKENS: tuple[str, ...] = (EOS, PAD, BOS, UNK,",
+      (T + "test_catches_data.py", T + "test_data_tokenizer.py"), "<pad> and <eos> swap ids"),
+    M("accum-one-over-n", "src/sanlab/train/trainer.py",
+      "(loss * (n * d.world_size / max(n_total, 1.0))).backward()",
+      "(loss / len(micro)).backward()",
+      (T + "test_catches_trainer.py", T + "test_train_loop.py"), "micro-batch losses weighted 1/n, not by tokens"),
+    M("rope-no-restart", "src/sanlab/model/layers.py",
+      "    positions = segment_positions(segment_ids)\n    cos, sin = rope_tables(",
+      "    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)\n"
+      "    cos, sin = rope_tables(",
+      (T + "test_catches_model.py", T + "test_model.py"), "RoPE positions do not restart per document"),
+    # ---- model
+    M("embed-unscaled", "src/sanlab/model/lm.py",
+      "self.embed_scale = math.sqrt(cfg.d_model)", "self.embed_scale = 1.0",
+      (T + "test_model.py",), "the embedding is not scaled by sqrt(d)"),
+    M("out-init-unscaled", "src/sanlab/model/lm.py",
+      "out_std = s / math.sqrt(2 * self.cfg.n_layers)", "out_std = s / math.sqrt(self.cfg.n_layers)",
+      (T + "test_model.py",), "W_o / W_down init std is s/sqrt(L), not s/sqrt(2L)"),
+    M("gate-init-one", "src/sanlab/model/lm.py",
+      "            elif name.endswith(\"_gate\"):\n                p.zero_()",
+      "            elif name.endswith(\"_gate\"):\n                p.fill_(1.0)",
+      (T + "test_model.py",), "residual gates start at 1, not 0"),
+    M("zcn-not-centred", "src/sanlab/model/layers.py",
+      "1.0 + gain if self.zero_centered else gain", "gain",
+      (T + "test_model.py",), "ZCN applies γ instead of 1 + γ"),
+    M("rmsnorm-sum-not-mean", "src/sanlab/model/layers.py",
+      "r = torch.linalg.vecdot(x, x).unsqueeze(-1).div_(d).add_(eps).rsqrt_()",
+      "r = torch.linalg.vecdot(x, x).unsqueeze(-1).add_(eps).rsqrt_()",
+      (T + "test_model.py",), "RMS norm divides by the root of the sum of squares, not the mean"),
+    M("rmsnorm-backward-sign", "src/sanlab/model/layers.py",
+      "c = torch.linalg.vecdot(dyg, x).unsqueeze(-1).mul_(r.pow(3)).div_(-d)",
+      "c = torch.linalg.vecdot(dyg, x).unsqueeze(-1).mul_(r.pow(3)).div_(d)",
+      (T + "test_model.py",), "RMS norm's hand-written backward has a sign error"),
+    M("rope-backward-forward", "src/sanlab/model/layers.py",
+      "return _RoPE._rotate(dy, c, s, -1.0), None, None", "return _RoPE._rotate(dy, c, s, 1.0), None, None",
+      (T + "test_model.py",), "RoPE's backward rotates forward instead of back"),
+    M("gate-backward", "src/sanlab/model/blocks.py",
+      "dg = (1 - s) * torch.linalg.vecdot", "dg = s * torch.linalg.vecdot",
+      (T + "test_model.py",), "the σ(g) residual's gate gradient uses σ instead of σ(1 − σ)"),
+    M("mask-sees-future", "src/sanlab/model/layers.py",
+      "causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()",
+      "causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril(1)",
+      (T + "test_model.py",), "the dense mask lets a token see the next one"),
+    M("mask-crosses-documents", "src/sanlab/model/layers.py",
+      "same = seg[:, :, None] == seg[:, None, :]", "same = seg[:, :, None] >= seg[:, None, :]",
+      (T + "test_model.py",), "the dense mask lets a document attend to earlier documents"),
+    # ---- loss
+    M("zloss-not-squared", "src/sanlab/model/lm.py",
+      "return ce + z_loss * (lse.square() * weights).sum(), ce", "return ce + z_loss * (lse * weights).sum(), ce",
+      (T + "test_model.py",), "z-loss uses logsumexp, not its square"),
+    M("fused-zloss-grad", "src/sanlab/model/lm.py",
+      "scale = 1.0 + 2.0 * c * lse", "scale = 1.0 + c * lse",
+      (T + "test_model.py",), "the fused loss's z-loss gradient is off by a factor 2"),
+    M("fused-mean-over-all", "src/sanlab/model/lm.py",
+      "    weights = mask / mask.sum().clamp_min(1.0)\n    with torch.autocast(dev, enabled=False):",
+      "    weights = mask / mask.numel()\n    with torch.autocast(dev, enabled=False):",
+      (T + "test_model.py",), "the fused loss averages over every token, masked ones included"),
+    # ---- loader
+    M("loader-boundary-counts", "src/sanlab/data/loader.py",
+      "mask = (seg[:, 1:] == seg[:, :-1]) & (targets != PAD_ID)", "mask = targets != PAD_ID",
+      (T + "test_catches_loader.py", T + "test_data_loader.py"), "the EOS → next BOS step counts in the loss"),
+    M("loader-same-order-every-epoch", "src/sanlab/data/loader.py",
+      "key = [self.seed, epoch]", "key = [self.seed, 0]",
+      (T + "test_data_loader.py",), "every epoch repeats the first epoch's row order"),
+    M("loader-val-order-from-train-seed", "src/sanlab/data/loader.py",
+      "key = [int(self.manifest[\"seed\"]), _VAL_SALT]", "key = [self.seed, _VAL_SALT]",
+      (T + "test_data_loader.py",), "the validation rows depend on the training seed"),
+    M("loader-rank-overlap", "src/sanlab/data/loader.py",
+      "first = step * self.batch_rows + self.rank * self.local_rows",
+      "first = step * self.batch_rows + self.rank",
+      (T + "test_data_loader.py",), "ranks' rows overlap"),
+    # ---- optimizer routing and schedule
+    M("routing-embed-to-muon", "src/sanlab/train/optim.py",
+      "if name == \"embed.weight\":", "if name == \"embed.weights\":",
+      (T + "test_train_optim.py",), "the embedding is routed to Muon as a hidden matrix"),
+    M("adamw-arm-decays-gains", "src/sanlab/train/optim.py",
+      "((matrices, cfg.weight_decay), (rest, 0.0))", "((matrices, cfg.weight_decay), (rest, cfg.weight_decay))",
+      (T + "test_train_optim.py",), "the AdamW arm decays gains, gates and the embedding"),
+    M("muon-arm-adam-at-muon-lr", "src/sanlab/train/optim.py",
+      "[group(rest, cfg.adam_lr, 0.0)], lr=cfg.adam_lr", "[group(rest, cfg.lr, 0.0)], lr=cfg.adam_lr",
+      (T + "test_train_optim.py",), "the Muon arm's AdamW side runs at the Muon LR"),
+    M("schedule-ignored", "src/sanlab/train/optim.py",
+      "group[\"lr\"] = group[\"peak_lr\"] * multiplier", "group[\"lr\"] = group[\"peak_lr\"]",
+      (T + "test_train_optim.py",), "the LR schedule is never applied"),
+    M("warmup-starts-at-zero", "src/sanlab/train/schedule.py",
+      "return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0",
+      "return min(1.0, step / warmup_steps) if warmup_steps > 0 else 1.0",
+      (T + "test_train_schedule.py",), "warmup's first step has LR 0"),
+    M("wsd-decay-late", "src/sanlab/train/schedule.py",
+      "progress = (step - decay_start + 1) / decay_steps", "progress = (step - decay_start) / decay_steps",
+      (T + "test_train_schedule.py",), "WSD's decay never reaches the final LR"),
+    M("cosine-floor-dropped", "src/sanlab/train/schedule.py",
+      "return final_frac + (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))",
+      "return (1.0 - final_frac) * 0.5 * (1.0 + math.cos(math.pi * progress))",
+      (T + "test_train_schedule.py",), "the cosine decays to 0 instead of final_lr_frac"),
+    # ---- trainer
+    M("train-loss-unweighted", "src/sanlab/train/trainer.py",
+      "ce_sum += ce.detach().double() * n", "ce_sum += ce.detach().double()",
+      (T + "test_train_loop.py",), "the logged training loss is not the token mean"),
+    M("nonfinite-not-divergence", "src/sanlab/train/trainer.py",
+      "diverged = not (math.isfinite(train_loss) and math.isfinite(grad_norm)) or spike",
+      "diverged = spike",
+      (T + "test_train_loop.py",), "a non-finite loss is not treated as divergence"),
+    M("val-loss-per-batch", "src/sanlab/train/trainer.py",
+      "out = {\"val_loss\": sum(loss) / max(sum(count), 1.0)}", "out = {\"val_loss\": sum(loss) / max(len(batches), 1)}",
+      (T + "test_train_loop.py",), "the validation loss is a mean over batches, not over tokens"),
+    # ---- data
+    M("split-seed-differs", "src/sanlab/data/prepare.py",
+      "held_out = is_val(cfg.seed, index, cfg.val_frac)", "held_out = is_val(cfg.seed + 1, index, cfg.val_frac)",
+      (T + "test_catches_data.py", T + "test_data_prepare.py"),
+      "the written validation split is not the one the tokenizer held out"),
+    M("special-token-regions", "src/sanlab/data/tokenizer.py",
+      "        reg[tid < N_SPECIAL] = OTHER\n", "",
+      (T + "test_catches_data.py", T + "test_data_tokenizer.py"), "a literal special token in text keeps its span's region"),
+    # ---- study sweep and matching
+    M("sweep-extension-budget", "src/sanlab/study/sweep.py",
+      "budget = max_extensions - extensions", "budget = max_extensions",
+      (T + "test_study_sweep.py",), "boundary extension ignores the extensions already made"),
+    M("sweep-all-failed-stops", "src/sanlab/study/sweep.py",
+      "at_low = best is None or best == lo", "at_low = best == lo",
+      (T + "test_study_sweep.py",), "a cell whose every point failed does not try a lower LR"),
+    M("matching-smallest-partner", "src/sanlab/matching.py",
+      "        return below[-1]\n", "        return below[0]\n",
+      (T + "test_match_cli.py", T + "test_accounting.py"), "at_most picks the smallest partner, not the closest"),
+    # ---- checkpoint
+    M("checkpoint-no-rng", "src/sanlab/train/checkpoint.py",
+      "    if restore_rng:\n        set_rng_state(state[\"rng\"])",
+      "    if restore_rng:\n        pass",
+      (T + "test_train_checkpoint.py", T + "test_train_resume.py"), "a resume does not restore the RNG states"),
+    M("checkpoint-no-checksum", "src/sanlab/train/checkpoint.py",
+      "if _sha256(f) != expected:", "if False:",
+      (T + "test_train_checkpoint.py",), "a corrupt checkpoint file is loaded"),
+    M("checkpoint-optim-state-lost", "src/sanlab/train/checkpoint.py",
+      "entry.update({k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)})", "pass",
+      (T + "test_train_checkpoint.py", T + "test_train_resume.py"),
+      "a resume restarts the optimizer state (moments, momentum buffers)"),
+    # ---- study table
+    M("gap-sign-lost", "src/sanlab/study/table.py",
+      "sign = -1 if (ref.kind == \"ffn\" and arm.kind == \"san\") else 1", "sign = 1",
+      (T + "test_catches_study.py", T + "test_study_orchestrate.py", T + "test_study_sweep.py"),
+      "Δ is not standard − SAN when the reference is the standard arm"),
+    M("spread-population", "src/sanlab/study/table.py",
+      "statistics.stdev(values) if len(values) > 1", "statistics.pstdev(values) if len(values) > 1",
+      (T + "test_catches_study.py", T + "test_study_orchestrate.py", T + "test_study_sweep.py"),
+      "the spread over seeds is the population, not the sample, standard deviation"),
+    M("floor-ignores-spread", "src/sanlab/study/table.py",
+      "size = max(abs(floor.mean), floor.spread or 0.0)", "size = abs(floor.mean)",
+      (T + "test_catches_study.py", T + "test_study_orchestrate.py", T + "test_study_sweep.py"),
+      "'within noise' ignores the floor's seed-to-seed spread"),
+    # ---- analysis identities
+    M("delta-weight-by-group", "src/sanlab/analysis/losses.py",
+      "weighted = k / n * (la - lb)", "weighted = (la - lb) / len(names)",
+      (T + "test_analysis_losses.py",), "group Δs are averaged, not token-weighted"),
+    M("loss-share-by-tokens", "src/sanlab/analysis/losses.py",
+      "\"loss_share\": s / total if total else float(\"nan\"),", "\"loss_share\": k / n,",
+      (T + "test_analysis_losses.py",), "the loss share is the token share"),
+    M("stable-rank-not-squared", "src/sanlab/analysis/metrics.py",
+      "return float((s**2).sum()) / top**2 if top > 0 else 0.0", "return float(s.sum()) / top if top > 0 else 0.0",
+      (T + "test_analysis_metrics.py",), "stable rank is Σσ/σ₁ instead of Σσ²/σ₁²"),
+    M("accounting-wo-dropped", "src/sanlab/accounting.py",
+      "        \"attn.wo.weight\": cfg.n_heads * dh * d,\n",
+      "",
+      (T + "test_accounting.py",), "the parameter count leaves out W_o"),
+)
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # caught | survived | stale
+    detail: str
+    seconds: float
+
+
+def stale_reason(root: Path, m: Mutant) -> str | None:
+    """Why `m` cannot be applied to the tree at `root`, or None when it can."""
+    f = root / m.path
+    if not f.is_file():
+        return f"{m.path}: no such file"
+    n = f.read_text().count(m.original)
+    if n != 1:
+        return f"{m.path}: the original snippet occurs {n} times (expected once)"
+    missing = [t for t in m.tests if not (root / t.split("::")[0]).exists()]
+    if missing:
+        return f"test file {missing[0]} does not exist"
+    return None
+
+
+def copy_tree(dest: Path) -> Path:
+    ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "*.egg-info", "runs",
+                                    ".mypy_cache", ".ruff_cache")
+    shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
+    return dest
+
+
+def run_tests(tree: Path, tests: tuple[str, ...], timeout: float, threads: int | None) -> tuple[int | None, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    try:
+        p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "timed out"
+    return p.returncode, (p.stdout + p.stderr)
+
+
+def _summary_line(output: str) -> str:
+    """The first failing test (pytest's short summary), else pytest's last line."""
+    lines = output.strip().splitlines()
+    for line in lines:
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.strip()
+    return lines[-1].strip() if lines else ""
+
+
+def run_mutant(tree: Path, m: Mutant, timeout: float, threads: int | None) -> Outcome:
+    t0 = time.monotonic()
+    reason = stale_reason(tree, m)
+    if reason is not None:
+        return Outcome(m, "stale", reason, 0.0)
+    f = tree / m.path
+    original = f.read_text()
+    mutated = m.apply(original)
+    assert mutated is not None
+    f.write_text(mutated)
+    try:
+        rc, out = run_tests(tree, m.tests, timeout, threads)
+    finally:
+        f.write_text(original)
+    dt = time.monotonic() - t0
+    if rc == 0:
+        return Outcome(m, "survived", "every test passed", dt)
+    if rc is None:
+        return Outcome(m, "caught", f"timed out after {timeout:.0f} s", dt)
+    if rc == 5:
+        return Outcome(m, "stale", "no tests collected", dt)
+    return Outcome(m, "caught", _summary_line(out), dt)
+
+
+def diff(m: Mutant) -> str:
+    text = (ROOT / m.path).read_text()
+    mutated = m.apply(text) or text
+    return "".join(difflib.unified_diff(text.splitlines(True), mutated.splitlines(True),
+                                        f"a/{m.path}", f"b/{m.path}", n=2))
+
+
+def select(names: str | None) -> list[Mutant]:
+    if not names:
+        return list(MUTANTS)
+    words = [w.strip() for w in names.split(",") if w.strip()]
+    return [m for m in MUTANTS if any(w in m.name for w in words)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", metavar="WORDS", help="comma-separated words; run the mutants whose name contains one")
+    ap.add_argument("--jobs", type=int, default=2, help="mutants run at once, each on its own copy (default 2)")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant before it counts as caught")
+    ap.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated tree first")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args(argv)
+    mutants = select(args.only)
+    if args.list:
+        for m in mutants:
+            print(f"{m.name:34s} {m.path:32s} {m.what}\n{'':34s} tests: {' '.join(m.tests)}")
+        return 0
+    if not mutants:
+        print(f"mutate: no mutant matches {args.only!r}", file=sys.stderr)
+        return 2
+    jobs = max(1, min(args.jobs, len(mutants)))
+    threads = 1 if jobs > 1 else None
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="sanlab-mutate-") as tmp:
+        trees = [copy_tree(Path(tmp) / f"tree{i}") for i in range(jobs)]
+        if not args.no_baseline:
+            tests = list(dict.fromkeys(t for m in mutants for t in m.tests if (ROOT / t.split("::")[0]).exists()))
+            print(f"mutate: baseline: {len(tests)} test files on the unmutated tree ...", flush=True)
+            results: list[tuple[int | None, str]] = []
+            chunks = [tuple(tests[i::jobs]) for i in range(jobs) if tests[i::jobs]]
+            runners = [threading.Thread(target=lambda tr, ch: results.append(run_tests(tr, ch, args.timeout * 2, threads)),
+                                        args=(tr, ch)) for tr, ch in zip(trees, chunks)]
+            for r in runners:
+                r.start()
+            for r in runners:
+                r.join()
+            for rc, out in results:
+                if rc != 0:
+                    print(out[-4000:])
+                    print("mutate: the unmutated tree fails its tests; fix that first", file=sys.stderr)
+                    return 2
+            print(f"mutate: baseline passed in {time.monotonic() - start:.0f} s", flush=True)
+        todo: queue.Queue[Mutant] = queue.Queue()
+        for m in mutants:
+            todo.put(m)
+        outcomes: list[Outcome] = []
+        lock = threading.Lock()
+
+        def worker(tree: Path) -> None:
+            while True:
+                try:
+                    m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                o = run_mutant(tree, m, args.timeout, threads)
+                with lock:
+                    outcomes.append(o)
+                    print(f"[{len(outcomes):2d}/{len(mutants)}] {o.status:8s} {m.name:34s} {o.seconds:5.0f} s  "
+                          f"{o.detail[:90]}", flush=True)
+
+        workers = [threading.Thread(target=worker, args=(t,)) for t in trees]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+
+    order = {m.name: i for i, m in enumerate(mutants)}
+    outcomes.sort(key=lambda o: order[o.mutant.name])
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("caught", "survived", "stale")}
+    for o in outcomes:
+        if o.status != "caught":
+            print(f"\n{o.status.upper()}: {o.mutant.name} ({o.mutant.what}); ran {' '.join(o.mutant.tests)}")
+            print(o.detail if o.status == "stale" else diff(o.mutant))
+    print(f"\nmutate: {counts['caught']} caught, {counts['survived']} survived, {counts['stale']} stale "
+          f"of {len(outcomes)} mutants in {time.monotonic() - start:.0f} s ({jobs} jobs)")
+    return 0 if counts["caught"] == len(outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""Command-line flags: the parser every command uses and the types of its number flags.
+
+Part of the one validation layer every input passes through (`sanlab.config` for
+configs and overrides, `sanlab.paths` for output locations, this module for flags):
+
+- `ArgumentParser`: a usage mistake (unknown flag, missing argument, a flag value of
+  the wrong type) raises `ConfigError`, so it ends like every other user error, as one
+  `sanlab: error: …` line with exit code 2; `section.key=value` overrides are accepted
+  anywhere on the line, also after the flags (`sanlab study run SPEC --out DIR k=v`).
+- `finite_float`, `positive_int`, …: argparse `type=` callables that refuse NaN, ±inf,
+  out-of-range numbers and non-numbers before any work starts.
+
+No heavy imports here: building a parser must stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any, Callable, NoReturn, Sequence
+
+from sanlab.errors import ConfigError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with sanlab's error contract (see the module docstring)."""
+
+    def error(self, message: str) -> NoReturn:
+        where = "" if self.prog == "sanlab" else f"{self.prog.removeprefix('sanlab ')}: "
+        raise ConfigError(f"{where}{message} (see `{self.prog} --help`)")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        # argparse stops filling a `nargs="*"` positional at the first flag; overrides
+        # written after the flags belong to it all the same.
+        overrides = next((a for a in self._actions if not a.option_strings and a.nargs == "*"
+                          and a.type is None and isinstance(getattr(ns, a.dest, None), list)), None)
+        if overrides is not None:
+            moved = [e for e in extras if "=" in e and not e.startswith("-")]
+            if moved:
+                getattr(ns, overrides.dest).extend(moved)
+                extras = [e for e in extras if e not in moved]
+        return ns, extras
+
+
+def _number(kind: Callable[[str], Any], text: str) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def bounded(kind: Callable[[str], Any] = float, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False, hi_open: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a finite `kind` (float or int) in the given range."""
+
+    def parse(text: str) -> Any:
+        value = _number(kind, text)
+        low_bad = lo is not None and (value <= lo if lo_open else value < lo)
+        high_bad = hi is not None and (value >= hi if hi_open else value > hi)
+        if low_bad or high_bad:
+            parts = []
+            if lo is not None:
+                parts.append(f"{'>' if lo_open else '>='} {lo:g}")
+            if hi is not None:
+                parts.append(f"{'<' if hi_open else '<='} {hi:g}")
+            raise argparse.ArgumentTypeError(f"must be {' and '.join(parts)}, got {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+finite_float = bounded(float)
+non_negative_float = bounded(float, lo=0)
+positive_int = bounded(int, lo=1)
+non_negative_int = bounded(int, lo=0)

@@ -1,0 +1,89 @@
+"""`study plan`'s time estimate from each arm's measured training step (sanlab.study.speed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sanlab.study import speed
+from sanlab.study.plan import plan_study
+from sanlab.study.spec import StudySpec
+
+
+def tiny_spec(data_dir: Path, **extra: object) -> StudySpec:
+    raw: dict = {
+        "name": "speed", "seeds": [1], "optimizers": ["muon"],
+        "data": {"dir": str(data_dir), "seq_len": 32},
+        "model": {"d_model": 32, "n_layers": 3, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512},
+        "matching": {"arms": ["iso_param"], "policy": "nearest", "tolerance": None},
+        "train": {"batch_rows": 4, "eval_every": 0, "eval_rows": 4, "precision": "fp32"},
+        "sweep": {"tokens": 1280, "multipliers": [1.0, 2.0]},
+        "final": {"tokens": [2560]},
+        "noise": {"enabled": False},
+        "runner": {"workers": 1, "threads": 1},
+    }
+    raw.update(extra)
+    return StudySpec.model_validate(raw)
+
+
+def test_real_timing_is_cached_per_shape(study_data_dir: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_study(tiny_spec(study_data_dir))
+    speeds, notes = speed.arm_speeds(plan.runs, 1, tmp_path, steps=1)
+    assert set(speeds) == {r.run_id for r in plan.runs} and not notes
+    for s in speeds.values():
+        assert s["step_s"] > 0 and s["eval_s"] > 0 and s["ready_s"] > 0
+    cache = json.loads((tmp_path / speed.SPEED_FILE).read_text())
+    assert len(cache["shapes"]) == 2  # two shapes (SAN, iso-param partner), each timed once
+
+    def no_measuring(*a: object, **k: object) -> dict:
+        raise AssertionError("timed again although the study dir caches every shape")
+
+    monkeypatch.setattr(speed, "measure", no_measuring)
+    again, _ = speed.arm_speeds(plan.runs, 1, tmp_path)
+    assert again == speeds
+
+
+def test_key_follows_what_changes_the_step_cost(study_data_dir: Path) -> None:
+    run = plan_study(tiny_spec(study_data_dir)).runs[0]
+    cfg = json.loads(run.config.model_dump_json())
+    key = speed.shape_key(cfg, 1)
+    assert speed.shape_key({**cfg, "optim": {**cfg["optim"], "lr": 9.0}}, 1) == key  # LR: same cost
+    assert speed.shape_key({**cfg, "train": {**cfg["train"], "seed": 7, "tokens": 1}}, 1) == key
+    assert speed.shape_key(cfg, 2) != key
+    assert speed.shape_key({**cfg, "model": {**cfg["model"], "n_layers": 9}}, 1) != key
+    assert speed.shape_key({**cfg, "train": {**cfg["train"], "batch_rows": 8}}, 1) != key
+
+
+def test_estimate_uses_the_measured_step(study_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = tiny_spec(study_data_dir, train={"batch_rows": 4, "eval_every": 5, "eval_rows": 4})
+    plan = plan_study(spec)
+
+    def fake(configs: dict, threads: int | None, **_: object) -> dict:
+        return {"ready_s": 2.0, "shapes": {k: {"step_s": 0.5, "eval_s": 0.25, "tokens_per_s": 256}
+                                           for k in configs}}
+
+    monkeypatch.setattr(speed, "measure", fake)
+    plan.speeds, _ = speed.arm_speeds(plan.runs, 1, None)
+    final = next(r for r in plan.runs if r.tokens == 2560)
+    steps = 2560 // (4 * 32)  # 20 steps; evaluations at 0, every 5 steps and the last
+    assert plan.run_seconds(final) == pytest.approx(2.0 + steps * 0.5 + (2 + steps // 5) * 0.25)
+    assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))
+
+
+def test_steps_too_large_to_time_fall_back_to_flops(study_data_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = plan_study(tiny_spec(study_data_dir))
+    monkeypatch.setattr(speed, "MAX_TIMED_STEP_FLOPS", 1.0)
+    speeds, notes = speed.arm_speeds(plan.runs, 1, None)
+    assert speeds == {} and "not timed here" in notes[0]
+    r = plan.runs[0]
+    assert plan.run_seconds(r) == pytest.approx(
+        r.tokens / (plan.tokens_per_s * plan.arms[0].flops_per_token / r.flops_per_token))
+
+
+def test_torn_cache_is_measured_again(tmp_path: Path) -> None:
+    (tmp_path / speed.SPEED_FILE).write_text('{"shapes": {"ab')
+    assert speed.load_cache(tmp_path) == {}
