@@ -67,8 +67,8 @@ def test_the_noise_floor_is_paired_seed_by_seed() -> None:
     assert sorted(floor.per_seed) == SEEDS
     for seed in SEEDS:
         assert floor.per_seed[seed] == pytest.approx(RMS[seed] - ZCRMS[seed], abs=1e-12), seed
-    assert floor.san_loss == pytest.approx(sum(ZCRMS.values()) / 4)
-    assert floor.other_loss == pytest.approx(sum(RMS.values()) / 4)
+    assert floor.ref_loss == pytest.approx(sum(ZCRMS.values()) / 4)
+    assert floor.arm_loss == pytest.approx(sum(RMS.values()) / 4)
 
 
 def _sample_sd(xs: list[float]) -> float:
@@ -104,7 +104,7 @@ def _records(spec: StudySpec, losses: dict[str, dict[int, float]]) -> dict[str, 
     return out
 
 
-def test_delta_is_standard_minus_san_when_the_reference_is_the_standard_arm() -> None:
+def test_delta_is_arm_minus_reference_when_the_reference_is_the_standard_arm() -> None:
     spec = StudySpec.model_validate({
         "name": "ffn-ref", "seeds": [1, 2], "optimizers": ["muon"],
         "data": {"dir": "prepared", "seq_len": 32},
@@ -116,8 +116,8 @@ def test_delta_is_standard_minus_san_when_the_reference_is_the_standard_arm() ->
     assert arms[0].kind == "ffn" and arms[1].kind == "san"
     records = _records(spec, {arms[0].name: {1: 3.0, 2: 3.1}, "san_arm": {1: 3.2, 2: 3.4}})
     (gap,), _ = gaps(spec, arms, records, locks(spec, arms, {}, set()))
-    assert gap.per_seed == pytest.approx({1: -0.2, 2: -0.3})  # standard ahead: Δ < 0
-    assert gap.san_loss == pytest.approx(3.3) and gap.other_loss == pytest.approx(3.05)
+    assert gap.per_seed == pytest.approx({1: 0.2, 2: 0.3})  # Δ = SAN arm − standard reference: > 0
+    assert gap.ref_loss == pytest.approx(3.05) and gap.arm_loss == pytest.approx(3.3)
 
 
 def test_a_gap_inside_the_floors_seed_spread_is_within_noise() -> None:
