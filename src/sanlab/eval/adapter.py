@@ -15,10 +15,10 @@ encoded whole and the continuation is what follows the context's own tokens.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
@@ -27,9 +27,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from sanlab.data.regions import BOS_ID, EOS_ID
 from sanlab.eval.run import LoadedRun, open_run
 from sanlab.eval.scoring import score
-from sanlab.model.generate import Decoder, SamplingConfig, pick
-
-log = logging.getLogger("sanlab.eval")
+from sanlab.model.generate import SamplingConfig, generate
 
 
 def _int(value: Any, name: str, default: int) -> int:
@@ -123,22 +121,17 @@ class SanlabLM(LM):
         if len(ids) > keep:
             ids = ids[-keep:]
             self.truncated += 1
-        import torch
-
-        dec = Decoder(self.loaded.model, max_len=L)
-        gen = torch.Generator(device=self.loaded.device).manual_seed(cfg.seed)
-        logits = dec.prefill(torch.tensor([ids]))
         new: list[int] = []
         text = ""
-        for _ in range(cfg.max_new_tokens):
-            tok = int(pick(logits, cfg, gen).item())
-            if tok == EOS_ID:
-                break
-            new.append(tok)
-            text = self.loaded.decode(new)
-            if any(s in text for s in until):
-                break
-            logits = dec.append(torch.tensor([[tok]]))
+        dt = self.loaded.autocast_dtype
+        with torch.autocast(self.loaded.device.type, dtype=dt or torch.float32, enabled=dt is not None):
+            for tok in generate(self.loaded.model, torch.tensor(ids), cfg, max_len=L, stop_ids=(EOS_ID,)):
+                if tok == EOS_ID:
+                    break
+                new.append(tok)
+                text = self.loaded.decode(new)
+                if any(s in text for s in until):
+                    break
         for s in until:
             text = text.split(s)[0]
         return text

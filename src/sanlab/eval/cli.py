@@ -168,8 +168,10 @@ def print_table(records: list[dict[str, Any]], tasks: list[str]) -> None:
     headers: list[str] = []
     for rec in records:
         row: dict[str, str] = {}
+        # the requested tasks and groups; the members of a requested name lm-eval reports no aggregate for
+        missing = [t for t in tasks if t not in rec["tasks"]]
         for task in rec["tasks"]:
-            if task not in tasks and not any(task.startswith(t) for t in tasks):
+            if task not in tasks and not any(task.startswith(t) for t in missing):
                 continue
             for head, cell in _shown(task, rec["tasks"][task]["metrics"]):
                 row[head] = cell
