@@ -12,6 +12,7 @@ forward pass over the whole context, so its cost grows with C.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -70,8 +71,10 @@ def main() -> None:
         cached = per_token_seconds(model, c, args.new, True, args.repeat, args.device)
         full = per_token_seconds(model, c, args.new, False, args.repeat, args.device)
         first = first or cached
-        table.add_row(str(c), f"{1 / cached:,.0f}", f"{1 / full:,.0f}", f"{full / cached:.1f}x",
-                      f"{1e3 * cached:.2f} ({cached / first:.2f}x of C={contexts[0]})")
+        row = (str(c), f"{1 / cached:,.0f}", f"{1 / full:,.0f}", f"{full / cached:.1f}x",
+               f"{1e3 * cached:.2f} ({cached / first:.2f}x of C={contexts[0]})")
+        table.add_row(*row)
+        print("  ".join(row), file=sys.stderr, flush=True)  # progress on a slow machine
     Console().print(table)
 
 

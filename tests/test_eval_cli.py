@@ -156,3 +156,16 @@ def test_eval_without_lm_eval_is_one_line(run: Path, capsys: pytest.CaptureFixtu
 
     monkeypatch.setattr(builtins, "__import__", no_lm_eval)
     assert "pip install 'sanlab[eval]'" in _error(capsys, ["eval", str(run), "--tasks", "builtin"])
+
+
+def test_invented_people_are_outside_the_world() -> None:
+    from sanlab.data.synth import SynthConfig, world_for
+    from sanlab.eval.builtin import invented_people
+
+    world = world_for(SynthConfig())
+    people = invented_people(world, 50, random.Random(0))
+    assert len({p.name for p in people}) == 50
+    words = [w.lower() for e in world.entities for w in e.name.split()]
+    for p in people:
+        for w in p.name.lower().split():
+            assert not any(w in x or x in w for x in words), p.name

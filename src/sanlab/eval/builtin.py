@@ -50,9 +50,11 @@ from sanlab.data.synth import (
     _MCQ_POOLS,
     _MEMO_PREAMBLES,
     ATTRS,
+    Entity,
     SynthConfig,
     World,
     _a,
+    _fresh_words,
     ask,
     document,
     state,
@@ -199,10 +201,28 @@ def grounded_items(world: World, n: int, rng: random.Random) -> list[dict[str, A
     return items
 
 
-def closed_book_items(world: World, facts: list[Fact], n: int, rng: random.Random) -> list[dict[str, Any]]:
+def invented_people(world: World, n: int, rng: random.Random) -> list[Entity]:
+    """People who are not in the world (fresh names, substring-free against every world
+    name), with facts drawn like the world's: nothing in any corpus can state them."""
+    taken = [w for e in world.entities for w in e.name.split()] + list(world.countries) + list(world.rivers)
+    first = _fresh_words(rng, max(4, n // 3), taken, (2,))
+    last = _fresh_words(rng, max(4, n // 2), taken + first, (2, 3))
+    names = list(dict.fromkeys(f"{rng.choice(first)} {rng.choice(last)}" for _ in range(4 * n)))[:n]
+    people = []
+    for name in names:
+        facts = {"birthplace": rng.choice(world.cities).name, "profession": rng.choice(_MCQ_POOLS["profession"](world)),
+                 "birth_year": str(rng.randint(*_YEARS["birth_year"])),
+                 "instrument": rng.choice(_MCQ_POOLS["instrument"](world)),
+                 "animal": rng.choice(_MCQ_POOLS["animal"](world)), "mentor": rng.choice(world.people).name}
+        people.append(Entity(name=name, kind="person", facts=facts))
+    return people
+
+
+def closed_book_items(entities: dict[str, Entity], world: World, facts: list[Fact], n: int,
+                      rng: random.Random) -> list[dict[str, Any]]:
     items = []
     for f in rng.sample(facts, min(n, len(facts))):
-        e = world.by_name[f.entity]
+        e = entities[f.entity]
         what = "one of the people" if e.kind == "person" else "one of the cities"
         noun = ATTRS[f.attr].noun
         query = rng.choice(_MEMO_PREAMBLES) + ask(rng, e, f.attr)
@@ -336,9 +356,18 @@ def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - 
     facts_seen = [f for f in all_facts if (f.entity, f.attr) in seen]
     facts_unseen = [f for f in all_facts if (f.entity, f.attr) not in seen]
     record["facts_seen"], record["facts_unseen"] = len(facts_seen), len(facts_unseen)
+    entities = dict(world.by_name)
+    record["unseen_source"] = "world facts no training row the run read states"
+    if not facts_unseen:
+        # the run read every fact: the chance-level control asks about people outside the world
+        invented = invented_people(world, N_ITEMS, rng)
+        entities.update((e.name, e) for e in invented)
+        facts_unseen = [Fact(e.name, a, v) for e in invented for a, v in e.facts.items()]
+        record["unseen_source"] = (f"every world fact was read, so: {len(invented)} invented people "
+                                   "absent from the world (chance-level control)")
     for task, facts in (("sanlab_closed_book_qa", facts_seen), ("sanlab_closed_book_unseen", facts_unseen)):
         if facts:
-            items = closed_book_items(world, facts, N_ITEMS, rng)
+            items = closed_book_items(entities, world, facts, N_ITEMS, rng)
             _write(out, task, items, _MC)
             record["tasks"][task] = len(items)
         else:
