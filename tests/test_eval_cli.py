@@ -69,7 +69,7 @@ needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, 
 
 @needs_lm_eval
 def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
-    from sanlab.data.synth import SynthConfig, document, world_for
+    from sanlab.data.synth import SynthConfig, world_for
     from sanlab.eval.builtin import facts_in, write_builtin_tasks
     from sanlab.eval.run import open_run
 
@@ -77,23 +77,22 @@ def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
     out = run / "eval" / "tasks-check"
     record = write_builtin_tasks(loaded, out)
     assert record["facts_seen"] + record["facts_unseen"] == record["facts_in_world"] > 0
-    assert record["seen_from"].startswith("the training rows read in 6 steps")
+    assert record["seen_from"].startswith("the 24 of ") and "read in 6 steps" in record["seen_from"]
     world = world_for(SynthConfig())
-    # an unseen fact must not be stated in any training document the run could have read
-    manifest = json.loads((loaded.data_dir / "manifest.json").read_text())
-    from sanlab.data.shards import doc_metadata
+    # the rows the run read are the loader's first 6 batches of 4: their texts state every seen fact
+    from sanlab.data.loader import Loader
 
-    every = set()
-    for src in doc_metadata(loaded.data_dir, manifest, "train")["source"]:
-        every |= facts_in(document(SynthConfig(), manifest["seed"], int(src)).text, world)
+    loader = Loader(loaded.data_dir, "train", batch_rows=4, seed=0)
+    read = set()
+    for step in range(6):
+        for r in loader.rows_for_step(step):
+            ids = loader._gather(r[None])["tokens"][0].tolist()
+            read |= facts_in(loaded.tokenizer.decode(ids, skip_special_tokens=False), world)
     unseen = [json.loads(line) for line in (out / "sanlab_closed_book_unseen.jsonl").read_text().splitlines()]
     seen = [json.loads(line) for line in (out / "sanlab_closed_book_qa.jsonl").read_text().splitlines()]
-    assert unseen and seen
-    assert all((r["entity"], r["attr"]) in every for r in seen)
-    read = 0
-    for r in unseen:  # unseen by this run; the part of the split it never read may state it
-        read += (r["entity"], r["attr"]) in every
-    assert read < len(unseen)
+    assert unseen and seen and record["facts_seen"] == len(read)
+    assert all((r["entity"], r["attr"]) in read for r in seen)
+    assert not any((r["entity"], r["attr"]) in read for r in unseen)
     # grounded: the true answer is in the prompt; closed book: it is not
     g = [json.loads(line) for line in (out / "sanlab_grounded_qa.jsonl").read_text().splitlines()]
     for r in g + seen:

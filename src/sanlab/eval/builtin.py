@@ -17,12 +17,12 @@ of a sentence that ends in it ("… was born in" → " Vaelmor"):
     sanlab_closed_book_unseen  the same, over facts the run never saw stated: a control
                                that must sit at chance (25%) for an honest recall score.
 
-Which facts a run saw: every document of the training rows the run consumed up to the
-evaluated checkpoint (the loader's row order replayed from the checkpoint's step) is
-regenerated from the corpus seed and searched for any of the fact's sentence forms
-(names in the world are substring-free, so the search is exact). `facts.json` next to
-the tasks records the counts. A run dir without a recorded step counts the whole
-training split.
+Which facts a run saw: the training rows the run read up to the evaluated checkpoint
+(the loader's row order replayed from the checkpoint's step) are decoded and searched
+for any of each fact's sentence forms (names in the world are substring-free, so the
+search is exact); a statement cut by a row edge was never seen whole in one context and
+does not count. `facts.json` next to the tasks records the counts. A run dir without a
+recorded step counts every training row.
 
 From the run's own corpus:
 
@@ -114,21 +114,21 @@ def _checkpoint_step(run_path: Path, checkpoint: str) -> int | None:
         return None
 
 
-def seen_documents(data_dir: Path, manifest: dict[str, Any], step: int | None, batch_rows: int,
-                   seed: int) -> tuple[np.ndarray, str]:
-    """Stream indices of the training documents a run read up to `step` (any part of them),
-    and how that was decided."""
+def rows_read(data_dir: Path, manifest: dict[str, Any], step: int | None, batch_rows: int,
+              seed: int) -> tuple[np.ndarray, str]:
+    """Token rows (n, seq_len + 1) of the training split a run read up to `step` (the
+    loader's order replayed), and how that was decided."""
     from sanlab.data.loader import Loader
 
-    source = doc_metadata(data_dir, manifest, "train")["source"]
+    tokens = np.concatenate([s["tokens"] for s in open_split(data_dir, manifest, "train")])
     if step is None:
-        return source, "the whole training split (the checkpoint records no step)"
+        return tokens, "every training row (the checkpoint records no step)"
     loader = Loader(data_dir, "train", batch_rows=batch_rows, seed=seed, verify=False)
     rows = np.concatenate([loader.rows_for_step(s) for s in range(step)]) if step else np.zeros(0, np.int64)
-    docs = np.concatenate([s["docs"] for s in open_split(data_dir, manifest, "train")])[np.unique(rows)]
-    ids = np.unique(docs[docs >= 0])
+    rows = np.unique(rows)
     epochs = step * batch_rows / loader.n_rows
-    return source[ids], f"the training rows read in {step} steps ({epochs:.2f} epochs of the split)"
+    return tokens[rows], (f"the {len(rows)} of {loader.n_rows} training rows read in {step} steps "
+                          f"({epochs:.2f} epochs); a fact counts as seen when one row states it whole")
 
 
 # --------------------------------------------------------------------------- questions
@@ -346,11 +346,11 @@ def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - 
     if manifest["corpus"] == "synth":
         cfg = loaded.run.config
         step = _checkpoint_step(loaded.run.path, loaded.checkpoint)
-        sources, how = seen_documents(data_dir, manifest, step, cfg.train.batch_rows, cfg.train.seed)
-        for src in sources:
-            seen |= facts_in(document(synth, int(manifest["seed"]), int(src)).text, world)
+        rows, how = rows_read(data_dir, manifest, step, cfg.train.batch_rows, cfg.train.seed)
+        for text in loaded.tokenizer.decode_batch(rows.tolist(), skip_special_tokens=False):
+            seen |= facts_in(text, world)
         record["seen_from"] = how
-        record["documents_read"] = int(len(sources))
+        record["rows_read"] = int(len(rows))
     else:
         record["seen_from"] = f"the training corpus is {manifest['corpus']!r}, not the SYNTH world: no fact seen"
     facts_seen = [f for f in all_facts if (f.entity, f.attr) in seen]

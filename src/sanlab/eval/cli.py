@@ -107,7 +107,10 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     builtin_record = None
     wanted = list(tasks)
     if any(t in BUILTIN_TASKS for t in tasks):
-        builtin_record = write_builtin_tasks(loaded, task_dir)
+        try:
+            builtin_record = write_builtin_tasks(loaded, task_dir)
+        except OSError as e:
+            raise SanlabError(f"{task_dir}: cannot write the built-in tasks ({e.strerror or e})") from None
         for t, why in builtin_record["skipped"].items():
             if t in wanted:
                 print(f"sanlab: note: {loaded.run.path}: {t} skipped ({why})")
@@ -141,8 +144,11 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     if builtin_record is not None:
         record["builtin"] = builtin_record
     record["eval_time_s"] = round(time.time() - t0, 2)
-    eval_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_file, record)
+    try:
+        eval_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_file, record)
+    except OSError as e:
+        raise SanlabError(f"{out_file}: cannot write the results ({e.strerror or e})") from None
     return record
 
 
