@@ -307,6 +307,28 @@ def test_creative_writing_tells_the_planned_beats_with_the_persons_true_facts() 
 # --------------------------------------------------------------------------- the world and the config
 
 
+# Each exercise type's answer test (above): a type added to the generator without one fails
+# the completeness check below.
+ANSWER_TESTS = {
+    "memorization": test_memorization_recalls_the_world_and_answers_with_it,
+    "mcq": test_mcq_answer_is_the_option_that_holds_in_the_world,
+    "multihop": test_multihop_answer_is_the_last_hops_value_and_notes_are_world_facts,
+    "rag": test_rag_answer_is_read_from_the_retrieved_records,
+    "math": test_math_answer_follows_from_the_question,
+    "math-mcq": test_math_mcq_answer_is_the_option_equal_to_the_result,
+    "cooking": test_cooking_scales_the_retrieved_recipe_to_the_people_asked_for,
+    "editing": test_editing_applies_the_asked_operation_to_the_given_text,
+    "constrained-writing": test_constrained_writing_has_exactly_the_asked_words_of_true_facts,
+    "creative-writing": test_creative_writing_tells_the_planned_beats_with_the_persons_true_facts,
+}
+
+
+def test_every_exercise_type_has_an_answer_test() -> None:
+    from sanlab.data.synth import EXERCISES
+
+    assert set(ANSWER_TESTS) == set(EXERCISES)
+
+
 def test_world_names_are_substring_free_and_world_is_seeded() -> None:
     words = sorted({w for e in WORLD.entities for w in e.name.split()} | set(WORLD.countries) | set(WORLD.rivers))
     for a in words:

@@ -30,6 +30,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("sanlab.study.cli", "plan, run and tabulate a controlled study"),
     "analyze": ("sanlab.analysis.cli", "decompose the gap between runs (regions, spectra, attention)"),
     "signal": ("sanlab.commands.signal", "residual-stream growth with depth at init (Theorem 1)"),
+    "eval": ("sanlab.eval.cli", "zero-shot lm-eval tasks (and built-in offline ones) on run dirs"),
+    "sample": ("sanlab.commands.sample", "generate text from a run's checkpoint (KV cache, streaming)"),
     "report": ("sanlab.report.cli", "a study's figures and tables: PNGs, report.md, one self-contained report.html"),
 }
 

