@@ -25,7 +25,7 @@ test-all: setup
 # The quick study, then its report (final pairs analysed; milestones for the spectra
 # dynamics). The last line printed is the path of report.html.
 demo: setup
-	$(VENV)/bin/sanlab study run examples/quick.toml "train.milestones=[0.25,0.5,0.75,1.0]" --out runs/quick --report
+	$(VENV)/bin/sanlab study run examples/quick.toml --out runs/quick --report
 
 bench: setup
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
