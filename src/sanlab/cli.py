@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("sanlab.study.cli", "plan, run and tabulate a controlled study"),
     "analyze": ("sanlab.analysis.cli", "decompose the gap between runs (regions, spectra, attention)"),
     "signal": ("sanlab.commands.signal", "residual-stream growth with depth at init (Theorem 1)"),
+    "probe": ("sanlab.probes.cli", "what an architecture can do at all: synthetic probe tasks (SPEC §2)"),
 }
 
 
