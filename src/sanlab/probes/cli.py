@@ -86,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
     from sanlab.probes.suite import CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results, write_results
 
     console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=120)  # logs: room for the grid
     if args.list:
         return _list(console)
     tasks_given = [i for i in args.items if "=" not in i]
@@ -114,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
                           "in this build)")
     else:
         arms = resolve_arms(["standard", "san"])
-    opts = ov.options_model()
+    opts = ov.options_model(args.quick)
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: exists and is not a directory")
@@ -143,7 +145,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  [{done}] {c.key} lr {p.lr:.3g} (×{p.multiplier:g}): {p.status}  val {va}  test {te}  "
                       f"({p.wall_s or 0:.0f} s, {time.time() - t0:.0f} s in all){err}")
 
-    run_cells(cells, opts, out, progress, on_round)
+    def save_so_far() -> None:
+        write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
+
+    run_cells(cells, opts, out, progress, on_round, save_so_far)
     res = results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0)
     print_cells(res, console)
     print_table(res, console)

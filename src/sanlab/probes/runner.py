@@ -40,24 +40,33 @@ PROBE_FILE = "probe.json"
 TRAIN_FN = "sanlab.probes.runner:train_and_score"
 
 # The probe model and run (SPEC §2: 2 layers for algorithmic tasks). Arm presets and
-# the user's overrides apply on top, in that order.
+# the user's overrides apply on top, in that order. Muon at the project's base LR: on
+# retrieval (m <= 8) it reached 99% test accuracy in 600 steps where AdamW at 3e-3 was at
+# 30% (measured, standard arm, batch 8).
 BASE_OVERRIDES: tuple[str, ...] = (
     "model.n_layers=2", "model.d_model=64", "model.n_heads=4", "model.n_kv_heads=2",
-    "optim.name=adamw", "optim.lr=3e-3", "optim.warmup_frac=0.05", "optim.decay_frac=0.2",
-    "train.batch_rows=16", "train.eval_every=0", "train.milestones=[1.0]", "train.log_every=50",
+    "optim.name=muon", "optim.lr=0.02", "optim.adam_lr=3e-3", "optim.warmup_frac=0.05", "optim.decay_frac=0.2",
+    "train.batch_rows=8", "train.eval_every=0", "train.milestones=[1.0]", "train.log_every=50",
 )
 
-# Per task: task settings and training length, full and --quick. The quick budgets are
-# sized so `sanlab probe --suite --quick` fits 15 minutes on a 2-core CPU.
+# Per task: task settings and training length, full and --quick (prefix `task.` = task
+# config). The quick budgets are sized so `sanlab probe --suite --quick` (two arms) fits
+# about 15 minutes on a 2-core CPU.
 TASK_DEFAULTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "addition": {"full": ("train.steps=3000",), "quick": ("task.n_train=3000", "train.steps=500")},
-    "modadd": {"full": ("train.steps=3000",), "quick": ("task.p=31", "train.steps=500")},
-    "memorize": {"full": ("train.steps=3000",), "quick": ("task.n_train=512", "train.steps=500")},
-    "retrieval": {"full": ("train.steps=3000",), "quick": ("task.n_train=3000", "train.steps=500")},
-    "induction": {"full": ("train.steps=3000",), "quick": ("task.n_train=3000", "train.steps=500")},
-    "dyck": {"full": ("train.steps=3000",), "quick": ("task.n_train=3000", "train.steps=500")},
-    "sentiment": {"full": ("train.steps=3000",), "quick": ("task.n_train=3000", "train.steps=500")},
+    "addition": {"full": ("task.n_train=50000", "train.steps=3000"),
+                 "quick": ("task.n_train=20000", "train.steps=400")},
+    "modadd": {"full": ("task.p=113", "train.steps=3000"), "quick": ("task.p=31", "train.steps=400")},
+    "memorize": {"full": ("train.steps=3000",), "quick": ("train.steps=400",)},
+    "retrieval": {"full": ("task.n_train=50000", "task.m_max=16", "train.steps=3000"),
+                  "quick": ("task.n_train=20000", "task.keys=16", "task.values=16", "train.steps=500")},
+    "induction": {"full": ("task.n_train=50000", "train.steps=3000"),
+                  "quick": ("task.n_train=20000", "train.steps=400")},
+    "dyck": {"full": ("task.n_train=10000", "train.steps=3000"), "quick": ("task.n_train=6000", "train.steps=400")},
+    "sentiment": {"full": ("task.n_train=50000", "train.steps=3000"),
+                  "quick": ("task.n_train=20000", "train.steps=400")},
 }
+# --quick also shrinks the sweep and the capacity grid (user overrides still win).
+QUICK_OPTIONS: tuple[str, ...] = ("sweep.max_extensions=1", "capacity.ns=[512,2048]")
 
 
 class SweepSettings(StrictModel):
@@ -79,7 +88,7 @@ class SweepSettings(StrictModel):
 class CapacitySettings(StrictModel):
     """`capacity.*`: the N values of the memorization-capacity sweep."""
 
-    ns: list[int] = [512, 2048, 8192]
+    ns: list[int] = [1024, 4096, 16384]
 
     @model_validator(mode="after")
     def _check(self) -> "CapacitySettings":
@@ -133,8 +142,9 @@ class Overrides:
                                   "(use model.*, optim.*, train.*, task.*, sweep.*, capacity.*, runner.*)")
         return out
 
-    def options_model(self) -> ProbeOptions:
-        return apply_overrides(ProbeOptions, {}, self.options, source="probe")
+    def options_model(self, quick: bool = False) -> ProbeOptions:
+        return apply_overrides(ProbeOptions, {}, [*(QUICK_OPTIONS if quick else ()), *self.options],
+                               source="probe")
 
 
 def task_settings(task: str, quick: bool, user_task: Sequence[str]) -> tuple[TaskConfig, list[str]]:
@@ -200,7 +210,7 @@ class Cell:
             "key": self.key, "task": self.task, "arm": self.arm.name, "label": self.arm.label,
             "arm_overrides": list(self.arm.overrides), "task_config": self.task_cfg.model_dump(mode="json"),
             "base_lr": self.config.optim.lr, "multiplier": d.best, "lr": best.lr if best else None,
-            "at_edge": d.at_edge, "val_accuracy": best.val_accuracy if best else None,
+            "at_edge": d.at_edge and self.sweep.enabled, "val_accuracy": best.val_accuracy if best else None,
             "test_accuracy": best.test_accuracy if best else None,
             "test_correct": best.test_correct if best else None, "test_total": best.test_total if best else None,
             "points": [vars(p) for _, p in sorted(self.points.items())],
@@ -261,9 +271,11 @@ ProgressFn = Callable[[Cell, Point, int], None]
 
 
 def run_cells(cells: Sequence[Cell], opts: ProbeOptions, out: Path, progress: ProgressFn | None = None,
-              on_round: Callable[[int, int], None] | None = None) -> None:
+              on_round: Callable[[int, int], None] | None = None,
+              after_round: Callable[[], None] | None = None) -> None:
     """Sweep every cell to its decision, round by round; all pending points of a round
-    run in parallel on the local runner."""
+    run in parallel on the local runner. `after_round` runs after each round (the CLI
+    writes the results so far)."""
     runner = LocalRunner(opts.runner)
     round_no, done = 0, 0
     while True:
@@ -298,3 +310,5 @@ def run_cells(cells: Sequence[Cell], opts: ProbeOptions, out: Path, progress: Pr
                 progress(cell, point, done)
 
         runner.run([job for job, _, _ in batch], on_done)
+        if after_round is not None:
+            after_round()

@@ -25,7 +25,7 @@ CAPACITY = "capacity"  # the memorization-capacity sweep: a pseudo-task over tas
 # SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
 SUITE_TASKS: tuple[str, ...] = ("addition", "modadd", CAPACITY, "retrieval", "induction", "dyck", "sentiment")
 COLUMNS: dict[str, str] = {"addition": "Addition", "modadd": "Mod. add.", "memorize": "Memorize",
-                           CAPACITY: "Memorization (bits/param)", "retrieval": "Retrieval",
+                           CAPACITY: "Memorization bits/param", "retrieval": "Retrieval",
                            "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment"}
 # SPEC §2 anchors: accuracy in %, capacity in bits/param; "≈ standard" where the paper says so.
 ANCHORS: dict[str, dict[str, float | str]] = {
