@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from probe_helpers import InProcessRunner, use_in_process_runner
+
 from sanlab.cli import main
 from sanlab.config import ModelConfig
 from sanlab.model.lm import LM
@@ -20,27 +22,9 @@ TINY = ["model.d_model=16", "model.n_heads=2", "model.n_kv_heads=1", "train.step
         "row_tokens=64", "sweep.grid=[1]", "sweep.max_extensions=0"]
 
 
-class InProcessRunner:
-    """The study runner's contract without subprocesses (each process would import torch again)."""
-
-    calls: list[str] = []
-
-    def __init__(self, spec: Any) -> None:
-        pass
-
-    def run(self, jobs: Any, on_done: Any) -> None:
-        from sanlab.study.runner import train_in_process
-
-        for job in jobs:
-            InProcessRunner.calls.append(job.run_id)
-            on_done(job, train_in_process(job))
-
-
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> type[InProcessRunner]:
-    monkeypatch.setattr("sanlab.probes.runner.LocalRunner", InProcessRunner)
-    InProcessRunner.calls = []
-    return InProcessRunner
+    return use_in_process_runner(monkeypatch)
 
 
 def _probe(tmp_path: Path, *items: str) -> int:
