@@ -287,6 +287,9 @@ def run_cells(cells: Sequence[Cell], opts: ProbeOptions, out: Path, progress: Pr
                 batch.append((job, point, cell))
         if not batch:
             return
+        # The ×1 point of every cell first, then the points around it: a stopped or
+        # still-running suite has a whole table early (the sort is stable in cell order).
+        batch.sort(key=lambda item: abs(math.log2(item[1].multiplier)))
         round_no += 1
         if on_round is not None:
             on_round(round_no, len(batch))
