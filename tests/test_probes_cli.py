@@ -199,3 +199,15 @@ def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.
     res = json.loads((tmp_path / "out" / "probe-dyck.json").read_text())
     cfg = json.loads((Path(res["cells"][0]["points"][0]["run_dir"]) / "config.json").read_text())
     assert cfg["model"]["d_ff"] == 40 and cfg["model"]["ffn"] is True and cfg["model"]["n_layers"] == 2
+
+
+def test_results_files_are_strict_json(tmp_path: Path) -> None:
+    from sanlab.probes.suite import write_results
+
+    res = {"tasks": ["retrieval"], "arms": [{"name": "standard", "label": "Standard"}],
+           "table": {"standard": {"retrieval": float("nan")}}, "anchors": {}, "capacity": {},
+           "cells": [{"arm": "standard", "key": "retrieval/standard", "val_loss": float("inf")}]}
+    json_path, csv_path = write_results(res, tmp_path, "x")
+    data = json.loads(json_path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert data["table"]["standard"]["retrieval"] is None and data["cells"][0]["val_loss"] is None
+    assert csv_path.read_text().splitlines()[1].startswith("standard,Standard,retrieval,test_accuracy_pct,,")

@@ -181,11 +181,22 @@ def csv_text(res: dict[str, Any]) -> str:
     return buf.getvalue()
 
 
+def _clean(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
 def write_results(res: dict[str, Any], out: Path, stem: str) -> tuple[Path, Path]:
     """`{stem}.json` and `{stem}.csv` in `out`, each written atomically."""
     out.mkdir(parents=True, exist_ok=True)
     paths = (out / f"{stem}.json", out / f"{stem}.csv")
-    texts = (json.dumps(res, indent=2, default=lambda x: None) + "\n", csv_text(res))
+    texts = (json.dumps(_clean(res), indent=2, allow_nan=False) + "\n", csv_text(res))
     for path, text in zip(paths, texts):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
