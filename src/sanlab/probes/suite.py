@@ -159,6 +159,10 @@ def print_cells(res: dict[str, Any], console: Console) -> None:
     console.print(t)
 
 
+def _csv_num(value: Any) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.6g}"
+
+
 def csv_text(res: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
@@ -171,11 +175,11 @@ def csv_text(res: dict[str, Any]) -> str:
             paper = (res["anchors"].get(a["name"]) or {}).get(task, "")
             if task == CAPACITY:
                 cap = res["capacity"].get(a["name"], {})
-                w.writerow([a["name"], a["label"], task, "bits_per_param", "" if value is None else f"{value:.6g}",
+                w.writerow([a["name"], a["label"], task, "bits_per_param", _csv_num(value),
                             paper, "", "", "", cap.get("memorised", ""), cap.get("n", ""), cap.get("params", "")])
                 continue
             s = by_key.get((a["name"], task), {})
-            w.writerow([a["name"], a["label"], task, "test_accuracy_pct", "" if value is None else f"{value:.6g}",
+            w.writerow([a["name"], a["label"], task, "test_accuracy_pct", _csv_num(value),
                         paper, s.get("lr", ""), s.get("multiplier", ""), s.get("at_edge", ""),
                         s.get("test_correct", ""), s.get("test_total", ""), s.get("trainable_params", "")])
     return buf.getvalue()
