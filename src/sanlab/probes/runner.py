@@ -88,7 +88,7 @@ class SweepSettings(StrictModel):
 class CapacitySettings(StrictModel):
     """`capacity.*`: the N values of the memorization-capacity sweep."""
 
-    ns: list[int] = [1024, 4096, 16384]
+    ns: list[int] = [4096, 16384, 65536]  # 65536 = every key of the default 16 symbols ^ 4
 
     @model_validator(mode="after")
     def _check(self) -> "CapacitySettings":
