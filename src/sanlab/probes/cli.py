@@ -134,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
                   f"{opts.runner.workers} worker(s) × {opts.runner.threads} thread(s) → {out}")
 
+    def save_so_far() -> None:
+        write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
+
     def on_round(n: int, runs: int) -> None:
         console.print(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
 
@@ -144,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
         err = f" — {p.error}" if p.error else ""
         console.print(f"  [{done}] {c.key} lr {p.lr:.3g} (×{p.multiplier:g}): {p.status}  val {va}  test {te}  "
                       f"({p.wall_s or 0:.0f} s, {time.time() - t0:.0f} s in all){err}")
-
-    def save_so_far() -> None:
-        write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
+        save_so_far()  # a stopped suite keeps every finished run's numbers in its results
 
     run_cells(cells, opts, out, progress, on_round, save_so_far)
     res = results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0)
