@@ -58,7 +58,7 @@ TASK_DEFAULTS: dict[str, dict[str, tuple[str, ...]]] = {
     "modadd": {"full": ("task.p=113", "train.steps=3000"), "quick": ("task.p=31", "train.steps=400")},
     "memorize": {"full": ("train.steps=3000",), "quick": ("train.steps=400",)},
     "retrieval": {"full": ("task.n_train=50000", "task.m_max=16", "train.steps=3000"),
-                  "quick": ("task.n_train=20000", "task.keys=16", "task.values=16", "train.steps=1000")},
+                  "quick": ("task.n_train=4000", "task.keys=16", "task.values=16", "train.steps=600")},
     "induction": {"full": ("task.n_train=50000", "train.steps=3000"),
                   "quick": ("task.n_train=20000", "train.steps=400")},
     "dyck": {"full": ("task.n_train=10000", "train.steps=3000"), "quick": ("task.n_train=6000", "train.steps=400")},
