@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("sanlab.eval.cli", "zero-shot lm-eval tasks (and built-in offline ones) on run dirs"),
     "sample": ("sanlab.commands.sample", "generate text from a run's checkpoint (KV cache, streaming)"),
     "report": ("sanlab.report.cli", "a study's figures and tables: PNGs, report.md, one self-contained report.html"),
+    "probe": ("sanlab.probes.cli", "what an architecture can do at all: synthetic probe tasks (SPEC §2)"),
 }
 
 

@@ -14,7 +14,9 @@ Batch layout (docs/architecture.md, "Data"): each row of `seq_len + 1` tokens gi
 `inputs = row[:-1]`, `targets = row[1:]`; `segment_ids` are the inputs' segments (for the
 attention mask), `region_ids` / `doc_ids` describe the target token, and `loss_mask` is
 true only where the target stays in its input's segment and is not PAD — so the
-EOS → next BOS step and the padding of the last row never count.
+EOS → next BOS step and the padding of the last row never count. A manifest with
+`"loss_regions": [names]` (the probe tasks: `["answer"]`) also restricts the mask to
+targets in those regions.
 
 Prefetching was measured and not added: a batch is a few memmap row copies, hundreds of
 times faster than a CPU training step consumes it (benchmarks/bench_data.py).
@@ -28,7 +30,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from sanlab.data.regions import PAD_ID
+from sanlab.data.regions import PAD_ID, REGION_NAMES
 from sanlab.data.shards import doc_metadata, load_manifest, open_split
 from sanlab.errors import ConfigError, DataError
 
@@ -85,6 +87,13 @@ class Loader:
         if int(meta["length"].sum()) != entry["tokens"]:
             raise DataError(f"{self.data_dir}: split {split!r}: its documents hold {int(meta['length'].sum())} "
                             f"tokens, the manifest says {entry['tokens']}; prepare the data again")
+        self.loss_regions: np.ndarray | None = None  # region ids the loss is restricted to
+        if "loss_regions" in self.manifest:
+            names = self.manifest["loss_regions"]
+            if not isinstance(names, list) or not names or any(n not in REGION_NAMES for n in names):
+                raise DataError(f"{self.data_dir}: manifest loss_regions must be a non-empty list of "
+                                f"{', '.join(REGION_NAMES)}; got {names!r}")
+            self.loss_regions = np.asarray([REGION_NAMES.index(n) for n in names])
         self.step = 0
         self._orders: dict[int, np.ndarray] = {}
 
@@ -147,6 +156,8 @@ class Loader:
         seg = r["segments"].astype(np.int64)  # (B, T+1)
         targets = tokens[:, 1:]
         mask = (seg[:, 1:] == seg[:, :-1]) & (targets != PAD_ID)
+        if self.loss_regions is not None:
+            mask &= np.isin(r["regions"][:, 1:], self.loss_regions)
 
         def t(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(a))

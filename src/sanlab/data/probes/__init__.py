@@ -1,1 +1,38 @@
+"""Probe tasks (SPEC §2), one file per task, registered by name.
 
+    from sanlab.data.probes import TASKS, task_config, write_probe_dir
+    cfg = task_config("retrieval", ["m_max=8"])
+    write_probe_dir(TASKS["retrieval"], cfg, "data/retrieval")
+
+See `base.py` for how examples become a prepared dir the regular trainer reads.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sanlab.data.probes import addition, dyck, induction, memorize, modadd, retrieval, sentiment
+from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, write_probe_dir
+from sanlab.errors import ConfigError
+
+TASKS: dict[str, ProbeTask] = {
+    t.name: t
+    for t in (addition.TASK, modadd.TASK, memorize.TASK, retrieval.TASK, induction.TASK, dyck.TASK,
+              sentiment.TASK)
+}
+
+__all__ = ["TASKS", "Example", "Generated", "ProbeTask", "TaskConfig", "get_task", "task_config",
+           "write_probe_dir"]
+
+
+def get_task(name: str) -> ProbeTask:
+    if name not in TASKS:
+        raise ConfigError(f"unknown probe task {name!r} (choose from {', '.join(TASKS)})")
+    return TASKS[name]
+
+
+def task_config(name: str, overrides: Sequence[str] = ()) -> TaskConfig:
+    """The task's config with `key=value` overrides (without the `task.` prefix)."""
+    from sanlab.config import apply_overrides
+
+    return apply_overrides(get_task(name).config, {}, overrides, source=f"task {name}")

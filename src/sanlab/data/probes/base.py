@@ -1,0 +1,250 @@
+"""What every probe task shares: examples, splits, the task registry entry, the writer.
+
+A probe task (SPEC §2: small synthetic tasks that show what an architecture can do at
+all) is a seeded generator of `Example`s, each a prompt and an answer over the task's own
+small vocabulary. `write_probe_dir` turns the examples into a prepared dir in the
+regular shard format (`sanlab.data.shards`), so the regular trainer and loader train on
+it unchanged:
+
+- every example is one document `[BOS] filler… prompt answer [EOS]`, left-filled with
+  the task's filler token to one length for the whole task, and the row length is a
+  whole number of documents, so no example is ever cut at a row edge and the stream
+  packing of `SplitWriter` applies as it is;
+- prompt tokens are region QUERY, answer tokens ANSWER, BOS / EOS / filler OTHER;
+- the manifest says `"loss_regions": ["answer"]`, which makes the loader's loss mask
+  cover exactly the answer tokens (`sanlab.data.loader`);
+- splits `train`, `val` (what the trainer evaluates and the LR sweep selects on) and
+  `test` (what accuracy is reported on), disjoint unless the task says otherwise
+  (memorization: all three are the training set).
+
+Token ids: the SPEC's eight special tokens keep ids 0–7 (so `load_tokenizer` accepts the
+dir), the task's tokens follow from id 8 in the order the task lists them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+from pydantic import model_validator
+
+from sanlab import __version__
+from sanlab.config import StrictModel
+from sanlab.data.regions import ANSWER, N_SPECIAL, OTHER, QUERY, REGION_NAMES, SPECIAL_TOKENS
+from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
+from sanlab.errors import ConfigError
+
+SPLITS = ("train", "val", "test")
+FILLER = "_"  # every task's first token: left fill up to the task's document length
+TOKENIZER_FILE = "tokenizer.json"
+
+
+class TaskConfig(StrictModel):
+    """Settings every task has (`task.seed=…`, `task.n_train=…` on the command line)."""
+
+    seed: int = 0
+    n_train: int = 4000
+    n_val: int = 256
+    n_test: int = 512
+
+    @model_validator(mode="after")
+    def _check_counts(self) -> "TaskConfig":
+        for key in ("n_train", "n_val", "n_test"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1, got {getattr(self, key)}")
+        return self
+
+
+@dataclass(frozen=True)
+class Example:
+    """One probe example as token strings of the task's vocabulary."""
+
+    prompt: tuple[str, ...]
+    answer: tuple[str, ...]
+
+    @property
+    def tokens(self) -> tuple[str, ...]:
+        return self.prompt + self.answer
+
+
+@dataclass
+class Generated:
+    """A task's output: its vocabulary (without the specials) and its three splits."""
+
+    vocab: list[str]
+    splits: dict[str, list[Example]]
+    info: dict[str, Any] = field(default_factory=dict)  # task facts worth recording (e.g. key space)
+
+
+@dataclass(frozen=True)
+class ProbeTask:
+    """A registered task: its name, its typed config and its generator."""
+
+    name: str
+    config: type[TaskConfig]
+    generate: Callable[[Any], Generated]
+    description: str
+    split_disjoint: bool = True  # False: val and test are the training set (memorization)
+
+
+def task_vocab(*groups: Iterable[str]) -> list[str]:
+    """The task vocabulary: the filler, then each group's tokens in order (no duplicates)."""
+    out = [FILLER]
+    for g in groups:
+        for t in g:
+            if t in out:
+                raise ValueError(f"token {t!r} appears twice in a probe vocabulary")
+            out.append(t)
+    return out
+
+
+def draw_distinct(
+    draw: Callable[[np.random.Generator, int], Example],
+    counts: Sequence[int],
+    rng: np.random.Generator,
+    *,
+    what: str,
+    max_tries_factor: int = 50,
+) -> list[list[Example]]:
+    """`counts[i]` examples for split i, all distinct (by tokens) across every split.
+
+    `draw(rng, i)` returns one example (i is its index in the whole draw, which lets a
+    generator stratify, e.g. alternate balanced / unbalanced). A space too small for the
+    request is a `ConfigError` rather than an endless loop.
+    """
+    total = sum(counts)
+    seen: set[tuple[str, ...]] = set()
+    out: list[Example] = []
+    tries = 0
+    while len(out) < total:
+        tries += 1
+        if tries > max_tries_factor * total + 1000:
+            raise ConfigError(
+                f"task: cannot draw {total} distinct {what} examples (got {len(out)}); "
+                "the task's space is too small for n_train + n_val + n_test"
+            )
+        ex = draw(rng, len(out))
+        if ex.tokens not in seen:
+            seen.add(ex.tokens)
+            out.append(ex)
+    splits, start = [], 0
+    for c in counts:
+        splits.append(out[start : start + c])
+        start += c
+    return splits
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _tokenizer_json(vocab: list[str]) -> str:
+    """A word-level tokenizer over the specials and the task tokens (whitespace-split)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    ids = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *vocab])}
+    tok = Tokenizer(models.WordLevel(vocab=ids, unk_token=SPECIAL_TOKENS[3]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    for s in SPECIAL_TOKENS:
+        tok.add_special_tokens([s])
+    return json.dumps(json.loads(tok.to_str()), sort_keys=True, ensure_ascii=False)
+
+
+def doc_length(gen: Generated) -> int:
+    """Tokens per document of the task, BOS and EOS included."""
+    return 2 + max(len(ex.tokens) for split in gen.splits.values() for ex in split)
+
+
+def row_layout(doc_len: int, row_tokens: int) -> tuple[int, int]:
+    """(documents per row, seq_len): rows of `seq_len + 1` = a whole number of documents,
+    as close to `row_tokens + 1` as that allows (at least one document)."""
+    per_row = max(1, (row_tokens + 1) // doc_len)
+    return per_row, per_row * doc_len - 1
+
+
+def encode(ex: Example, ids: dict[str, int], length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, region ids) of one example left-filled to `length` (BOS/EOS excluded)."""
+    fill = length - len(ex.tokens)
+    toks = [FILLER] * fill + list(ex.tokens)
+    regions = [OTHER] * fill + [QUERY] * len(ex.prompt) + [ANSWER] * len(ex.answer)
+    return np.asarray([ids[t] for t in toks], np.int64), np.asarray(regions, np.uint8)
+
+
+def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_tokens: int = 256,
+                    force: bool = False) -> dict[str, Any]:
+    """Generate `task` with `cfg` and write it as a prepared dir at `out` (atomically).
+
+    Returns the manifest. An existing dir with the same task, config and row length is
+    reused as it is (generation is deterministic); anything else there needs `force`.
+    """
+    out = Path(out)
+    probe_key = {"task": task.name, "config": cfg.model_dump(mode="json"), "row_tokens": row_tokens}
+    existing = out / MANIFEST
+    if existing.is_file():
+        try:
+            old = json.loads(existing.read_text())
+        except (OSError, json.JSONDecodeError):
+            old = {}
+        if {k: old.get("probe", {}).get(k) for k in probe_key} == probe_key:
+            return old
+        if not force:
+            raise ConfigError(f"{out}: holds other probe data (use a new directory or --force)")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ConfigError(f"{out}: exists and is not a probe data dir")
+    gen = task.generate(cfg)
+    length = doc_length(gen) - 2
+    per_row, seq_len = row_layout(length + 2, row_tokens)
+    vocab_size = N_SPECIAL + len(gen.vocab)
+    vocab_size += -vocab_size % 8  # an embedding with a multiple-of-8 row count; extra rows are never used
+    ids = {t: N_SPECIAL + i for i, t in enumerate(gen.vocab)}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        tok_path = tmp / TOKENIZER_FILE
+        tok_path.write_text(_tokenizer_json(gen.vocab))
+        splits: dict[str, Any] = {}
+        for split in SPLITS:
+            w = SplitWriter(tmp, split, seq_len, vocab_size, shard_rows=1 << 20)
+            for i, ex in enumerate(gen.splits[split]):
+                toks, regions = encode(ex, ids, length)
+                w.add(toks, regions, 0, i)
+            splits[split] = w.finish([task.name])
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "sanlab_version": __version__,
+            "corpus": f"probe:{task.name}",
+            "seed": cfg.seed,
+            "seq_len": seq_len,
+            "vocab_size": vocab_size,
+            "tokenizer_vocab_size": N_SPECIAL + len(gen.vocab),
+            "token_dtype": "uint16",
+            "tokenizer": {"path": TOKENIZER_FILE, "dtype": "json", "bytes": tok_path.stat().st_size,
+                          "sha256": sha256_file(tok_path)},  # fmt: skip
+            "regions": list(REGION_NAMES),
+            "exercises": [task.name],
+            "loss_regions": [REGION_NAMES[ANSWER]],
+            "splits": splits,
+            "config": {"probe": task.name, **cfg.model_dump(mode="json")},
+            "probe": {**probe_key, "doc_length": length + 2, "docs_per_row": per_row,
+                      "split_disjoint": task.split_disjoint, "info": gen.info},
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        old_dir = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            out.rename(old_dir)
+        tmp.rename(out)
+        if old_dir.exists():
+            shutil.rmtree(old_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return manifest

@@ -1,0 +1,105 @@
+"""Probe arms: a name plus `section.key=value` overrides of the run config.
+
+The preset table below is the one place that says what each named arm is. A variant
+that this build does not have yet (its mixer is not registered, or its config key does
+not exist) is refused with one line naming the arm, before anything trains. A custom
+arm is given on the command line as `--arm "NAME: key=value key=value"`.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Sequence
+
+from sanlab.config import Config, apply_overrides
+from sanlab.errors import ConfigError
+
+# name -> overrides. SPEC §2's variants are switches on the standard architecture.
+PRESETS: dict[str, tuple[str, ...]] = {
+    "standard": ("model.ffn=true",),
+    "san": ("model.ffn=false",),  # SPEC §1.1: attention only
+    "frozen_qk": ("model.ffn=true", 'train.freeze=["blocks.*.attn.wq.weight","blocks.*.attn.wk.weight"]'),
+    "frozen_mlp": ("model.ffn=true", 'train.freeze=["blocks.*.ffn.*"]'),
+    "mixit": ("model.ffn=true", "model.mixer=mixit"),
+}
+# How SPEC §2 names them (table rows).
+LABELS: dict[str, str] = {"standard": "Standard", "san": "SAN", "frozen_qk": "Frozen-QK",
+                          "frozen_mlp": "Frozen-MLP", "mixit": "MixiT"}
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    overrides: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        return LABELS.get(self.name, self.name)
+
+
+def parse_custom(spec: str) -> Arm:
+    """`"NAME: key=value key=value"` -> Arm."""
+    name, sep, rest = spec.partition(":")
+    name = name.strip()
+    if not sep or not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise ConfigError(f"--arm {spec!r}: expected 'NAME: section.key=value …' with a plain NAME")
+    try:
+        items = tuple(shlex.split(rest))
+    except ValueError as e:
+        raise ConfigError(f"--arm {spec!r}: {e}") from None
+    if not items or any("=" not in i for i in items):
+        raise ConfigError(f"--arm {spec!r}: expected section.key=value overrides after the name")
+    return Arm(name, items)
+
+
+def resolve_arms(names: Sequence[str], custom: Sequence[str] = ()) -> list[Arm]:
+    """Preset names plus custom arms, in order, no duplicates; unknown names are refused."""
+    arms: list[Arm] = []
+    for n in names:
+        n = n.strip()
+        if not n:
+            continue
+        if n not in PRESETS:
+            raise ConfigError(f"unknown arm {n!r} (presets: {', '.join(PRESETS)}; "
+                              "or define one with --arm 'NAME: key=value …')")
+        arms.append(Arm(n, PRESETS[n]))
+    for spec in custom:
+        arms.append(parse_custom(spec))
+    seen: set[str] = set()
+    for a in arms:
+        if a.name in seen:
+            raise ConfigError(f"arm {a.name!r} given twice")
+        seen.add(a.name)
+    if not arms:
+        raise ConfigError("no arms to run")
+    return arms
+
+
+def unavailable(arm: Arm) -> str | None:
+    """Why this build cannot run `arm` (a missing variant), or None."""
+    try:
+        cfg = apply_overrides(Config, {}, arm.overrides, source=f"arm {arm.name}")
+    except ConfigError as e:
+        if "unknown key" in str(e):
+            key = str(e).split("unknown key", 1)[1].strip()
+            return f"arm {arm.name}: variant not available in this build ({key} is not a config key)"
+        raise ConfigError(f"arm {arm.name}: {e}") from None
+    from sanlab.model.mixers import MIXERS
+
+    if cfg.model.mixer not in MIXERS:
+        return (f"arm {arm.name}: variant not available in this build (model.mixer={cfg.model.mixer} "
+                f"is not a registered mixer; have {', '.join(MIXERS)})")
+    return None
+
+
+def check_available(arms: Sequence[Arm]) -> None:
+    for a in arms:
+        why = unavailable(a)
+        if why:
+            raise ConfigError(why)
+
+
+def available_presets() -> list[Arm]:
+    """Every preset this build can run (the suite's default arms)."""
+    return [Arm(n, o) for n, o in PRESETS.items() if unavailable(Arm(n, o)) is None]

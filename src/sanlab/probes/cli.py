@@ -1,0 +1,168 @@
+"""`sanlab probe TASK [--arms a,b,…] [key=value …]` and `sanlab probe --suite [--quick]`.
+
+    sanlab probe retrieval --arms standard,san
+    sanlab probe modadd --arms standard task.p=59 train.steps=2000
+    sanlab probe capacity --arms standard capacity.ns=[256,1024]
+    sanlab probe --suite --quick --out runs/probes
+
+Every (task, arm) cell gets its own LR sweep with boundary extension; the printed
+numbers are exact-match accuracy on held-out test examples (training set for
+memorization) at the LR the validation split selected. See docs/commands/probe.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from sanlab.errors import ConfigError
+
+DEFAULT_OUT = Path("runs/probe")
+
+
+def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> None:
+    # Options may come after the task and the overrides (`probe retrieval --arms standard
+    # train.steps=100`): argparse's plain parse cannot mix a `*` positional with options,
+    # so the items take the remainder and `run` parses that remainder again, intermixed.
+    parser.add_argument("items", nargs="*" if intermixed else argparse.REMAINDER, metavar="[TASK] [key=value]",
+                        help="the task (addition, modadd, memorize, capacity, retrieval, induction, dyck, "
+                             "sentiment), then overrides: model.* optim.* train.* task.* sweep.* capacity.* runner.*")
+    parser.add_argument("--suite", action="store_true", help="run every task for every arm and print the grid")
+    parser.add_argument("--quick", action="store_true", help="small task sizes and budgets (minutes on a CPU)")
+    parser.add_argument("--arms", metavar="A,B,…",
+                        help="arm presets, comma-separated (default: standard,san for one task; every "
+                             "preset this build has for --suite)")
+    parser.add_argument("--arm", action="append", default=[], metavar="'NAME: key=value …'",
+                        help="a custom arm: a name and run-config overrides (repeatable)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
+                        help=f"data, runs and results go here (default {DEFAULT_OUT}); reruns reuse finished runs")
+    parser.add_argument("--list", action="store_true", help="list the tasks and arm presets and exit")
+
+
+def _list(console: object) -> int:
+    from sanlab.data.probes import TASKS
+    from sanlab.probes.arms import PRESETS, unavailable
+
+    print("tasks:")
+    for name, t in TASKS.items():
+        print(f"  {name:<10} {t.description}")
+    print("  capacity   memorization capacity: task memorize swept over capacity.ns, bits/param")
+    print("arms:")
+    for name, ov in PRESETS.items():
+        from sanlab.probes.arms import Arm
+
+        why = unavailable(Arm(name, ov))
+        print(f"  {name:<10} {' '.join(ov)}" + ("   (not available in this build)" if why else ""))
+    return 0
+
+
+def _reparse(args: argparse.Namespace) -> argparse.Namespace:
+    """Options given after the first positional item, parsed from the remainder."""
+    if not any(i.startswith("-") for i in args.items):
+        return args
+    parser = argparse.ArgumentParser(prog="sanlab probe", add_help=False, exit_on_error=False)
+    configure(parser, intermixed=True)
+    try:
+        again = parser.parse_intermixed_args(args.items)
+    except argparse.ArgumentError as e:
+        raise ConfigError(str(e)) from None
+    for key in ("suite", "quick", "list"):
+        setattr(again, key, getattr(again, key) or getattr(args, key))
+    again.arms = again.arms if again.arms is not None else args.arms
+    again.arm = [*args.arm, *again.arm]
+    again.out = again.out if again.out != DEFAULT_OUT else args.out
+    return again
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    args = _reparse(args)
+
+    from sanlab.data.probes import TASKS
+    from sanlab.probes.arms import available_presets, check_available, resolve_arms
+    from sanlab.probes.runner import Overrides, run_cells
+    from sanlab.probes.suite import CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results, write_results
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=120)  # logs: room for the grid
+    if args.list:
+        return _list(console)
+    tasks_given = [i for i in args.items if "=" not in i]
+    ov = Overrides.parse([i for i in args.items if "=" in i])
+    if args.suite:
+        if tasks_given:
+            raise ConfigError(f"--suite runs every task; drop {tasks_given[0]!r} (or drop --suite)")
+        tasks = list(SUITE_TASKS)
+    else:
+        if not tasks_given:
+            raise ConfigError("give a TASK (or --suite); `sanlab probe --list` shows them")
+        if len(tasks_given) > 1:
+            raise ConfigError(f"one TASK at a time, got {' '.join(tasks_given)} (or use --suite)")
+        task = tasks_given[0]
+        if task not in TASKS and task != CAPACITY:
+            raise ConfigError(f"unknown probe task {task!r} (choose from {', '.join([*TASKS, CAPACITY])})")
+        tasks = [task]
+    if args.arms is not None or args.arm:
+        arms = resolve_arms(args.arms.split(",") if args.arms else [], args.arm)
+        check_available(arms)
+    elif args.suite:
+        arms = available_presets()
+        skipped = [n for n in ("frozen_qk", "frozen_mlp", "mixit") if n not in {a.name for a in arms}]
+        if skipped:
+            console.print(f"arms: {', '.join(a.name for a in arms)} ({', '.join(skipped)}: not available "
+                          "in this build)")
+    else:
+        arms = resolve_arms(["standard", "san"])
+    opts = ov.options_model(args.quick)
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot create ({e.strerror})") from None
+    if not os_access_writable(out):
+        raise ConfigError(f"--out {out}: not writable")
+
+    # Everything is checked (task configs, arm configs, data) before the first run.
+    cells = build_cells(tasks, arms, ov, opts, args.quick, out)
+    t0 = time.time()
+    stem = "suite" if args.suite else f"probe-{tasks[0]}"
+    console.print(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
+                  f"{opts.runner.workers} worker(s) × {opts.runner.threads} thread(s) → {out}")
+
+    def save_so_far() -> None:
+        write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
+
+    def on_round(n: int, runs: int) -> None:
+        console.print(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
+
+    def progress(cell: object, point: object, done: int) -> None:
+        c, p = cell, point
+        te = "—" if p.test_accuracy is None else f"{100 * p.test_accuracy:.1f}%"
+        va = "—" if p.val_accuracy is None else f"{100 * p.val_accuracy:.1f}%"
+        err = f" — {p.error}" if p.error else ""
+        console.print(f"  [{done}] {c.key} lr {p.lr:.3g} (×{p.multiplier:g}): {p.status}  val {va}  test {te}  "
+                      f"({p.wall_s or 0:.0f} s, {time.time() - t0:.0f} s in all){err}")
+        save_so_far()  # a stopped suite keeps every finished run's numbers in its results
+
+    run_cells(cells, opts, out, progress, on_round, save_so_far)
+    res = results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0)
+    print_cells(res, console)
+    print_table(res, console)
+    json_path, csv_path = write_results(res, out, stem)
+    console.print(f"wrote {json_path} and {csv_path} ({res['wall_s']:.0f} s)")
+    failed = [p for c in cells for p in c.points.values() if p.status not in ("completed", "diverged")]
+    if failed:
+        console.print(f"[red]{len(failed)} run(s) failed; rerun the same command to retry them[/red]")
+        return 1
+    return 0
+
+
+def os_access_writable(path: Path) -> bool:
+    import os
+
+    return os.access(path, os.W_OK)

@@ -1,0 +1,208 @@
+"""The variants × tasks grid (SPEC §2): cells, results, the table, JSON and CSV.
+
+Computing and printing are apart: `results(...)` builds one JSON-able dict that the
+table, `suite.json` / `probe-TASK.json` and the CSV are all rendered from.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from sanlab.probes.arms import LABELS, Arm
+from sanlab.probes.capacity import capacity, trainable_from_meta
+from sanlab.probes.runner import Cell, Overrides, ProbeOptions, make_cell, task_settings
+
+CAPACITY = "capacity"  # the memorization-capacity sweep: a pseudo-task over task `memorize`
+# SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
+SUITE_TASKS: tuple[str, ...] = ("addition", "modadd", CAPACITY, "retrieval", "induction", "dyck", "sentiment")
+COLUMNS: dict[str, str] = {"addition": "Addition", "modadd": "Mod. add.", "memorize": "Memorize",
+                           CAPACITY: "Memorization bits/param", "retrieval": "Retrieval",
+                           "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment"}
+# SPEC §2 anchors: accuracy in %, capacity in bits/param; "≈ standard" where the paper says so.
+ANCHORS: dict[str, dict[str, float | str]] = {
+    "standard": {"retrieval": 100.0, CAPACITY: 2.98},
+    "frozen_qk": {"retrieval": 97.0, CAPACITY: 2.25},
+    "mixit": {"retrieval": 11.2, CAPACITY: 2.18, "addition": "≈ standard", "modadd": "≈ standard",
+              "dyck": "≈ standard", "sentiment": "≈ standard"},
+    "frozen_mlp": {CAPACITY: 1.13},
+}
+
+
+def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: ProbeOptions,
+                quick: bool, out: Path) -> list[Cell]:
+    cells = []
+    for task in tasks:
+        for arm in arms:
+            if task == CAPACITY:
+                for n in opts.capacity.ns:
+                    cfg, run_items = task_settings("memorize", quick, [*ov.task, f"n_train={n}"])
+                    cells.append(make_cell(f"capacity-n{n}/{arm.name}", "memorize", arm, cfg, run_items,
+                                           ov.run, opts, out))
+            else:
+                cfg, run_items = task_settings(task, quick, ov.task)
+                cells.append(make_cell(f"{task}/{arm.name}", task, arm, cfg, run_items, ov.run, opts, out))
+    return cells
+
+
+def _meta(run_dir: str | None) -> dict[str, Any]:
+    if not run_dir:
+        return {}
+    try:
+        return json.loads((Path(run_dir) / "meta.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *, quick: bool,
+            wall_s: float | None = None) -> dict[str, Any]:
+    """Everything the table, JSON and CSV show."""
+    summaries = []
+    for c in cells:
+        s = c.summary()
+        best = c.best()
+        meta = _meta(best.run_dir if best else None)
+        s["trainable_params"] = trainable_from_meta(meta) if meta else None
+        s["params"] = (meta.get("accounting") or {}).get("params_module") if meta else None
+        summaries.append(s)
+    table: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
+    caps: dict[str, Any] = {}
+    for a in arms:
+        for task in tasks:
+            mine = [s for s in summaries if s["arm"] == a.name and (
+                s["key"].startswith("capacity-") if task == CAPACITY else s["key"] == f"{task}/{a.name}")]
+            if task == CAPACITY:
+                params = next((s["trainable_params"] for s in mine if s["trainable_params"]), None)
+                alphabet = mine[0]["task_config"]["alphabet"] if mine else None
+                points = [{"n": s["task_config"]["n_train"], "memorised": s["test_correct"]} for s in mine]
+                cap = capacity(points, alphabet, params) if params and alphabet else {"bits_per_param": None}
+                caps[a.name] = {**cap, "alphabet": alphabet, "points": points}
+                table[a.name][task] = cap["bits_per_param"]
+            elif mine:
+                acc = mine[0]["test_accuracy"]
+                table[a.name][task] = None if acc is None else 100.0 * acc
+    return {
+        "quick": quick, "tasks": list(tasks), "arms": [{"name": a.name, "label": a.label,
+                                                        "overrides": list(a.overrides)} for a in arms],
+        "table": table, "capacity": caps, "anchors": {a: ANCHORS.get(a, {}) for a in table},
+        "cells": summaries, "wall_s": wall_s,
+    }
+
+
+def _fmt(value: Any, task: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    if isinstance(value, str):
+        return value
+    return f"{value:.2f}" if task == CAPACITY else f"{value:.1f}"
+
+
+def print_table(res: dict[str, Any], console: Console) -> None:
+    """Arms × tasks (test exact-match accuracy in %, capacity in bits/param), then SPEC §2's anchors."""
+    tasks = res["tasks"]
+    edge = {(s["arm"], s["key"].split("/")[0]) for s in res["cells"] if s["at_edge"]}
+    t = Table(title="probe suite: test exact-match accuracy (%), memorization in bits/param",
+              title_justify="left")
+    t.add_column("arm")
+    for task in tasks:
+        t.add_column(COLUMNS.get(task, task), justify="right")
+    for a in res["arms"]:
+        row = []
+        for task in tasks:
+            cell = _fmt(res["table"][a["name"]].get(task), task)
+            at_edge = any(k[0] == a["name"] and (k[1] == task or (task == CAPACITY and k[1].startswith("capacity-")))
+                          for k in edge)
+            row.append(cell + ("*" if at_edge else ""))
+        t.add_row(a["label"], *row)
+    console.print(t)
+    if any(s["at_edge"] for s in res["cells"]):
+        console.print("* the selected LR is still at an edge of its sweep (the sweep hit sweep.max_extensions)")
+    anchors = [(a, res["anchors"].get(a["name"]) or {}) for a in res["arms"]]
+    if any(v for _, v in anchors):
+        p = Table(title="SPEC §2 anchors (paper)", title_justify="left")
+        p.add_column("arm")
+        for task in tasks:
+            p.add_column(COLUMNS.get(task, task), justify="right")
+        for a, v in anchors:
+            if v:
+                p.add_row(LABELS.get(a["name"], a["name"]), *[_fmt(v.get(task), task) for task in tasks])
+        console.print(p)
+    if res["capacity"]:
+        for name, cap in res["capacity"].items():
+            pts = ", ".join(f"N={p['n']}: {p['memorised']}" for p in cap["points"])
+            if cap.get("bits_per_param") is not None:
+                console.print(f"capacity {name}: {cap['bits_per_param']:.3f} bits/param = {cap['memorised']} labels "
+                              f"× log2({cap['alphabet']}) / {cap['params']:,} trainable params (best N={cap['n']}; "
+                              f"memorised {pts})", highlight=False)
+
+
+def print_cells(res: dict[str, Any], console: Console) -> None:
+    """One line per cell: the locked LR, val / test accuracy, trainable parameters."""
+    t = Table(title="per arm: LR locked by the sweep, exact-match accuracy", title_justify="left")
+    for col in ("task", "arm", "lr (×base)", "val acc", "test acc", "correct", "trainable params"):
+        t.add_column(col, justify="left" if col in ("task", "arm") else "right")
+    for s in res["cells"]:
+        lr = "—" if s["lr"] is None else f"{s['lr']:.3g} (×{s['multiplier']:g})" + ("*" if s["at_edge"] else "")
+        va, te = s["val_accuracy"], s["test_accuracy"]
+        t.add_row(s["key"].split("/")[0], s["label"], lr, "—" if va is None else f"{100 * va:.1f}%",
+                  "—" if te is None else f"{100 * te:.1f}%",
+                  "—" if s["test_correct"] is None else f"{s['test_correct']}/{s['test_total']}",
+                  "—" if s["trainable_params"] is None else f"{s['trainable_params']:,}")
+    console.print(t)
+
+
+def _csv_num(value: Any) -> str:
+    return "" if value is None or not math.isfinite(value) else f"{value:.6g}"
+
+
+def csv_text(res: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["arm", "label", "task", "metric", "value", "paper", "lr", "multiplier", "at_edge",
+                "correct", "total", "trainable_params"])
+    by_key = {(s["arm"], s["key"].split("/")[0]): s for s in res["cells"]}
+    for a in res["arms"]:
+        for task in res["tasks"]:
+            value = res["table"][a["name"]].get(task)
+            paper = (res["anchors"].get(a["name"]) or {}).get(task, "")
+            if task == CAPACITY:
+                cap = res["capacity"].get(a["name"], {})
+                w.writerow([a["name"], a["label"], task, "bits_per_param", _csv_num(value),
+                            paper, "", "", "", cap.get("memorised", ""), cap.get("n", ""), cap.get("params", "")])
+                continue
+            s = by_key.get((a["name"], task), {})
+            w.writerow([a["name"], a["label"], task, "test_accuracy_pct", _csv_num(value),
+                        paper, s.get("lr", ""), s.get("multiplier", ""), s.get("at_edge", ""),
+                        s.get("test_correct", ""), s.get("test_total", ""), s.get("trainable_params", "")])
+    return buf.getvalue()
+
+
+def _clean(value: Any) -> Any:
+    """Strict JSON: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_results(res: dict[str, Any], out: Path, stem: str) -> tuple[Path, Path]:
+    """`{stem}.json` and `{stem}.csv` in `out`, each written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = (out / f"{stem}.json", out / f"{stem}.csv")
+    texts = (json.dumps(_clean(res), indent=2, allow_nan=False) + "\n", csv_text(res))
+    for path, text in zip(paths, texts):
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return paths

@@ -1,0 +1,213 @@
+"""`sanlab probe`: end to end on tiny models, the capacity arithmetic, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from probe_helpers import InProcessRunner, use_in_process_runner
+
+from sanlab.cli import main
+from sanlab.config import ModelConfig
+from sanlab.model.lm import LM
+from sanlab.probes.capacity import bits, capacity, trainable_from_meta, trainable_params
+
+TINY = ["model.d_model=16", "model.n_heads=2", "model.n_kv_heads=1", "train.steps=3", "train.batch_rows=4",
+        "row_tokens=64", "sweep.grid=[1]", "sweep.max_extensions=0"]
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> type[InProcessRunner]:
+    return use_in_process_runner(monkeypatch)
+
+
+def _probe(tmp_path: Path, *items: str) -> int:
+    return main(["probe", *items, "--out", str(tmp_path / "out")])
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: Any,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    rc = _probe(tmp_path, "retrieval", "--arms", "standard,san", *TINY,
+                "task.n_train=40", "task.n_val=8", "task.n_test=12")
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "retrieval/standard" in out and "retrieval/san" in out
+    res = json.loads((tmp_path / "out" / "probe-retrieval.json").read_text())
+    assert [a["name"] for a in res["arms"]] == ["standard", "san"]
+    for cell in res["cells"]:
+        assert cell["test_total"] == 12 and 0 <= cell["test_correct"] <= 12
+        assert cell["test_accuracy"] == cell["test_correct"] / 12
+        run = Path(cell["points"][0]["run_dir"])
+        assert (run / "metrics.jsonl").is_file() and (run / "checkpoints" / "latest").is_dir()
+        scored = json.loads((run / "probe.json").read_text())
+        assert scored["test_correct"] == cell["test_correct"]
+    # the SAN arm has no FFN: fewer trainable parameters
+    std, san = res["cells"]
+    assert san["trainable_params"] < std["trainable_params"]
+    rows = list(csv.DictReader((tmp_path / "out" / "probe-retrieval.csv").open()))
+    assert [r["arm"] for r in rows] == ["standard", "san"] and rows[0]["paper"] == "100.0"
+    # A rerun reuses the finished runs (the trainer returns them as they are).
+    first = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+             for c in res["cells"]]
+    assert _probe(tmp_path, "retrieval", "--arms", "standard,san", *TINY,
+                  "task.n_train=40", "task.n_val=8", "task.n_test=12") == 0
+    again = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+             for c in res["cells"]]
+    assert again == first
+
+
+def test_each_cell_sweeps_with_boundary_extension(tmp_path: Path, in_process: Any) -> None:
+    items = [i for i in TINY if not i.startswith("sweep.")]
+    assert _probe(tmp_path, "modadd", "--arms", "standard", *items, "task.p=5", "task.train_frac=0.8",
+                  "sweep.grid=[1,2]", "sweep.max_extensions=1") == 0
+    cell = json.loads((tmp_path / "out" / "probe-modadd.json").read_text())["cells"][0]
+    mults = sorted(p["multiplier"] for p in cell["points"])
+    # With two points the best is always at an edge: exactly one extension beyond it.
+    assert mults in ([0.5, 1.0, 2.0], [1.0, 2.0, 4.0])
+    assert sorted(p["lr"] for p in cell["points"]) == pytest.approx([0.02 * m for m in mults])
+    assert cell["multiplier"] in mults
+
+
+@pytest.mark.slow
+def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, in_process: Any) -> None:
+    assert _probe(tmp_path, "capacity", "--arms", "standard", *TINY, "capacity.ns=[16,32]",
+                  "task.alphabet=4", "train.steps=30", "optim.lr=1e-2") == 0
+    res = json.loads((tmp_path / "out" / "probe-capacity.json").read_text())
+    cap = res["capacity"]["standard"]
+    by_n = {}
+    for cell in res["cells"]:
+        best = next(p for p in cell["points"] if p["multiplier"] == cell["multiplier"])
+        scored = json.loads((Path(best["run_dir"]) / "probe.json").read_text())
+        meta = json.loads((Path(best["run_dir"]) / "meta.json").read_text())
+        by_n[cell["task_config"]["n_train"]] = (scored["test_correct"], trainable_from_meta(meta))
+        assert scored["test_total"] == cell["task_config"]["n_train"]  # scored on the training set
+    params = {p for _, p in by_n.values()}
+    assert len(params) == 1
+    best_bits = max(c for c, _ in by_n.values()) * 2.0  # log2(4) = 2 bits a label
+    assert cap["bits_per_param"] == pytest.approx(best_bits / params.pop())
+    assert res["table"]["standard"]["capacity"] == cap["bits_per_param"]
+
+
+# --------------------------------------------------------------------------- capacity arithmetic
+
+
+def test_trainable_params_of_a_tiny_model_by_hand_and_without_frozen_ones() -> None:
+    model = LM(ModelConfig(d_model=8, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=16, ffn=True))
+    d, kv = 8, 4  # kv = n_kv_heads * head_dim
+    attn = d * d + 2 * d * kv + d * d + 2 * 4 + d + 1  # wq wk wv wo, q/k norm gains, attn norm, gate
+    ffn = 3 * d * 4 * d + d + 1  # gate up down, ffn norm, gate
+    expected = 16 * d + attn + ffn + d  # tied embedding once, final norm
+    assert trainable_params(model) == expected == 1122
+    for name in ("blocks.0.attn.wq.weight", "blocks.0.attn.wk.weight"):
+        model.get_parameter(name).requires_grad_(False)
+    assert trainable_params(model) == expected - d * d - d * kv
+    from sanlab.train.optim import routing_table
+
+    meta = {"routing": {g: v["numel"] for g, v in routing_table(model).items()}}
+    assert trainable_from_meta(meta) == expected - d * d - d * kv
+
+
+def test_capacity_is_the_best_point_of_the_sweep() -> None:
+    points = [{"n": 100, "memorised": 90}, {"n": 400, "memorised": 200}, {"n": 1600, "memorised": 150},
+              {"n": 3200, "memorised": None}]
+    cap = capacity(points, alphabet=16, params=1000)
+    assert cap["n"] == 400 and cap["memorised"] == 200
+    assert cap["bits"] == 800 and cap["bits_per_param"] == pytest.approx(0.8)
+    assert bits(3, 5) == pytest.approx(3 * math.log2(5))
+    assert capacity([{"n": 4, "memorised": None}], 2, 10)["bits_per_param"] is None
+    with pytest.raises(ValueError):
+        capacity(points, 16, 0)
+
+
+def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None:
+    """A model that predicts all but the last answer digit right scores zero."""
+    from sanlab.data.probes import TASKS, task_config, write_probe_dir
+    from sanlab.probes.evaluate import accuracy
+
+    cfg = task_config("addition", ["digits=2", "n_train=20", "n_val=5", "n_test=7"])
+    write_probe_dir(TASKS["addition"], cfg, tmp_path / "a", row_tokens=64)
+
+    class Oracle(torch.nn.Module):
+        def __init__(self, spoil_last: bool) -> None:
+            super().__init__()
+            self.spoil_last = spoil_last
+            self.rows: Any = None
+
+        def forward(self, inputs: torch.Tensor, segment_ids: torch.Tensor) -> torch.Tensor:
+            # next token = the actual next token in the row (perfect), optionally wrong at EOS-1
+            nxt = torch.roll(inputs, -1, dims=1)
+            nxt[:, -1] = 1
+            nxt[inputs == 1] = 2
+            if self.spoil_last:
+                nxt[torch.roll(nxt, -1, dims=1) == 1] = 8
+            return torch.nn.functional.one_hot(nxt, 24).float()
+
+    assert accuracy(Oracle(False), tmp_path / "a", "test") == {"correct": 7, "total": 7, "accuracy": 1.0}
+    assert accuracy(Oracle(True), tmp_path / "a", "test")["correct"] == 0
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("items, message", [
+    (["nosuchtask"], "unknown probe task 'nosuchtask'"),
+    (["retrieval", "--arms", "standard,bogus"], "unknown arm 'bogus'"),
+    (["retrieval", "--arms", "frozen_qk"], "arm frozen_qk: variant not available"),
+    (["retrieval", "--arms", "mixit"], "arm mixit: variant not available"),
+    (["modadd", "task.p=1"], "p must be at least 2"),
+    (["retrieval", "task.m_max=30"], "key space has only 24"),
+    (["memorize", "task.alphabet=1"], "alphabet must be at least 2"),
+    (["capacity", "task.alphabet=1"], "alphabet must be at least 2"),
+    (["retrieval", "data.dir=/x"], "data.* is not settable"),
+    (["retrieval", "foo.bar=1"], "unknown section 'foo'"),
+    (["retrieval", "model.nope=1"], "unknown key model.nope"),
+    (["retrieval", "sweep.grid=[0]"], "positive multipliers"),
+    (["retrieval", "--suite"], "--suite runs every task"),
+    ([], "give a TASK"),
+    (["retrieval", "--arm", "x"], "expected 'NAME: section.key=value"),
+    (["retrieval", "--arms", "standard,standard"], "given twice"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, items: list[str], message: str,
+                                          capsys: pytest.CaptureFixture[str], in_process: Any) -> None:
+    assert _probe(tmp_path, *items) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sanlab: error: ") and message in err and err.count("\n") == 1, err
+    assert not in_process.calls
+
+
+def test_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "file").write_text("x")
+    assert main(["probe", "retrieval", "--out", str(tmp_path / "file")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["probe", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "retrieval" in listing and "frozen_qk" in listing and "not available" in listing
+    assert _probe(tmp_path, "dyck", "--arm", "wide: model.ffn=true model.d_ff=40", *TINY,
+                  "task.n_train=20", "task.n_val=4", "task.n_test=4", "task.max_len=8") == 0
+    res = json.loads((tmp_path / "out" / "probe-dyck.json").read_text())
+    cfg = json.loads((Path(res["cells"][0]["points"][0]["run_dir"]) / "config.json").read_text())
+    assert cfg["model"]["d_ff"] == 40 and cfg["model"]["ffn"] is True and cfg["model"]["n_layers"] == 2
+
+
+def test_results_files_are_strict_json(tmp_path: Path) -> None:
+    from sanlab.probes.suite import write_results
+
+    res = {"tasks": ["retrieval"], "arms": [{"name": "standard", "label": "Standard"}],
+           "table": {"standard": {"retrieval": float("nan")}}, "anchors": {}, "capacity": {},
+           "cells": [{"arm": "standard", "key": "retrieval/standard", "val_loss": float("inf")}]}
+    json_path, csv_path = write_results(res, tmp_path, "x")
+    data = json.loads(json_path.read_text(), parse_constant=lambda c: pytest.fail(f"non-strict JSON: {c}"))
+    assert data["table"]["standard"]["retrieval"] is None and data["cells"][0]["val_loss"] is None
+    assert csv_path.read_text().splitlines()[1].startswith("standard,Standard,retrieval,test_accuracy_pct,,")

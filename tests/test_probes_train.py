@@ -1,0 +1,34 @@
+"""Slow: the probes learn what SPEC §2 says a standard 2-layer model can learn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from probe_helpers import use_in_process_runner
+
+from sanlab.cli import main
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    use_in_process_runner(monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, items", [
+    ("retrieval", ["task.m_max=8"]),  # the --quick retrieval: up to 8 pairs, 16 keys, 16 values, 4000 examples, 600 steps
+    ("modadd", ["task.p=31"]),  # the --quick modular addition
+])
+def test_standard_two_layer_model_learns_retrieval_and_modadd(task: str, items: list[str], tmp_path: Path,
+                                                              in_process: Any) -> None:
+    rc = main(["probe", task, "--arms", "standard", "--quick", "sweep.grid=[1]", "sweep.max_extensions=0",
+               *items, "--out", str(tmp_path)])
+    assert rc == 0
+    cell = json.loads((tmp_path / f"probe-{task}.json").read_text())["cells"][0]
+    config = json.loads((Path(cell["points"][0]["run_dir"]) / "config.json").read_text())
+    assert config["model"]["n_layers"] == 2 and config["model"]["ffn"] is True
+    assert cell["test_accuracy"] >= 0.95, cell
