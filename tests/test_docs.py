@@ -155,7 +155,11 @@ def test_every_config_model_in_sanlab_is_documented():
         models.add(m)
         todo += m.__subclasses__()
     ours = {m for m in models if m.__module__.startswith("sanlab.")}
-    missing = sorted(f"{m.__module__}.{m.__name__}" for m in ours - reachable_models())
+    reach = reachable_models()
+    # A base model whose subclasses are documented (a probe task's TaskConfig) is covered:
+    # its fields are listed with each subclass's.
+    missing = sorted(f"{m.__module__}.{m.__name__}" for m in ours - reach
+                     if not any(issubclass(r, m) for r in reach))
     assert not missing, f"config models not in the configuration reference (add a root to " \
                         f"sanlab.configref.roots() or a field that holds them): {missing}"
 

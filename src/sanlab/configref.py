@@ -45,6 +45,8 @@ class Root:
 def roots() -> list[Root]:
     """The configs a user writes, in the order the reference shows them."""
     from sanlab.data.prepare import PrepareConfig
+    from sanlab.data.probes import TASKS
+    from sanlab.probes.runner import ProbeOptions
     from sanlab.study.spec import StudySpec
 
     return [
@@ -53,6 +55,11 @@ def roots() -> list[Root]:
         Root("Study spec", StudySpec, "`sanlab study plan|run`; stored as a study dir's `study.json`"),
         Root("Prepare config", PrepareConfig,
              "`sanlab prepare --config`; stored in a prepared dir's `manifest.json` (`config`)"),
+        Root("Probe options", ProbeOptions,
+             "`sanlab probe` (`sweep.*`, `capacity.*`, `runner.*`, `row_tokens`; `model.*` / `optim.*` / "
+             "`train.*` go to the run config)"),
+        *(Root(f"Probe task: {name}", task.config, f"`sanlab probe {name} task.KEY=VALUE`")
+          for name, task in TASKS.items()),
     ]
 
 
