@@ -17,6 +17,7 @@ from torch import nn
 
 from sanlab.config import ModelConfig
 from sanlab.errors import ConfigError
+from sanlab.model.kernels import gated_residual
 from sanlab.model.layers import AttentionContext, HookPoint, SwiGLU, make_norm
 from sanlab.model.mixers import build_mixer
 
@@ -30,34 +31,12 @@ def residual_scalar(mode: str) -> nn.Parameter | None:
 
 def residual_update(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     if mode == "gated":
-        return _GatedResidual.apply(x, h, g)
+        return gated_residual(x, h, g)
     if mode == "rezero":
         return x + g.to(h.dtype) * h
     if mode == "standard":
         return x + h
     return h
-
-
-class _GatedResidual(torch.autograd.Function):
-    """x + σ(g)·h in one pass (x the fp32 stream, h a sublayer's update, often bf16), with
-    dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h: two passes, where autograd through the
-    cast, the product and the promoting add makes four each way. (With a bf16 h the
-    gate's gradient sums bf16 row dot products in fp32; autograd's sums in bf16.)"""
-
-    @staticmethod
-    def forward(ctx, x, h, g):  # type: ignore[override]
-        s = torch.sigmoid(g)
-        ctx.save_for_backward(h, s)
-        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)))
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        h, s = ctx.saved_tensors
-        # dh = σ·dy written in h's dtype in one pass; then dg = σ'·⟨dy, h⟩ = (1 − σ)·⟨dh, h⟩
-        dh = torch.mul(dy, s, out=torch.empty(h.shape, dtype=h.dtype, device=h.device))
-        rows = (-1, h.shape[-1])  # (row-wise: a flat bf16 dot product is ~10x slower on the CPU)
-        dg = (1 - s) * torch.linalg.vecdot(dh.reshape(rows), h.reshape(rows)).sum(dtype=s.dtype)
-        return dy, dh, dg
 
 
 class Block(nn.Module):

@@ -68,12 +68,11 @@ class SoftmaxAttention(nn.Module):
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, ctx: AttentionContext) -> torch.Tensor:
         """Per-head QK-norm THEN RoPE, both in fp32. (B, T, h, D). The explicit kernel
         computes its scores in fp32, so it gets q and k unrounded; SDPA and FlexAttention
-        need them in v's dtype (one cast back)."""
+        need them in v's dtype, which `attend` casts to."""
         x32 = upcast(x)
         if norm is not None:
             x32 = norm.normalize(x32)
-        out = apply_rope(x32, ctx.cos, ctx.sin)
-        return out if ctx.backend == "explicit" else out.to(x.dtype)
+        return apply_rope(x32, ctx.cos, ctx.sin)
 
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape
