@@ -20,7 +20,6 @@ from sanlab.model.kernels import (  # noqa: F401 - attend and upcast are part of
     explicit_scores,
     rms_norm,
     rope,
-    silu_gate,
     upcast,
 )
 
@@ -58,6 +57,11 @@ class RMSNorm(nn.Module):
         # each way. Computed in fp32 all the same.
         self.feeds_matmul = feeds_matmul
         self.weight = nn.Parameter(torch.zeros(dim) if zero_centered else torch.ones(dim))
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """γ = 0 for ZCN (the identity scale), 1 for plain RMS norm."""
+        self.weight.fill_(0.0 if self.zero_centered else 1.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dev = x.device.type
@@ -116,9 +120,23 @@ class AttentionContext:
     cos: torch.Tensor  # (B, T, 1, head_dim)
     sin: torch.Tensor  # (B, T, 1, head_dim)
     backend: str  # "explicit" | "sdpa" | "flex"
+    single_document: bool = False  # every row is one document (no segment ids given)
+    embedded: torch.Tensor | None = None  # (B, T, d) the scaled input embedding (static_emb_qk)
+    # Q/K source stream of rnd_emb_qk / fixed_seq_qk: per layer its input on the fixed
+    # sequence, (1, T, d); None while that fixed pass runs, which fills `qk_record`.
+    qk_stream: dict[int, torch.Tensor] | None = None
+    qk_record: dict[int, torch.Tensor] = field(default_factory=dict)
+    _static_qk: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
     _dense_mask: torch.Tensor | None = None
     _block_mask: object | None = None
     _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+
+    def static_qk_input(self, dtype: torch.dtype) -> torch.Tensor:
+        """The input embedding RMS-normalised (no gain), in `dtype`: StaticEmbQK's Q/K input."""
+        if dtype not in self._static_qk:
+            x = upcast(self.embedded)
+            self._static_qk[dtype] = (x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()).to(dtype)
+        return self._static_qk[dtype]
 
     @property
     def dense_mask(self) -> torch.Tensor:
@@ -181,6 +199,7 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
 def build_context(
     cfg: ModelConfig, tokens: torch.Tensor, segment_ids: torch.Tensor | None
 ) -> AttentionContext:
+    single = segment_ids is None
     if segment_ids is None:
         segment_ids = torch.zeros_like(tokens)
     positions = segment_positions(segment_ids)
@@ -191,22 +210,5 @@ def build_context(
         cos=cos,
         sin=sin,
         backend=resolve_backend(cfg, tokens),
+        single_document=single,
     )
-
-
-class SwiGLU(nn.Module):
-    """W_down(SiLU(W_gate x) ⊙ W_up x), no biases (SPEC §1.1 control arm)."""
-
-    def __init__(self, d_model: int, d_ff: int) -> None:
-        super().__init__()
-        self.w_gate = nn.Linear(d_model, d_ff, bias=False)
-        self.w_up = nn.Linear(d_model, d_ff, bias=False)
-        self.w_down = nn.Linear(d_ff, d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # gate and up as one product: x is read and cast once, dL/dx is one matmul
-        gate_up = F.linear(x, torch.cat([self.w_gate.weight, self.w_up.weight]))
-        return self.w_down(silu_gate(gate_up))
-
-    def output_weights(self) -> list[nn.Parameter]:
-        return [self.w_down.weight]

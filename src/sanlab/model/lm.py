@@ -9,38 +9,95 @@ import torch.nn.functional as F
 from torch import nn
 
 from sanlab.config import ModelConfig
+from sanlab.errors import ConfigError
 from sanlab.model.blocks import Block
 from sanlab.model.kernels import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
 from sanlab.model.layers import HookPoint, build_context, make_norm
+from sanlab.model.mixers import Role, StaticEmbQK, check_model
 
 
 class LM(nn.Module):
-    """Decoder-only LM. `cfg.ffn=False` is the SAN; `cfg.ffn=True` the standard arm."""
+    """Decoder-only LM. `state_mixer="none"` is the SAN; `"swiglu"` the standard arm; the
+    sequence mixer of each layer follows `cfg.layer_mixers` (softmax attention or a variant)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        check_model(cfg)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
         self.final = HookPoint()
         self.embed_scale = math.sqrt(cfg.d_model)
+        self._stream_layers = [i for i, b in enumerate(self.blocks) if getattr(b.attn, "uses_qk_stream", False)]
+        self._needs_embedded = any(isinstance(b.attn, StaticEmbQK) for b in self.blocks)
+        self.frozen: list[str] = []  # the train.freeze targets applied (see `freeze`)
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """SPEC §1.1 init: N(0, s) for input-side matrices and the embedding;
-        N(0, s / √(2L)) for matrices that write into the residual stream (W_o, W_down)."""
+        """SPEC §1.1 init: N(0, s) for the embedding, then each block's own init (N(0, s)
+        for input-side matrices, N(0, s / √(2L)) for those that write into the residual
+        stream, W_o and W_down; gains at their identity, gates at 0). Buffers (fixed random
+        state such as MixiT's matrices) are left alone."""
         s = self.cfg.init_std
         out_std = s / math.sqrt(2 * self.cfg.n_layers) if self.cfg.scale_out_init else s
-        out_ids = {id(p) for b in self.blocks for p in b.output_weights()}
+        nn.init.normal_(self.embed.weight, 0.0, s)
+        for block in self.blocks:
+            block.reset_parameters(s, out_std)
+        self.final_norm.reset_parameters()
+
+    def param_roles(self) -> dict[str, Role]:
+        """The role of every parameter by full name (read by the optimizer routing)."""
+        roles: dict[str, Role] = {"embed.weight": "table", "final_norm.weight": "gain"}
+        for i, block in enumerate(self.blocks):
+            roles |= {f"blocks.{i}.{k}": r for k, r in block.param_roles().items()}
         for name, p in self.named_parameters():
-            if p.ndim == 2:
-                nn.init.normal_(p, 0.0, out_std if id(p) in out_ids else s)
-            elif name.endswith("_gate"):
-                p.zero_()
-            elif name.endswith("norm.weight"):
-                p.fill_(0.0 if self.cfg.norm == "zcrms" else 1.0)
+            if not p.requires_grad:
+                roles[name] = "frozen"
+        return roles
+
+    def freeze(self, targets: list[str]) -> list[str]:
+        """Keep the weights of `targets` (`train.freeze`: "qk", "mlp") at their initialisation:
+        requires_grad off, so they get no gradient and no optimizer state. Returns the
+        frozen parameter names. A target no layer has is a ConfigError."""
+        names: list[str] = []
+        for target in targets:
+            found = []
+            for i, block in enumerate(self.blocks):
+                for sub in ("attn", "ffn"):
+                    mixer = getattr(block, sub)
+                    if mixer is not None:
+                        found += [f"blocks.{i}.{sub}.{n}" for n in mixer.freezable.get(target, ())]
+            if not found:
+                mixers = ", ".join(dict.fromkeys(self.cfg.layer_mixers))
+                raise ConfigError(f"train.freeze: nothing to freeze for {target!r} in this model "
+                                  f"(sequence mixers: {mixers}; state mixer: {self.cfg.state_mixer})")
+            names += found
+        params = dict(self.named_parameters())
+        for n in names:
+            params[n].requires_grad_(False)
+        self.frozen = list(dict.fromkeys([*self.frozen, *targets]))
+        return names
+
+    def _qk_stream(self, T: int, device: torch.device) -> dict[int, torch.Tensor]:
+        """RndEmbQK / FixedSeqQK: run the blocks on the fixed sequence (one row of T tokens,
+        one document) and return each such layer's normalised input."""
+        first = self.blocks[self._stream_layers[0]].attn
+        x = first.fixed_input(self.embed, self.embed_scale, T, self.cfg, device)
+        ctx = build_context(self.cfg, torch.zeros(1, T, dtype=torch.long, device=device), None)
+        ctx.embedded = x
+        # the fixed pass is not what analysis captures: its hook points stay silent
+        muted = [(m, dict(m._forward_hooks)) for m in self.modules() if isinstance(m, HookPoint) and m.active]
+        for m, _ in muted:
+            m._forward_hooks.clear()
+        try:
+            for block in self.blocks:
+                x = block(x, ctx)
+        finally:
+            for m, hooks in muted:
+                m._forward_hooks.update(hooks)
+        return dict(ctx.qk_record)
 
     def forward(
         self,
@@ -60,6 +117,10 @@ class LM(nn.Module):
         """
         ctx = build_context(self.cfg, tokens, segment_ids)
         x = self.embed(tokens) * self.embed_scale  # (B, T, d)
+        if self._needs_embedded:
+            ctx.embedded = x
+        if self._stream_layers:
+            ctx.qk_stream = self._qk_stream(tokens.shape[1], tokens.device)
         for block in self.blocks:
             x = block(x, ctx)
         x = self.final(self.final_norm(x))
