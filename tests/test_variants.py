@@ -462,6 +462,11 @@ def test_analyze_works_on_every_mixer(mixer: str, train_data_dir: Path, tmp_path
     res = json.loads((tmp_path / "out" / "analysis.json").read_text())["runs"]["run"]
     layers = sorted(r["layer"] for r in res["attention"]["layers"])
     assert layers == ([0, 1] if mixers.MIXERS[mixer].has_pattern else [0])
+    entropy = {r["layer"]: r["entropy"] for r in res["attention"]["layers"]}
+    assert entropy[0] > 0
+    if mixer == "mixit":  # signed mixing weights: entropy undefined (NaN → null), not −inf; the sink head is a distribution
+        heads = {r["head"]: r["entropy"] for r in res["attention"]["heads"] if r["layer"] == 1}
+        assert heads[0] > 0 and all(heads[h] is None for h in (1, 2, 3))
     stream = res["stream"]
     rows = stream["rows"] if isinstance(stream, dict) and "rows" in stream else stream
     peaks = [r["max_abs"] for r in (rows if isinstance(rows, list) else [])]
