@@ -456,9 +456,9 @@ def test_analyze_works_on_every_mixer(mixer: str, train_data_dir: Path, tmp_path
 
     opts = {"mixit": {"seq_len": 32}}.get(mixer, OPTIONS.get(mixer, {}))
     cfg = tiny(mixer, "swiglu", "hybrid", vocab_size=320, mixer_options=opts)
-    run = write_run(tmp_path / "run", cfg, data_dir=train_data_dir)
-    assert main(["analyze", str(run), "--out", str(tmp_path / "out"), "--eval-rows", "4",
-                 "--skip", "spectra"]) == 0
+    keep = {"latest": lambda m: None, "milestone-000": lambda m: None, "milestone-100": lambda m: None}
+    run = write_run(tmp_path / "run", cfg, checkpoints=keep, data_dir=train_data_dir)
+    assert main(["analyze", str(run), "--out", str(tmp_path / "out"), "--eval-rows", "4"]) == 0
     res = json.loads((tmp_path / "out" / "analysis.json").read_text())["runs"]["run"]
     layers = sorted(r["layer"] for r in res["attention"]["layers"])
     assert layers == ([0, 1] if mixers.MIXERS[mixer].has_pattern else [0])
@@ -471,3 +471,20 @@ def test_analyze_works_on_every_mixer(mixer: str, train_data_dir: Path, tmp_path
     rows = stream["rows"] if isinstance(stream, dict) and "rows" in stream else stream
     peaks = [r["max_abs"] for r in (rows if isinstance(rows, list) else [])]
     assert len(peaks) == cfg.n_layers + 1 and all(p > 0 for p in peaks)
+    types = {r["type"] for r in res["spectra"]["per_type"]}
+    assert {"Q", "K", "V", "O", "gate", "up", "down"} <= types  # (the hybrid's softmax layer has Q/K)
+    if mixer == "mlp":
+        assert "attn.w_gate" in types  # a variant's own matrices keep their path
+
+
+def test_old_configs_keep_loading() -> None:
+    """A config.json written before state_mixer / layout existed (ffn + ffn_type) loads as before."""
+    from sanlab.config import Config, validate
+
+    old = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 64, "ffn": True,
+                     "ffn_type": "swiglu", "mixer": "softmax"}, "train": {"steps": 2}}
+    cfg = validate(Config, old)
+    assert (cfg.model.state_mixer, cfg.model.ffn, cfg.model.layer_mixers) == ("swiglu", True, ["softmax"] * 2)
+    san = validate(Config, {**old, "model": {**old["model"], "ffn": False}})
+    assert (san.model.state_mixer, san.model.ffn) == ("none", False)
+    assert validate(Config, cfg.model_dump()) == cfg  # and the new dump round-trips
