@@ -488,3 +488,22 @@ def test_old_configs_keep_loading() -> None:
     san = validate(Config, {**old, "model": {**old["model"], "ffn": False}})
     assert (san.model.state_mixer, san.model.ffn) == ("none", False)
     assert validate(Config, cfg.model_dump()) == cfg  # and the new dump round-trips
+
+
+def test_layouts_place_the_standard_layers() -> None:
+    """SPEC §3's placements name where the standard (softmax) layers go; `hybrid` = `even`."""
+    from sanlab.matching import model_label
+
+    expected = {  # 8 layers: S = softmax, v = the variant
+        "uniform": "vvvvvvvv", "hybrid": "SvSvSvSv", "even": "SvSvSvSv", "odd": "vSvSvSvS",
+        "top": "vvvvSSSS", "bottom": "SSSSvvvv", "middle": "vvSSSSvv", "every4": "SvvvSvvv",
+        "first": "Svvvvvvv", "last": "vvvvvvvS", "first_last": "SvvvvvvS",
+    }
+    for layout, pattern in expected.items():
+        cfg = ModelConfig(n_layers=8, d_model=128, mixer="non_approximate", layout=layout)
+        assert "".join("S" if m == "softmax" else "v" for m in cfg.layer_mixers) == pattern, layout
+    hyb = ModelConfig(n_layers=8, d_model=128, mixer="non_approximate", layout="hybrid")
+    assert model_label(hyb) == "hyb-nonapprox-8L d128, no FFN"
+    assert model_label(hyb.model_copy(update={"layout": "uniform", "ffn": True})) == "nonapprox-8L d128, d_ff 512"
+    assert model_label(ModelConfig(n_layers=2, layout=["softmax", "mixit"])) == "mixed-mixit-2L d128, no FFN"
+    assert model_label(ModelConfig(n_layers=8, d_model=128)) == "8L d128, no FFN"  # softmax labels unchanged
