@@ -507,3 +507,25 @@ def test_layouts_place_the_standard_layers() -> None:
     assert model_label(hyb.model_copy(update={"layout": "uniform", "ffn": True})) == "nonapprox-8L d128, d_ff 512"
     assert model_label(ModelConfig(n_layers=2, layout=["softmax", "mixit"])) == "mixed-mixit-2L d128, no FFN"
     assert model_label(ModelConfig(n_layers=8, d_model=128)) == "8L d128, no FFN"  # softmax labels unchanged
+
+
+def test_old_run_dir_is_the_same_run(tmp_path: Path) -> None:
+    """A finished run whose config.json predates state_mixer / layout (ffn, ffn_type, no
+    layout keys) is recognised as the same run, not refused as a different config."""
+    import json
+
+    from sanlab.config import Config
+    from sanlab.train import rundir
+
+    cfg = Config(model=tiny("softmax", "swiglu"))
+    stored = rundir.config_json(cfg)
+    for key in ("state_mixer", "layout", "mixer_options"):
+        stored["model"].pop(key)
+    stored["model"] |= {"ffn": True, "ffn_type": "swiglu"}
+    stored["train"].pop("freeze")
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "completed"}))
+    assert rundir.decide(tmp_path, cfg, resume=False, force=False).action == "done"
+    other = Config(model=tiny("softmax", "none"))
+    with pytest.raises(ConfigError, match="different config: model.state_mixer"):
+        rundir.decide(tmp_path, other, resume=False, force=False)
