@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    import sanlab.model.kernels as kernels
     import sanlab.model.layers as layers
     from sanlab.config import ModelConfig
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     table.add_column("sdpa / explicit", justify="right")
     table.add_column("rel err sdpa", justify="right")
     table.add_column("rel err explicit", justify="right")
-    default_chunk = layers.EXPLICIT_CHUNK
+    default_chunk = kernels.EXPLICIT_CHUNK
     for T in a.seq_lens:
         B = max(1, a.tokens // T)
         g = torch.Generator().manual_seed(0)
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         exact = [exact_out.detach(), *(t.grad for t in leaves)]
 
         def cell(backend: str, chunk: int) -> tuple[float, float]:
-            layers.EXPLICIT_CHUNK = chunk
+            kernels.EXPLICIT_CHUNK = chunk
             ctx = layers.build_context(ModelConfig(attn_backend=backend), tokens, None)
 
             def step() -> torch.Tensor:
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                 errors.append(err)
                 row.append(f"{explicit[c] * 1e3:.2f}")
         finally:
-            layers.EXPLICIT_CHUNK = default_chunk
+            kernels.EXPLICIT_CHUNK = default_chunk
         best = explicit.get(default_chunk, min(explicit.values()))
         row += [f"{sdpa / best:.2f}x", f"{sdpa_err:.1e}", f"{max(errors):.1e}"]
         table.add_row(*row)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from sanlab.config import ModelConfig
+from sanlab.model import kernels
 from sanlab.model.hooks import capture, hook_names
 from sanlab.model.layers import RMSNorm, segment_positions
 from sanlab.model.lm import LM, lm_loss, token_losses
@@ -185,7 +186,7 @@ def test_rms_norm_kernel_matches_torch(shape):
     backward passes gradcheck."""
     import torch.nn.functional as F
 
-    from sanlab.model.layers import _RMSNorm
+    from sanlab.model.kernels import _RMSNorm
 
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True) * 3
@@ -194,6 +195,7 @@ def test_rms_norm_kernel_matches_torch(shape):
     ours = _RMSNorm.apply(x, gain, 1e-6, x.dtype)
     ref = F.rms_norm(x, (shape[-1],), gain, 1e-6)
     torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(kernels.rms_norm_reference(x, gain, 1e-6), ref)  # the formula kept beside it
     ref_grads = torch.autograd.grad(ref, (x, gain), dy, retain_graph=True)
     for a, b in zip(torch.autograd.grad(ours, (x, gain), dy), ref_grads):
         torch.testing.assert_close(a, b)
@@ -247,7 +249,8 @@ def test_backend_choice():
 def test_explicit_kernel_gradients(T, chunk):
     """The block-causal kernel's hand-written backward against finite differences (fp64),
     with GQA, two documents in a row, and T both a multiple of the block and not."""
-    from sanlab.model.layers import _ExplicitAttention, build_context
+    from sanlab.model.kernels import _ExplicitAttention
+    from sanlab.model.layers import build_context
 
     torch.manual_seed(0)
     B, H, Hkv, D = 2, 4, 2, 3
@@ -264,9 +267,10 @@ def test_explicit_kernel_gradients(T, chunk):
 def test_explicit_kernel_matches_sdpa_in_every_block_size(chunk, monkeypatch):
     """Skipping the blocks above the diagonal changes nothing: outputs and gradients equal
     SDPA's with the dense document mask, for any block size."""
+    import sanlab.model.kernels as kernels
     import sanlab.model.layers as layers
 
-    monkeypatch.setattr(layers, "EXPLICIT_CHUNK", chunk)
+    monkeypatch.setattr(kernels, "EXPLICIT_CHUNK", chunk)
     torch.manual_seed(1)
     B, H, Hkv, T, D = 2, 4, 2, 19, 8
     seg = torch.tensor([[0] * 6 + [1] * 13, [0] * 11 + [1] * 3 + [2] * 5])
@@ -280,6 +284,10 @@ def test_explicit_kernel_matches_sdpa_in_every_block_size(chunk, monkeypatch):
         results[backend] = [out, q.grad, k.grad, v.grad]
     for a, b in zip(results["explicit"], results["sdpa"]):
         torch.testing.assert_close(a, b)
+    allowed = layers.build_context(tiny(), seg, seg).dense_mask
+    q, k, v = (x.detach() for x in (q, k, v))
+    torch.testing.assert_close(kernels.attention_reference(q, k, v, allowed).double(), results["sdpa"][0],
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_capturing_the_pattern_does_not_change_the_output():
@@ -298,13 +306,14 @@ def test_silu_gate_kernel_matches_formula():
     through the formula (fp64, gradcheck), and bf16 stays bf16."""
     import torch.nn.functional as F
 
-    from sanlab.model.layers import _SiLUGate
+    from sanlab.model.kernels import _SiLUGate
 
     torch.manual_seed(0)
     gu = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
     ours = _SiLUGate.apply(gu)
     ref = F.silu(gu[..., :4]) * gu[..., 4:]
     torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(kernels.silu_gate_reference(gu), ref)
     dy = torch.randn_like(ref)
     torch.testing.assert_close(torch.autograd.grad(ours, gu, dy)[0], torch.autograd.grad(ref, gu, dy)[0])
     assert torch.autograd.gradcheck(_SiLUGate.apply, (gu,))
@@ -321,6 +330,7 @@ def test_gated_residual_kernel_matches_formula():
     g = torch.tensor([0.3], dtype=torch.float64, requires_grad=True)
     ours, ref = residual_update("gated", x, h, g), x + torch.sigmoid(g) * h
     torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(kernels.gated_residual_reference(x, h, g), ref)
     dy = torch.randn_like(x)
     for a, b in zip(torch.autograd.grad(ours, (x, h, g), dy), torch.autograd.grad(ref, (x, h, g), dy)):
         torch.testing.assert_close(a, b)
@@ -345,6 +355,7 @@ def test_rope_kernel_matches_formula():
     cos, sin = (t.double() for t in rope_tables(torch.randint(0, 50, (2, 9)), 8, 10000.0))
     ours, ref = apply_rope(x, cos, sin), _rope_reference(x, cos, sin)
     torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(kernels.rope_reference(x, cos[..., :4], sin[..., :4]), ref)
     dy = torch.randn_like(x)
     torch.testing.assert_close(torch.autograd.grad(ours, x, dy)[0], torch.autograd.grad(ref, x, dy)[0])
     torch.testing.assert_close(ours.norm(dim=-1), x.norm(dim=-1))
@@ -618,7 +629,7 @@ def test_fused_head_loss_matches_autograd():
 
 def test_fused_head_loss_is_exact_across_chunks(monkeypatch):
     """Split into chunks of 3 rows (the last one short), loss and gradients are unchanged."""
-    import sanlab.model.lm as lm
+    import sanlab.model.kernels as lm
     from sanlab.model.lm import head_loss
 
     assert lm._loss_chunk_rows(10, 1 << 24, torch.device("cpu")) == 1  # a huge vocabulary: a row at a time

@@ -129,7 +129,7 @@ def test_plan_json_lists_the_four_matched_arms(capsys: pytest.CaptureFixture[str
         assert a["params_non_embedding"] == count_params(m).non_embedding
         assert a["train_flops_per_token"] == count_flops(m, 128).train
     assert arms["iso_depth"]["model"]["n_layers"] == arms["san"]["model"]["n_layers"]
-    assert all(arms[k]["model"]["ffn"] for k in ("iso_param", "iso_flop", "iso_depth"))
+    assert all(arms[k]["model"]["state_mixer"] == "swiglu" for k in ("iso_param", "iso_flop", "iso_depth"))
     runs = plan["runs"]
     assert len({r["run_id"] for r in runs}) == len(runs)
     phases = {p for r in runs for p in r["phases"]}

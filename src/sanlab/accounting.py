@@ -52,31 +52,30 @@ class ParamCount:
         return asdict(self)
 
 
-def _layer_params(cfg: ModelConfig) -> dict[str, int]:
-    """Parameters of one block by name; zero-sized components are left out."""
-    d, dh = cfg.d_model, cfg.head_dim
+def _check(cfg: ModelConfig) -> None:
+    from sanlab.model.mixers import check_model
+
+    check_model(cfg)
+
+
+def layer_params(cfg: ModelConfig, layer: int) -> dict[str, int]:
+    """Parameters of block `layer` by name (relative to the block): the norms and residual
+    scalars of its sublayers, plus what its sequence mixer (`attn.…`) and state mixer
+    (`ffn.…`) declare (`param_terms`). Zero-sized components are left out."""
+    from sanlab.model.mixers import mixer_class, mixer_options, state_mixer_class
+
+    d = cfg.d_model
     scalar = 1 if cfg.residual in _SCALAR_RESIDUALS else 0
-    p: dict[str, int] = {
-        "attn_norm.weight": d,
-        "attn.wq.weight": d * cfg.n_heads * dh,
-        "attn.wk.weight": d * cfg.n_kv_heads * dh,
-        "attn.wv.weight": d * cfg.n_kv_heads * dh,
-        "attn.wo.weight": cfg.n_heads * dh * d,
-    }
-    if cfg.qk_norm:
-        # One gain vector of size head_dim shared by all heads, for q and for k (SPEC §1.1).
-        p["attn.q_norm.weight"] = dh
-        p["attn.k_norm.weight"] = dh
+    name = cfg.layer_mixers[layer]
+    p: dict[str, int] = {"attn_norm.weight": d}
+    p |= {f"attn.{k}": v for k, v in mixer_class(name).param_terms(cfg, mixer_options(cfg, name)).items()}
     if cfg.sandwich_norm:
         p[ATTN_SANDWICH_PARAM] = d
     if scalar:
         p["attn_gate"] = scalar
     if cfg.ffn:
-        f = cfg.ffn_dim
         p["ffn_norm.weight"] = d
-        p["ffn.w_gate.weight"] = d * f
-        p["ffn.w_up.weight"] = d * f
-        p["ffn.w_down.weight"] = f * d
+        p |= {f"ffn.{k}": v for k, v in state_mixer_class(cfg.state_mixer).param_terms(cfg, None).items()}
         if cfg.sandwich_norm:
             p[FFN_SANDWICH_PARAM] = d
         if scalar:
@@ -85,13 +84,18 @@ def _layer_params(cfg: ModelConfig) -> dict[str, int]:
 
 
 def count_params(cfg: ModelConfig) -> ParamCount:
-    """Parameters of `cfg` by the paper's convention: tied embedding V·d counted once."""
-    breakdown = {k: v * cfg.n_layers for k, v in _layer_params(cfg).items()}
+    """Parameters of `cfg` by the paper's convention: tied embedding V·d counted once;
+    the per-layer terms summed over the layer layout."""
+    _check(cfg)
+    breakdown: dict[str, int] = defaultdict(int)
+    for layer in range(cfg.n_layers):
+        for k, v in layer_params(cfg, layer).items():
+            breakdown[k] += v
     breakdown["final_norm.weight"] = cfg.d_model
     embedding = cfg.vocab_size * cfg.d_model
     non_embedding = sum(breakdown.values())
     breakdown[EMBEDDING_PARAM] = embedding
-    return ParamCount(non_embedding + embedding, non_embedding, embedding, breakdown)
+    return ParamCount(non_embedding + embedding, non_embedding, embedding, dict(breakdown))
 
 
 _LAYER_PREFIX = re.compile(r"^blocks\.\d+\.")
@@ -114,27 +118,53 @@ def count_module_params(model: nn.Module) -> ParamCount:
 # --------------------------------------------------------------------------- FLOPs
 
 
+# The terms every FlopCount reports (zero when a model has none), in table order; a
+# variant's own terms (e.g. `attn_state` of Taylor attention) follow them.
+CORE_FLOP_TERMS = ("attn_proj", "attn_scores", "attn_mix", "ffn", "head")
+
+
 @dataclass(frozen=True)
 class FlopCount:
     """FLOPs per token, every term visible (a multiply-add counts 2).
 
-    Each term is summed over all layers. `attn_scores` (q·kᵀ) and `attn_mix` (A·v) are
-    the full T×T square unless `causal_half`, which counts only the causal half.
-    Training is 3× forward (the backward pass costs twice the forward).
+    `terms` maps each named term (as the mixers declare them, `sanlab.model.mixers`) to
+    its FLOPs summed over all layers, plus the tied head. For softmax attention
+    `attn_scores` (q·kᵀ) and `attn_mix` (A·v) are the full T×T square unless
+    `causal_half`, which counts only the causal half. Training is 3× forward (the
+    backward pass costs twice the forward).
     """
 
     seq_len: int
     causal_half: bool
     n_layers: int
-    attn_proj: int  # 2·(Q, K, V, O weights) per layer
-    attn_scores: int  # 2·T·(H·dh) per layer (halved when causal_half)
-    attn_mix: int  # 2·T·(H·dh) per layer (halved when causal_half)
-    ffn: int  # 2·3·d·d_ff per layer
-    head: int  # 2·V·d
+    terms: dict[str, int]
+
+    def term(self, name: str) -> int:
+        return self.terms.get(name, 0)
+
+    @property
+    def attn_proj(self) -> int:  # 2·(Q, K, V, O weights) per layer
+        return self.term("attn_proj")
+
+    @property
+    def attn_scores(self) -> int:  # 2·T·(H·dh) per layer (halved when causal_half)
+        return self.term("attn_scores")
+
+    @property
+    def attn_mix(self) -> int:  # 2·T·(H·dh) per layer (halved when causal_half)
+        return self.term("attn_mix")
+
+    @property
+    def ffn(self) -> int:  # 2·3·d·d_ff per layer
+        return self.term("ffn")
+
+    @property
+    def head(self) -> int:  # 2·V·d
+        return self.term("head")
 
     @property
     def forward(self) -> int:
-        return self.attn_proj + self.attn_scores + self.attn_mix + self.ffn + self.head
+        return sum(self.terms.values())
 
     @property
     def backward(self) -> int:
@@ -144,34 +174,44 @@ class FlopCount:
     def train(self) -> int:
         return self.forward + self.backward
 
+    def term_names(self) -> list[str]:
+        return [*CORE_FLOP_TERMS, *(k for k in self.terms if k not in CORE_FLOP_TERMS)]
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "forward": self.forward, "backward": self.backward, "train": self.train}
+        return {"seq_len": self.seq_len, "causal_half": self.causal_half, "n_layers": self.n_layers,
+                **{k: self.term(k) for k in self.term_names()},
+                "forward": self.forward, "backward": self.backward, "train": self.train}
+
+
+def layer_flops(cfg: ModelConfig, layer: int, seq_len: int, causal_half: bool = False) -> dict[str, int]:
+    """Forward FLOPs per token of block `layer`: what its mixers declare (`flop_terms`)."""
+    from sanlab.model.mixers import mixer_class, mixer_options, state_mixer_class
+
+    name = cfg.layer_mixers[layer]
+    f = dict(mixer_class(name).flop_terms(cfg, mixer_options(cfg, name), seq_len, causal_half))
+    if cfg.ffn:
+        for k, v in state_mixer_class(cfg.state_mixer).flop_terms(cfg, None, seq_len, causal_half).items():
+            f[k] = f.get(k, 0) + v
+    return f
 
 
 def count_flops(cfg: ModelConfig, seq_len: int, *, causal_half: bool = False) -> FlopCount:
     """Training and forward FLOPs per token of `cfg` at row length `seq_len` (SPEC §1.2).
 
     Only matrix products are counted: norms, RoPE, softmax and gates are elementwise and
-    negligible next to them, and the embedding lookup is a gather.
+    negligible next to them, and the embedding lookup is a gather. Each query meets T
+    keys (full square) or on average T/2 (causal half); the exact causal count would be
+    (T+1)/2, the convention is the half.
     """
     if seq_len <= 0:
         raise ConfigError(f"seq_len must be positive, got {seq_len}")
-    d, L, dh = cfg.d_model, cfg.n_layers, cfg.head_dim
-    proj = d * cfg.n_heads * dh + 2 * d * cfg.n_kv_heads * dh + cfg.n_heads * dh * d
-    # Each query meets T keys (full square) or on average T/2 (causal half); the exact
-    # causal count would be (T+1)/2, the convention is the half.
-    square = 2 * seq_len * cfg.n_heads * dh
-    per_product = square // 2 if causal_half else square
-    return FlopCount(
-        seq_len=seq_len,
-        causal_half=causal_half,
-        n_layers=L,
-        attn_proj=2 * proj * L,
-        attn_scores=per_product * L,
-        attn_mix=per_product * L,
-        ffn=2 * 3 * d * cfg.ffn_dim * L if cfg.ffn else 0,
-        head=2 * cfg.vocab_size * d,
-    )
+    _check(cfg)
+    terms: dict[str, int] = {}
+    for layer in range(cfg.n_layers):
+        for k, v in layer_flops(cfg, layer, seq_len, causal_half).items():
+            terms[k] = terms.get(k, 0) + v
+    terms["head"] = 2 * cfg.vocab_size * cfg.d_model
+    return FlopCount(seq_len=seq_len, causal_half=causal_half, n_layers=cfg.n_layers, terms=terms)
 
 
 def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,

@@ -22,7 +22,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from sanlab.errors import ConfigError
 
@@ -110,8 +110,46 @@ def _in_range(cfg: BaseModel, **bounds: tuple[float, float | None]) -> None:
 # --------------------------------------------------------------------------- sections
 
 
+# Per-layer layouts (SPEC §3). A named layout places the *standard* (softmax) layers; the
+# variant `model.mixer` fills the rest. Layer indices are 0-based.
+LAYOUTS: tuple[str, ...] = (
+    "uniform",  # the variant in every layer
+    "hybrid",  # variant in odd layers (1, 3, …), softmax in even (0, 2, …): SPEC §3's hybrid
+    "even", "odd",  # standard layers at even / odd indices
+    "top", "middle", "bottom",  # standard layers in the top half / middle half / bottom half
+    "every4",  # standard layers at 0, 4, 8, … (25%)
+    "first", "last", "first_last",
+)
+STANDARD_MIXER = "softmax"
+
+
+def standard_layers(layout: str, n_layers: int) -> list[bool]:
+    """For a named layout, which layers hold the standard (softmax) mixer."""
+    L = n_layers
+    rule = {
+        "uniform": lambda i: False,
+        "hybrid": lambda i: i % 2 == 0,
+        "even": lambda i: i % 2 == 0,
+        "odd": lambda i: i % 2 == 1,
+        "top": lambda i: i >= L - L // 2,
+        "bottom": lambda i: i < L // 2,
+        "middle": lambda i: L // 4 <= i < L // 4 + L // 2 if L > 1 else True,
+        "every4": lambda i: i % 4 == 0,
+        "first": lambda i: i == 0,
+        "last": lambda i: i == L - 1,
+        "first_last": lambda i: i in (0, L - 1),
+    }[layout]
+    return [rule(i) for i in range(L)]
+
+
 class ModelConfig(StrictModel):
-    """Architecture (SPEC §1.1). The SAN is `ffn=false`; the standard arm is `ffn=true`."""
+    """Architecture (SPEC §1.1). The SAN is `state_mixer="none"` (`ffn=false`); the standard
+    arm is `state_mixer="swiglu"` (`ffn=true`).
+
+    `ffn` is kept as the spelling users know: on input `ffn=true/false` sets `state_mixer`
+    (true: `swiglu`, or the legacy `ffn_type`), and `cfg.ffn` reads whether there is a
+    state mixer. Old configs with `ffn` / `ffn_type` keep loading.
+    """
 
     d_model: int = 128
     """Width of the residual stream."""
@@ -123,8 +161,10 @@ class ModelConfig(StrictModel):
     """Key/value heads (grouped-query attention); must divide n_heads."""
     vocab_size: int = 2048
     """Embedding rows; must cover the prepared data's tokenizer (16384 at paper scale)."""
-    ffn: bool = False
-    """Add the SwiGLU feed-forward sublayer after attention: false = the SAN, true = the standard arm."""
+    state_mixer: str = "none"
+    """The state mixer of every block: a registered FFN type (swiglu) or none (the SAN)."""
+    ffn: bool | None = Field(default=None, exclude=True)
+    """Input alias of state_mixer: true = swiglu (the standard arm), false = none (the SAN); reads back whether there is a state mixer."""
     d_ff: int | None = None  # None -> 4 * d_model
     residual: Literal["gated", "rezero", "standard", "none"] = "gated"
     """gated: x + σ(g)·f(x), g init 0; rezero: x + α·f(x), α init 0; standard: x + f(x); none: f(x)."""
@@ -142,14 +182,52 @@ class ModelConfig(StrictModel):
     """Std of the normal init of embedding and input projections."""
     # W_o / W_down std = init_std / sqrt(2 * n_layers) (SPEC §1.1); false = unscaled (Theorem 1 contrast)
     scale_out_init: bool = True
-    # Registered sequence mixer (attention or a variant) and state mixer (FFN) names.
     mixer: str = "softmax"
-    ffn_type: str = "swiglu"
-    """Registered state mixer used when ffn = true (sanlab.model.blocks.STATE_MIXERS)."""
+    """Registered sequence mixer: softmax attention or a variant (sanlab.model.mixers.MIXERS)."""
+    mixer_options: dict[str, Any] = {}
+    """The mixer's own options, validated by its `Options` model (an unknown key is an error)."""
+    layout: str | list[str] = "uniform"
+    """Where the mixer goes: a named layout (uniform, hybrid, even, odd, top, middle, bottom, every4, first, last, first_last: the places of the softmax layers) or one mixer name per layer."""
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
     # kernel (faster than SDPA from T = 64 to 1024, measured) while the probabilities it
-    # keeps fit sanlab.model.layers.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
+    # keeps fit sanlab.model.kernels.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
     attn_backend: Literal["auto", "explicit", "sdpa", "flex"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ffn_alias(cls, data: Any) -> Any:
+        """`ffn` (and the legacy `ffn_type`) are input spellings of `state_mixer`. When given,
+        `ffn` decides whether there is a state mixer (so `{**cfg.model_dump(), "ffn": True}`
+        and `model.ffn=false` on a file with `state_mixer = "swiglu"` do what they say);
+        with `ffn=true` a named state_mixer (or the legacy ffn_type) picks its type."""
+        if not isinstance(data, dict) or ("ffn" not in data and "ffn_type" not in data):
+            return data
+        data = dict(data)
+        ffn, ffn_type = data.pop("ffn", None), data.pop("ffn_type", None)
+        if ffn is not None and not isinstance(ffn, bool):
+            raise ValueError(f"ffn: expected true or false, got {ffn!r}")
+        given = data.get("state_mixer")
+        if ffn is None:
+            data.setdefault("state_mixer", ffn_type or "none")
+        elif not ffn:
+            data["state_mixer"] = "none"
+        elif given in (None, "none"):
+            data["state_mixer"] = ffn_type or "swiglu"
+        return data
+
+    @field_validator("layout", mode="before")
+    @classmethod
+    def _layout_list(cls, value: Any) -> Any:
+        """A per-layer list may also be written `softmax,mlp,…` or as a JSON list string
+        (what a command-line override gives)."""
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError:
+                raise ValueError(f"layout: not a list of mixer names: {value}") from None
+        if isinstance(value, str) and "," in value:
+            return [v.strip() for v in value.split(",")]
+        return value
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "ModelConfig":
@@ -169,7 +247,24 @@ class ModelConfig(StrictModel):
         for key in ("rope_theta", "norm_eps", "init_std"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if isinstance(self.layout, str):
+            if self.layout not in LAYOUTS:
+                raise ValueError(f"layout: unknown layout {self.layout!r} (choose from {', '.join(LAYOUTS)}, "
+                                 "or give one mixer name per layer)")
+        elif len(self.layout) != self.n_layers:
+            raise ValueError(f"layout: {len(self.layout)} mixers listed for n_layers={self.n_layers}")
+        # `ffn` reads whether there is a state mixer (set directly: no re-validation loop)
+        self.__dict__["ffn"] = self.state_mixer != "none"
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ModelConfig":
+        """A copy with `update` applied and validated (so `ffn` keeps working as an alias)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = self.model_dump()
+        if ("ffn" in update or "ffn_type" in update) and "state_mixer" not in update:
+            data.pop("state_mixer")
+        return validate(type(self), {**data, **update}, source="model")
 
     @property
     def head_dim(self) -> int:
@@ -178,6 +273,18 @@ class ModelConfig(StrictModel):
     @property
     def ffn_dim(self) -> int:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def layer_mixers(self) -> list[str]:
+        """The sequence mixer of each layer, from `mixer` and `layout`."""
+        if not isinstance(self.layout, str):
+            return list(self.layout)
+        return [STANDARD_MIXER if std else self.mixer for std in standard_layers(self.layout, self.n_layers)]
+
+    @property
+    def is_standard(self) -> bool:
+        """Softmax attention in every layer (the SAN / standard arms of SPEC §1)."""
+        return all(m == STANDARD_MIXER for m in self.layer_mixers)
 
 
 class DataConfig(StrictModel):
@@ -287,6 +394,8 @@ class TrainConfig(StrictModel):
     wandb: bool = False
     """Also log to Weights & Biases, offline unless WANDB_MODE says otherwise (needs the log extra)."""
     threads: int | None = None  # torch intra-op threads on CPU; None = torch default
+    freeze: list[Literal["qk", "mlp"]] = []
+    """Weights kept at their initialisation (SPEC §2): qk (W_q, W_k: Frozen-QK), mlp (the state mixer's weights: Frozen-MLP); frozen weights get no optimizer state."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

@@ -37,10 +37,30 @@ ROLES: dict[Target, str] = {"params": "iso-param", "flops": "iso-FLOP", "depth":
 _MAX_STEPS = 100_000
 
 
+def layout_prefix(c: ModelConfig) -> str:
+    """How the layers differ from softmax attention everywhere, for labels and run ids:
+    '' (softmax in every layer), `nonapprox` (uniform), `hyb-nonapprox` (hybrid),
+    `top-mlp` (a placement of the standard layers), `mixed-…` (an explicit list)."""
+    if c.is_standard:
+        return ""
+    from sanlab.model.mixers import mixer_class
+
+    if not isinstance(c.layout, str):
+        shorts = [mixer_class(m).short for m in dict.fromkeys(c.layout) if m != "softmax"]
+        return "mixed-" + "+".join(shorts)
+    short = mixer_class(c.mixer).short
+    return {"uniform": short, "hybrid": f"hyb-{short}"}.get(c.layout, f"{c.layout}-{short}")
+
+
 def model_label(c: ModelConfig) -> str:
-    """A short shape description: `20L d512, no FFN` or `4L d512, d_ff 2048`; a
-    non-default norm is named (`…, rms norm`)."""
+    """A short shape description: `20L d512, no FFN` or `4L d512, d_ff 2048`; a variant or
+    layout comes first (`hyb-nonapprox-8L d128, no FFN`), a non-default norm is named
+    (`…, rms norm`)."""
     label = f"{c.n_layers}L d{c.d_model}, " + (f"d_ff {c.ffn_dim}" if c.ffn else "no FFN")
+    if c.ffn and c.state_mixer != "swiglu":
+        label += f" {c.state_mixer}"
+    prefix = layout_prefix(c)
+    label = f"{prefix}-{label}" if prefix else label
     return label if c.norm == "zcrms" else f"{label}, {c.norm} norm"
 
 
@@ -68,6 +88,8 @@ class Arm:
             "n_layers": c.n_layers,
             "d_model": c.d_model,
             "ffn": c.ffn,
+            "state_mixer": c.state_mixer,
+            "layer_mixers": c.layer_mixers,
             "d_ff": c.ffn_dim if c.ffn else None,
             "n_heads": c.n_heads,
             "n_kv_heads": c.n_kv_heads,
@@ -91,6 +113,9 @@ def _arm(name: str, role: str, cfg: ModelConfig, seq_len: int, causal_half: bool
 def _resized(base: ModelConfig, vary: Vary, step: int) -> ModelConfig:
     """`base` at size `step` (1, 2, …) along the searched axis."""
     if vary == "depth":
+        if not isinstance(base.layout, str):
+            raise MatchingError("an explicit per-layer layout fixes the depth: match over width "
+                                "(--width) or use a named layout")
         return base.model_copy(update={"n_layers": step})
     d_model = 2 * base.n_heads * step
     # An explicit d_ff keeps its ratio to d_model; None already means 4·d_model.
@@ -171,7 +196,7 @@ def match(
         role = ROLES[t]
         name = f"{kind(base)} {role}"
         if t == "depth":
-            cfg = base.model_copy(update={"n_layers": reference.n_layers})
+            cfg = validate(ModelConfig, {**base.model_dump(), "n_layers": reference.n_layers}, source="partner")
             arms.append(_arm(name, role, cfg, seq_len, causal_half, 0.0, "n_layers"))
             continue
         if t == "params":

@@ -225,6 +225,7 @@ def attention_sums(
     query_mask: (B, T) bool, the query positions to average over (e.g. not padding).
 
     - entropy: −Σ_j A_ij log A_ij, mean over queries (uniform over i+1 keys → log(i+1));
+      NaN for a head with negative weights (a signed mixing matrix such as MixiT's);
     - concentration: ‖A‖_F of each row's (T, T) pattern over its valid queries, mean over
       rows (grows like √T, so compare at equal T);
     - head_diversity: std over heads of A_ij, mean over the causal triangle (one number);
@@ -248,6 +249,8 @@ def attention_sums(
     out = AttentionSums(h)
 
     entropy = torch.special.entr(a).sum(-1)  # (B, H, T)
+    # a signed mixing matrix (MixiT's) is not a distribution: its entropy is undefined
+    entropy = entropy.masked_fill((a < 0).any(-1), float("nan"))
     out.add("entropy", (entropy * qf[:, None]).sum((0, 2)), qf.sum())
 
     sq = (a**2).sum(-1)  # (B, H, T)

@@ -24,13 +24,15 @@ reference; `--partner key=value` changes one of them (e.g. --partner residual=st
 
 Counting (SPEC §1.2): non-embedding parameters; training FLOPs per token = 3 × forward,
 forward = 2·weights + 4·T·d attention per layer (full square; --causal-half halves it)
-+ the 2·V·d head.
++ the 2·V·d head. A variant (model.mixer, model.layout) counts what its mixer class
+declares; --breakdown prints every term.
 
 examples:
   sanlab match --preset base
   sanlab match --preset tiny --policy nearest --json
   sanlab match run.toml data.seq_len=1024 --tolerance 0.02
   sanlab match d_model=256 n_layers=12 vocab_size=4096 --width
+  sanlab match --preset base mixer=non_approximate layout=hybrid --breakdown
 """
 
 
@@ -53,7 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated partners to find: params, flops, depth (default: all)")
     parser.add_argument("--partner", action="append", default=[], metavar="key=value",
                         help="a model key of the partner that differs from the reference (repeatable)")
-    parser.add_argument("--breakdown", action="store_true", help="also print every FLOP term per arm")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print every FLOP term and every parameter term per arm")
     parser.add_argument("--json", action="store_true", help="print a JSON list of arms instead of tables")
 
 
@@ -87,7 +90,7 @@ def _reference(args: argparse.Namespace) -> tuple[ModelConfig, int]:
 def _partner_updates(reference: ModelConfig, items: list[str]) -> dict[str, Any]:
     """Typed partner fields from `key=value` strings (same parsing as any override)."""
     keys = [i.split("=", 1)[0].strip() for i in items]
-    base = {**reference.model_dump(), "ffn": not reference.ffn}
+    base = {**reference.model_dump(), "ffn": not reference.ffn}  # (`ffn`, when given, decides)
     parsed = apply_overrides(ModelConfig, base, items, source="partner")
     return {k: getattr(parsed, k) for k in keys}
 
@@ -98,6 +101,9 @@ _MATCHED = {"iso-param": "params", "iso-FLOP": "FLOPs", "iso-depth": "depth"}
 
 def _fmt_m(n: int) -> str:
     return f"{n / 1e6:.2f}M"
+
+
+_TERM_TITLES = {"attn_proj": "attn proj", "attn_scores": "attn q·kᵀ", "attn_mix": "attn A·v", "ffn": "FFN"}
 
 
 def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool, breakdown: bool) -> None:
@@ -119,13 +125,21 @@ def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool,
         return
     terms = Table(title="MFLOPs per token by term, all layers (training = 3 × forward; exact in --json)")
     terms.add_column("arm")
-    for col in ("attn proj", "attn q·kᵀ", "attn A·v", "FFN", "head", "forward", "train"):
-        terms.add_column(col, justify="right")
+    names = list(dict.fromkeys(n for a in arms for n in a.flops.term_names()))
+    for col in (*names, "forward", "train"):
+        terms.add_column(_TERM_TITLES.get(col, col), justify="right")
     for a in arms:
         f = a.flops
-        terms.add_row(a.name, *(f"{v / 1e6:.1f}" for v in (f.attn_proj, f.attn_scores, f.attn_mix, f.ffn,
-                                                    f.head, f.forward, f.train)))
+        terms.add_row(a.name, *(f"{v / 1e6:.1f}" for v in (*(f.term(n) for n in names), f.forward, f.train)))
     console.print(terms)
+    params = Table(title="Parameters by term, all layers (names as in the model, layer prefix removed)")
+    params.add_column("arm")
+    pnames = list(dict.fromkeys(n for a in arms for n in a.params.breakdown))
+    for col in pnames:
+        params.add_column(col, justify="right")
+    for a in arms:
+        params.add_row(a.name, *(f"{a.params.breakdown.get(n, 0):,}" for n in pnames))
+    console.print(params)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,7 +1,9 @@
 """A block is a sequence mixer plus an optional state mixer (FFN).
 
-Attention-only (the SAN) means `ffn=False`: the same class without its FFN, not a
-second code path (docs/architecture.md, design rules). Pre-norm; each sublayer's update enters the
+Attention-only (the SAN) means `state_mixer="none"` (`ffn=false`): the same class without
+its FFN, not a second code path (docs/architecture.md, design rules). The sequence mixer of layer i is
+`cfg.layer_mixers[i]` (the layout); its module is always `attn` and the state mixer's
+`ffn`, so parameter and hook names are stable across variants. Pre-norm; each sublayer's update enters the
 residual stream through the configured residual rule (SPEC §1.1):
 
     gated     x + σ(g) · f(x)     g scalar, init 0 (σ(0) = 1/2)   [default]
@@ -16,11 +18,9 @@ import torch
 from torch import nn
 
 from sanlab.config import ModelConfig
-from sanlab.errors import ConfigError
-from sanlab.model.layers import AttentionContext, HookPoint, SwiGLU, make_norm
-from sanlab.model.mixers import build_mixer
-
-STATE_MIXERS: dict[str, type[nn.Module]] = {"swiglu": SwiGLU}
+from sanlab.model.kernels import gated_residual
+from sanlab.model.layers import AttentionContext, HookPoint, make_norm
+from sanlab.model.mixers import Role, build_mixer, build_state_mixer
 
 
 def residual_scalar(mode: str) -> nn.Parameter | None:
@@ -30,34 +30,12 @@ def residual_scalar(mode: str) -> nn.Parameter | None:
 
 def residual_update(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     if mode == "gated":
-        return _GatedResidual.apply(x, h, g)
+        return gated_residual(x, h, g)
     if mode == "rezero":
         return x + g.to(h.dtype) * h
     if mode == "standard":
         return x + h
     return h
-
-
-class _GatedResidual(torch.autograd.Function):
-    """x + σ(g)·h in one pass (x the fp32 stream, h a sublayer's update, often bf16), with
-    dx = dy, dh = σ(g)·dy, dg = σ'(g)·Σ dy⊙h: two passes, where autograd through the
-    cast, the product and the promoting add makes four each way. (With a bf16 h the
-    gate's gradient sums bf16 row dot products in fp32; autograd's sums in bf16.)"""
-
-    @staticmethod
-    def forward(ctx, x, h, g):  # type: ignore[override]
-        s = torch.sigmoid(g)
-        ctx.save_for_backward(h, s)
-        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)))
-
-    @staticmethod
-    def backward(ctx, dy):  # type: ignore[override]
-        h, s = ctx.saved_tensors
-        # dh = σ·dy written in h's dtype in one pass; then dg = σ'·⟨dy, h⟩ = (1 − σ)·⟨dh, h⟩
-        dh = torch.mul(dy, s, out=torch.empty(h.shape, dtype=h.dtype, device=h.device))
-        rows = (-1, h.shape[-1])  # (row-wise: a flat bf16 dot product is ~10x slower on the CPU)
-        dg = (1 - s) * torch.linalg.vecdot(dh.reshape(rows), h.reshape(rows)).sum(dtype=s.dtype)
-        return dy, dh, dg
 
 
 class Block(nn.Module):
@@ -72,12 +50,8 @@ class Block(nn.Module):
         self.attn_gate = residual_scalar(cfg.residual)
         self.resid_mid = HookPoint()
         if cfg.ffn:
-            if cfg.ffn_type not in STATE_MIXERS:
-                raise ConfigError(
-                    f"model.ffn_type: unknown state mixer {cfg.ffn_type!r} (known: {', '.join(STATE_MIXERS)})"
-                )
             self.ffn_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
-            self.ffn = STATE_MIXERS[cfg.ffn_type](cfg.d_model, cfg.ffn_dim)
+            self.ffn = build_state_mixer(cfg)
             self.ffn_post_norm = make_norm(cfg, cfg.d_model) if cfg.sandwich_norm else None
             self.ffn_out = HookPoint()
             self.ffn_gate = residual_scalar(cfg.residual)
@@ -85,11 +59,36 @@ class Block(nn.Module):
             self.ffn = None
         self.resid_post = HookPoint()
 
-    def output_weights(self) -> list[nn.Parameter]:
-        out = list(self.attn.output_weights())
-        if self.ffn is not None:
-            out += self.ffn.output_weights()
-        return out
+    def param_roles(self) -> dict[str, Role]:
+        """Role of every parameter of the block, by name relative to the block."""
+        roles: dict[str, Role] = {}
+        for sub in ("attn", "ffn"):
+            mixer = getattr(self, sub)
+            if mixer is None:
+                continue
+            roles |= {f"{sub}.{k}": r for k, r in mixer.param_roles().items()}
+            for norm in (f"{sub}_norm", f"{sub}_post_norm"):
+                if getattr(self, norm) is not None:
+                    roles[f"{norm}.weight"] = "gain"
+            if getattr(self, f"{sub}_gate") is not None:
+                roles[f"{sub}_gate"] = "gate"
+        return roles
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float, out_std: float) -> None:
+        """Norm gains to their identity, residual scalars to 0, then each mixer's own init
+        (the sequence mixer first: the draw order of SPEC §1.1's init is W_q W_k W_v W_o,
+        then W_gate W_up W_down)."""
+        for sub in ("attn", "ffn"):
+            mixer = getattr(self, sub)
+            if mixer is None:
+                continue
+            for norm in (f"{sub}_norm", f"{sub}_post_norm"):
+                if getattr(self, norm) is not None:
+                    getattr(self, norm).reset_parameters()
+            if getattr(self, f"{sub}_gate") is not None:
+                getattr(self, f"{sub}_gate").zero_()
+            mixer.reset_parameters(std, out_std)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         x = self.resid_pre(x)

@@ -1,16 +1,20 @@
 """Parameter routing and the optimizers of SPEC §1.3.
 
-The routing is an explicit table over parameter names and shapes, built outside the
-model and asserted complete: every parameter lands in exactly one group.
+The routing is an explicit table over the roles the model declares for its parameters
+(`LM.param_roles`, from each mixer's `param_roles`; `sanlab.model.mixers.ROLES`), built
+outside the model and asserted complete: every parameter lands in exactly one group.
 
-    group          parameters                              muon arm             adamw arm
-    matrix         every 2-D parameter but embed.weight    Muon, decay 0.01     AdamW, decay 0.01
-                   (wq wk wv wo; w_gate w_up w_down; any
-                   2-D weight a variant adds)
-    embedding      embed.weight (tied with the head)       AdamW, no decay      AdamW, no decay
-    gain_or_gate   every parameter with fewer than 2 dims   AdamW, no decay      AdamW, no decay
-                   (norm gains, QK gains, residual gates)
-    frozen         requires_grad=False (frozen variants)   not optimized        not optimized
+    group          roles                                   muon arm             adamw arm
+    matrix         routing, content (wq wk wv wo;          Muon, decay 0.01     AdamW, decay 0.01
+                   w_gate w_up w_down; a variant's matrices)
+    embedding      table (embed.weight, tied with the head) AdamW, no decay     AdamW, no decay
+    gain_or_gate   gain, gate (norm gains, QK gains,        AdamW, no decay      AdamW, no decay
+                   residual scalars)
+    frozen         frozen, or requires_grad=False           not optimized        not optimized
+                   (train.freeze): no optimizer state
+
+A module without declared roles (not an `LM`) is routed by shape: 2-D parameters but
+`embed.weight` are matrices, the rest gains or gates.
 
 In the AdamW-only arm the embedding is treated like the gains (no decay), so the two
 arms differ only in how the hidden matrices are updated. The Muon arm runs AdamW at
@@ -33,10 +37,23 @@ Group = Literal["matrix", "embedding", "gain_or_gate", "frozen"]
 GROUPS: tuple[Group, ...] = ("matrix", "embedding", "gain_or_gate", "frozen")
 
 
-def classify(name: str, param: nn.Parameter) -> Group:
+# role -> routing group
+ROLE_GROUPS: dict[str, Group] = {
+    "routing": "matrix", "content": "matrix", "table": "embedding",
+    "gain": "gain_or_gate", "gate": "gain_or_gate", "frozen": "frozen",
+}
+
+
+def classify(name: str, param: nn.Parameter, role: str | None = None) -> Group:
     """The routing rule for one parameter (see the module table)."""
     if not param.requires_grad:
         return "frozen"
+    if role is not None:
+        if role not in ROLE_GROUPS:
+            raise ConfigError(f"parameter {name} declares unknown role {role!r}")
+        if ROLE_GROUPS[role] == "matrix" and param.ndim != 2:
+            raise ConfigError(f"parameter {name} is a {role} matrix but has shape {tuple(param.shape)}")
+        return ROLE_GROUPS[role]
     if name == "embed.weight":
         return "embedding"
     if param.ndim == 2:
@@ -48,14 +65,20 @@ def classify(name: str, param: nn.Parameter) -> Group:
 
 def route(model: nn.Module) -> dict[Group, list[tuple[str, nn.Parameter]]]:
     """Split the model's parameters into the routing groups, asserting completeness."""
+    roles = model.param_roles() if hasattr(model, "param_roles") else None
     groups: dict[Group, list[tuple[str, nn.Parameter]]] = {g: [] for g in GROUPS}
     for name, p in model.named_parameters():
-        groups[classify(name, p)].append((name, p))
+        if roles is not None and name not in roles:
+            raise ConfigError(f"parameter {name} has no declared role (its mixer's param_roles misses it)")
+        groups[classify(name, p, roles[name] if roles is not None else None)].append((name, p))
     routed = [id(p) for members in groups.values() for _, p in members]
     every = [id(p) for p in model.parameters()]
     assert len(routed) == len(set(routed)) == len(every) and set(routed) == set(every), (
         "parameter routing is not a partition of the model's parameters"
     )
+    if roles is not None:
+        extra = set(roles) - {n for n, _ in model.named_parameters()}
+        assert not extra, f"roles declared for parameters the model does not have: {sorted(extra)}"
     return groups
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from pydantic import ValidationError
 
 import sanlab
 from sanlab.config import Config
@@ -62,6 +63,16 @@ def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
     return None if a == b else f"{prefix[:-1]} ({b!r} in the run dir, {a!r} requested)"
 
 
+def _normalised(stored: Any) -> Any:
+    """A stored config.json as this version writes it: keys added since (with their
+    defaults) filled in, input spellings (`model.ffn`, `ffn_type`) resolved. A config that
+    no longer validates is compared as it is."""
+    try:
+        return config_json(Config.model_validate(stored))
+    except ValidationError:
+        return stored
+
+
 @dataclass(frozen=True)
 class Decision:
     action: Literal["fresh", "resume", "done"]
@@ -85,7 +96,7 @@ def decide(out: Path, cfg: Config, *, resume: bool, force: bool) -> Decision:
         return Decision("fresh")
     meta = read_json(out / META_FILE) or {}
     has_ckpt = (out / CHECKPOINTS / "latest").exists() or (out / CHECKPOINTS / ".old-latest").exists()
-    diff = _first_difference(config_json(cfg), stored)
+    diff = _first_difference(config_json(cfg), _normalised(stored))
     if diff and not force:
         raise ConfigError(f"{out} holds a run with a different config: {diff}; use --force to override")
     if force and not resume:

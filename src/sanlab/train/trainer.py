@@ -225,6 +225,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     np.random.seed(t.seed)
     random.seed(t.seed)
     model = LM(cfg.model).to(d.device)
+    model.freeze(cfg.train.freeze)  # train.freeze: weights kept at init, no optimizer state
     optims = build_optimizers(model, cfg.optim)
     train_model = d.wrap(model)
     if t.compile:

@@ -1,0 +1,531 @@
+"""Every registered sequence mixer and state mixer, from the registries: accounting = module,
+forward/backward in fp32 and bf16 autocast, causality, document masking, hooks, init,
+roles; then the variants' own formulas (Taylor, MixiT, non-approximate) and the freezes."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from sanlab.accounting import count_flops, count_module_params, count_params, measure_forward_flops
+from sanlab.cli import main
+from sanlab.config import ModelConfig, OptimConfig
+from sanlab.errors import EXIT_USAGE, ConfigError
+from sanlab.model import mixers
+from sanlab.model.hooks import capture, hook_names
+from sanlab.model.lm import LM
+from sanlab.train import checkpoint
+from sanlab.train.optim import build_optimizers, route
+
+MIXERS = sorted(mixers.MIXERS)
+STATES = ["none", *sorted(mixers.STATE_MIXERS)]
+# Options some mixers need at this tiny size (MixiT's matrices cover the test rows; Taylor's
+# blocks are smaller than the rows, so the running sums are exercised).
+OPTIONS = {"mixit": {"seq_len": 24}, "approximate": {"chunk": 5}}
+SWITCHES = list(itertools.product(("gated", "rezero", "standard", "none"), ("zcrms", "rms"), (False, True),
+                                  (False, True)))
+LAYOUTS = ("uniform", "hybrid")
+
+
+def tiny(mixer: str = "softmax", state: str = "none", layout: str | list[str] = "uniform", **kw) -> ModelConfig:
+    base = dict(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, d_ff=48, mixer=mixer,
+                state_mixer=state, layout=layout, mixer_options=OPTIONS.get(mixer, {}))
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def randomise(model: LM, seed: int = 0) -> None:
+    """Move gates and gains off their init (so every parameter gets a gradient and the
+    comparisons below exercise them)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim < 2:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def test_registries_hold_the_variants() -> None:
+    assert set(MIXERS) >= {"softmax", "mlp", "approximate", "non_approximate", "rnd_emb_qk", "fixed_seq_qk",
+                           "static_emb_qk", "mixit"}
+    assert "swiglu" in STATES
+
+
+# --------------------------------------------------------------------------- accounting = module
+
+
+@pytest.mark.parametrize("mixer,state", list(itertools.product(MIXERS, STATES)))
+def test_formula_matches_module_params(mixer: str, state: str) -> None:
+    """Every mixer × state mixer (or none) × residual / norm / QK-norm / sandwich, uniform and
+    hybrid: the declared parameter terms equal the built module's, name by name, and every
+    parameter has a declared role that routes it."""
+    for (residual, norm, qk_norm, sandwich), layout in itertools.product(SWITCHES, LAYOUTS):
+        cfg = tiny(mixer, state, layout, residual=residual, norm=norm, qk_norm=qk_norm, sandwich_norm=sandwich)
+        model = LM(cfg)
+        formula, module = count_params(cfg), count_module_params(model)
+        assert formula.breakdown == module.breakdown, (cfg.layer_mixers, residual, norm, qk_norm, sandwich)
+        assert (formula.total, formula.non_embedding) == (module.total, module.non_embedding)
+        roles = model.param_roles()
+        assert set(roles) == {n for n, _ in model.named_parameters()}
+        route(model)
+
+
+def _fixed_pass_flops(cfg: ModelConfig, T: int) -> int:
+    """RndEmbQK / FixedSeqQK run the blocks once more on one fixed row (not in the per-token terms)."""
+    if not any(getattr(mixers.MIXERS[m], "uses_qk_stream", False) for m in cfg.layer_mixers):
+        return 0
+    f = count_flops(cfg, T)
+    return T * (f.forward - f.head)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("state", STATES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_flops_match_flop_counter(mixer: str, state: str, layout: str) -> None:
+    """FlopCounterMode over a packed batch equals the declared terms: the projections (aten.mm)
+    term for term, and the total (every pairwise product counted as the kernels compute it)."""
+    cfg = tiny(mixer, state, layout)
+    B, T = 2, 16
+    tokens = torch.randint(0, cfg.vocab_size, (B, T))
+    segments = (torch.arange(T) >= 6).long().expand(B, T)
+    measured = measure_forward_flops(LM(cfg), tokens, segments)
+    f = count_flops(cfg, T)
+    extra = _fixed_pass_flops(cfg, T)
+    proj = f.attn_proj + f.ffn + f.head
+    extra_proj = T * (f.attn_proj + f.ffn) if extra else 0
+    assert measured.by_op.get("aten.mm", 0) == B * T * proj + extra_proj
+    # (per-token terms are whole FLOPs: a term that averages over the row, like Taylor's
+    # running sums, is rounded down, by less than one FLOP per token and layer)
+    assert 0 <= measured.total - (B * T * f.forward + extra) < B * T * cfg.n_layers
+
+
+def test_match_prints_every_term_for_a_variant_and_a_hybrid(capsys: pytest.CaptureFixture[str],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["match", "--preset", "tiny", "mixer=approximate", "layout=hybrid", "--breakdown",
+                 "--targets", "params"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("attn_block", "attn_state", "attn q·kᵀ", "attn.wq.weight", "hyb-approx-10L d256"):
+        assert needle in out
+    assert main(["match", "--preset", "tiny", "mixer=mixit", "--json", "--targets", "params"]) == 0
+    import json
+
+    arms = json.loads(capsys.readouterr().out)
+    ref = ModelConfig(**arms[0]["config"])
+    assert arms[0]["params_non_embedding"] == count_params(ref).non_embedding
+    assert "attn.wq.weight" not in arms[0]["params_breakdown"] and arms[0]["flops"]["attn_scores"] == 0
+    assert arms[1]["layer_mixers"] == ["mixit"] * arms[1]["n_layers"]  # the partner keeps the variant
+
+
+# --------------------------------------------------------------------------- behaviour of every mixer
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_forward_backward_fp32_and_bf16(mixer: str) -> None:
+    torch.manual_seed(0)
+    model = LM(tiny(mixer, "swiglu", n_layers=3))
+    randomise(model)
+    tokens = torch.randint(0, 64, (2, 20))
+    segments = (torch.arange(20) >= 7).long().expand(2, 20)
+    targets, mask = torch.roll(tokens, -1, 1), torch.ones(2, 20, dtype=torch.bool)
+    losses = {}
+    for amp in (False, True):
+        model.zero_grad()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss, ce = model(tokens, segments, targets, mask)
+        loss.backward()
+        assert torch.isfinite(loss)
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+            assert p.grad.abs().sum() > 0, name
+        losses[amp] = float(ce)
+    assert losses[True] == pytest.approx(losses[False], abs=0.05)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_causality(mixer: str, layout: str) -> None:
+    """Changing a future token never changes an earlier output."""
+    torch.manual_seed(0)
+    model = LM(tiny(mixer, "swiglu", layout, n_layers=3)).eval()
+    randomise(model)
+    tokens = torch.randint(0, 64, (1, 18))
+    changed = tokens.clone()
+    changed[0, 11] = (tokens[0, 11] + 1) % 64
+    with torch.no_grad():
+        a, b = model(tokens), model(changed)
+    torch.testing.assert_close(a[:, :11], b[:, :11], rtol=0, atol=1e-5)
+    assert (a[:, 11:] - b[:, 11:]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_document_mask_is_exact(mixer: str) -> None:
+    """A packed row gives each document exactly the logits it gets alone."""
+    torch.manual_seed(0)
+    model = LM(tiny(mixer, "swiglu", "hybrid", n_layers=3)).double().eval()
+    randomise(model)
+    lengths = [7, 11, 4]
+    docs = [torch.randint(0, 64, (1, n)) for n in lengths]
+    packed = torch.cat(docs, dim=1)
+    segments = torch.cat([torch.full((1, n), i) for i, n in enumerate(lengths)], dim=1)
+    with torch.no_grad():
+        together = model(packed, segments)
+        alone = torch.cat([model(d) for d in docs], dim=1)
+    torch.testing.assert_close(together, alone)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_hooks_and_patterns(mixer: str) -> None:
+    """`blocks.{i}.attn.pattern` exists exactly where the mixer has a pattern; it is (B, H, T, T),
+    causal, zero across documents, rows summing to 1; capturing it does not change the output."""
+    torch.manual_seed(0)
+    cfg = tiny(mixer, layout="hybrid", n_layers=2)
+    model = LM(cfg).eval()
+    randomise(model)
+    names = hook_names(model)
+    has = mixers.MIXERS[mixer].has_pattern
+    assert ("blocks.1.attn.pattern" in names) == has
+    assert "blocks.0.attn.pattern" in names  # the hybrid's softmax layer
+    tokens = torch.randint(0, 64, (2, 12))
+    seg = (torch.arange(12) >= 5).long().expand(2, 12)
+    with torch.no_grad():
+        plain = model(tokens, seg)
+        with capture(model, ["blocks.*.attn.pattern", "blocks.*.resid_post"]) as acts:
+            hooked = model(tokens, seg)
+    torch.testing.assert_close(plain, hooked, rtol=1e-4, atol=1e-4)
+    assert ("blocks.1.attn.pattern" in acts) == has
+    for name, A in acts.items():
+        if not name.endswith("pattern"):
+            continue
+        assert A.shape == (2, 4, 12, 12)
+        allowed = (seg[:, :, None] == seg[:, None, :]) & torch.ones(12, 12, dtype=torch.bool).tril()
+        assert (A.masked_select(~allowed[:, None].expand_as(A)) == 0).all()
+        torch.testing.assert_close(A.sum(-1), torch.ones(2, 4, 12), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_init_is_owned_by_the_modules(mixer: str) -> None:
+    """reset_parameters re-draws every matrix with SPEC §1.1's stds, resets gains and gates,
+    and never touches buffers (fixed random state)."""
+    torch.manual_seed(3)
+    cfg = tiny(mixer, "swiglu", n_layers=4, d_model=64, vocab_size=256)
+    model = LM(cfg)
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(7.0)
+        for b in model.buffers():
+            b.add_(1.0)
+    moved = {k: v.clone() for k, v in model.named_buffers()}
+    model.reset_parameters()
+    for k, v in model.named_buffers():
+        assert torch.equal(v, moved[k]) and not torch.equal(v, buffers[k]), k
+    out_std = 0.02 / (2 * cfg.n_layers) ** 0.5
+    for name, p in model.named_parameters():
+        if p.ndim == 2:
+            expected = out_std if name.endswith(("wo.weight", "w_down.weight")) else 0.02
+            assert 0.8 * expected < float(p.std()) < 1.2 * expected, name
+        else:
+            assert (p == 0).all(), name  # ZCN gains and gates start at 0
+
+
+# --------------------------------------------------------------------------- the variants' formulas
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+def test_taylor_linear_time_equals_quadratic_formula(chunk: int) -> None:
+    torch.manual_seed(0)
+    B, H, T, D = 2, 3, 17, 4
+    q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
+    seg = torch.tensor([[0] * 6 + [1] * 11, [0] * 2 + [1] * 3 + [2] * 9 + [3] * 3])
+    allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
+    A = mixers.taylor_weights(q, k, allowed)
+    s = q @ k.transpose(-1, -2) / D**0.5  # the formula written out once more
+    w = (1 + s + s * s / 2) * allowed
+    torch.testing.assert_close(A, w / w.sum(-1, keepdim=True))
+    torch.testing.assert_close(mixers.taylor_attention(q, k, v, seg, chunk), A @ v)
+
+
+def test_taylor_training_path_forms_no_square() -> None:
+    """Without a pattern hook no (…, T, T) tensor is formed: only block-sized squares."""
+    torch.manual_seed(0)
+    model = LM(tiny("approximate", mixer_options={"chunk": 4}))
+    T = 16
+    seen = []
+
+    class Watch(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dim() >= 2:
+                seen.append(tuple(out.shape))
+            return out
+
+    with Watch():
+        model(torch.randint(0, 64, (1, T)), torch.zeros(1, T, dtype=torch.long), torch.zeros(1, T, dtype=torch.long))
+    taylor = [s for s in seen if s[-2:] == (T, T)]
+    assert not taylor and any(s[-2:] == (4, 4) for s in seen)
+
+
+def test_mixit_matrices_follow_spec2() -> None:
+    H, T, D = 4, 20, 8
+    A = mixers.mixit_matrices(H, T, D, seed=5)
+    assert A.shape == (H, T, T)
+    assert (A.triu(1) == 0).all()  # strictly causal: nothing above the diagonal
+    torch.testing.assert_close(A.sum(-1), torch.ones(H, T))  # rows sum to 1
+    noise = (A - torch.eye(T))[1:]
+    support = torch.ones(T, T).tril()
+    torch.testing.assert_close((noise * support).sum(-1) / support.sum(-1), torch.zeros(H - 1, T),
+                               atol=1e-6, rtol=0)  # centred rows
+    sink = 0.5 * torch.eye(T)
+    sink[:, 0] += 0.5
+    torch.testing.assert_close(A[0], sink)
+    assert torch.equal(A, mixers.mixit_matrices(H, T, D, seed=5))  # reproducible from the seed
+    assert not torch.equal(A[1:], mixers.mixit_matrices(H, T, D, seed=6)[1:])
+    # per-head scale between 1/√(T·d_h) and 1/√T
+    std = torch.stack([(A[h] - torch.eye(T))[support.bool()].std() for h in range(1, H)])
+    assert ((std > 0.5 / (T * D) ** 0.5) & (std < 1.5 / T**0.5)).all()
+
+
+def _steps(model: LM, n: int = 3, seed: int = 0) -> None:
+    opts = build_optimizers(model, OptimConfig(lr=0.05, adam_lr=0.01))
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        tokens = torch.randint(0, 64, (2, 13), generator=g)
+        loss, _ = model(tokens[:, :-1], None, tokens[:, 1:], torch.ones(2, 12, dtype=torch.bool))
+        loss.backward()
+        opts.step()
+        opts.zero_grad()
+    return opts
+
+
+def test_mixit_state_survives_training_and_checkpoints(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = LM(tiny("mixit"))
+    fixed = model.blocks[1].attn.mixing.clone()
+    assert not any(n.endswith("mixing") for n, _ in model.named_parameters())  # a buffer, not a parameter
+    wv = model.blocks[1].attn.wv.weight.clone()
+    opts = _steps(model)
+    assert torch.equal(model.blocks[1].attn.mixing, fixed)  # bit-identical after training steps
+    assert not torch.equal(model.blocks[1].attn.wv.weight, wv)  # V and O do train
+    checkpoint.save(tmp_path / "c", model, opts, {"step": 3})
+    other = LM(tiny("mixit"))
+    other.blocks[1].attn.mixing.zero_()
+    checkpoint.load(tmp_path / "c", other, build_optimizers(other, OptimConfig()), restore_rng=False)
+    assert torch.equal(other.blocks[1].attn.mixing, fixed)  # restored from the checkpoint
+
+
+def test_non_approximate_is_its_formula() -> None:
+    """A_ij = softmax_{j ≤ i}(q_j · k_j / √d_h) with q = SiLU(W_q u): the weights of a key do
+    not depend on the query."""
+    torch.manual_seed(0)
+    cfg = tiny("non_approximate", qk_norm=False, n_layers=1)
+    model = LM(cfg).double().eval()
+    mixer = model.blocks[0].attn
+    tokens = torch.randint(0, 64, (1, 9))
+    with torch.no_grad(), capture(model, ["blocks.0.attn.pattern"]) as acts:
+        model(tokens)
+        u = model.blocks[0].attn_norm(model.embed(tokens) * model.embed_scale)
+        q = torch.nn.functional.silu(mixer.wq(u)).view(1, 9, 4, 8)
+        k = mixer.wk(u).view(1, 9, 2, 8).repeat_interleave(2, dim=2)
+        s = (q * k).sum(-1).transpose(1, 2) / 8**0.5  # (1, H, T)
+        scores = s[:, :, None, :].expand(1, 4, 9, 9).masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(),
+                                                                 float("-inf"))
+    torch.testing.assert_close(acts["blocks.0.attn.pattern"], torch.softmax(scores, -1))
+
+
+def test_mlp_mixer_matches_the_attention_parameter_count() -> None:
+    cfg = tiny("mlp")
+    attn = sum(v for k, v in count_params(tiny()).breakdown.items() if k.startswith("attn.w"))
+    mlp = sum(v for k, v in count_params(cfg).breakdown.items() if k.startswith("attn.w"))
+    assert mlp == attn  # 8:4-style GQA (here 4:2): 3d² either way
+    assert LM(cfg).blocks[0].attn.w_gate.weight.shape == (32, 32)
+
+
+def test_static_emb_qk_reads_the_embeddings() -> None:
+    """Q/K do not depend on the hidden state: with the previous layers' output changed,
+    a StaticEmbQK layer's pattern is the same."""
+    torch.manual_seed(0)
+    model = LM(tiny("static_emb_qk", layout=["softmax", "static_emb_qk"])).eval()
+    randomise(model)
+    tokens = torch.randint(0, 64, (1, 10))
+    with torch.no_grad(), capture(model, ["blocks.1.attn.pattern"]) as a:
+        model(tokens)
+    with torch.no_grad():
+        model.blocks[0].attn.wo.weight.mul_(5.0)
+    with torch.no_grad(), capture(model, ["blocks.1.attn.pattern"]) as b:
+        model(tokens)
+    torch.testing.assert_close(a["blocks.1.attn.pattern"], b["blocks.1.attn.pattern"])
+
+
+@pytest.mark.parametrize("mixer", ["rnd_emb_qk", "fixed_seq_qk"])
+def test_stream_qk_patterns_are_input_independent(mixer: str) -> None:
+    """RndEmbQK / FixedSeqQK: the pattern is the same for any input of the same length."""
+    torch.manual_seed(0)
+    model = LM(tiny(mixer)).eval()
+    randomise(model)
+    pats = []
+    for seed in (0, 1):
+        tokens = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(seed))
+        with torch.no_grad(), capture(model, ["blocks.*.attn.pattern"]) as acts:
+            model(tokens)
+        pats.append(acts)
+    for name in pats[0]:
+        torch.testing.assert_close(pats[0][name], pats[1][name])
+
+
+# --------------------------------------------------------------------------- freezes
+
+
+@pytest.mark.parametrize("target,names", [("qk", ("attn.wq.weight", "attn.wk.weight")),
+                                          ("mlp", ("ffn.w_gate.weight", "ffn.w_up.weight", "ffn.w_down.weight"))])
+def test_frozen_weights_stay_bit_identical_without_optimizer_state(target: str, names: tuple[str, ...]) -> None:
+    torch.manual_seed(0)
+    model = LM(tiny("softmax", "swiglu"))
+    frozen = model.freeze([target])
+    assert frozen == [f"blocks.{i}.{n}" for i in range(2) for n in names]
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    opts = _steps(model)
+    state_params = {id(p) for o in opts.optimizers for p in o.state}
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, before[n]), n
+            assert id(p) not in state_params and not p.requires_grad, n
+        elif p.ndim == 2:
+            assert not torch.equal(p, before[n]), n
+    assert {n for n, _ in route(model)["frozen"]} == set(frozen)
+
+
+@pytest.mark.parametrize("cfg,target", [(tiny("mixit", "swiglu"), "qk"), (tiny("softmax"), "mlp"),
+                                        (tiny("mlp", "none"), "qk")])
+def test_freezing_what_the_model_lacks_is_an_error(cfg: ModelConfig, target: str) -> None:
+    with pytest.raises(ConfigError, match=f"nothing to freeze for '{target}'"):
+        LM(cfg).freeze([target])
+
+
+# --------------------------------------------------------------------------- bad input through the CLI
+
+
+def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert main(list(argv)) == EXIT_USAGE
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sanlab: error: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["mixer=nope"], "unknown sequence mixer 'nope'"),
+    (["layout=zigzag"], "unknown layout 'zigzag'"),
+    (["n_layers=2", 'layout=["softmax","mlp","softmax"]'], "3 mixers listed for n_layers=2"),
+    (["n_layers=2", "layout=softmax,nope"], "unknown sequence mixer 'nope'"),
+    (["mixer=mixit", "model.mixer_options.foo=1"], "mixer_options (mixer mixit): foo: unknown key"),
+    (["mixer=mixit", "model.mixer_options.seq_len=abc"], "seq_len"),
+    (["model.mixer_options.seed=1"], "mixer_options (mixer softmax): seed: unknown key"),
+    (["state_mixer=geglu"], "unknown state mixer 'geglu'"),
+    (["ffn=maybe"], "ffn"),
+])
+def test_bad_variant_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    assert needle in _error(capsys, "match", "--preset", "tiny", *argv)
+
+
+@pytest.mark.parametrize("overrides,needle", [
+    (["model.mixer=mixit", "model.mixer_options.seq_len=64", 'train.freeze=["qk"]'], "nothing to freeze for 'qk'"),
+    (['train.freeze=["mlp"]'], "nothing to freeze for 'mlp'"),
+    (['train.freeze=["attention"]'], "train.freeze=[\"attention\"]: 0: Input should be 'qk' or 'mlp'"),
+])
+def test_bad_freeze_through_train_is_one_line(train_data_dir: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str], overrides: list[str],
+                                             needle: str) -> None:
+    argv = ["train", f"data.dir={train_data_dir}", "data.seq_len=32", "train.steps=1", "model.d_model=32",
+            "model.n_layers=1", "model.vocab_size=320", *overrides, "--out", str(tmp_path / "run")]
+    assert needle in _error(capsys, *argv)
+
+
+# --------------------------------------------------------------------------- sanlab analyze on every mixer
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_analyze_works_on_every_mixer(mixer: str, train_data_dir: Path, tmp_path: Path) -> None:
+    """Attention metrics for the layers that have a pattern (the hybrid's softmax layers, and
+    the variant's where it has one), stream statistics incl. the largest activation per layer."""
+    import json
+
+    from analysis_rundirs import write_run
+
+    opts = {"mixit": {"seq_len": 32}}.get(mixer, OPTIONS.get(mixer, {}))
+    cfg = tiny(mixer, "swiglu", "hybrid", vocab_size=320, mixer_options=opts)
+    keep = {"latest": lambda m: None, "milestone-000": lambda m: None, "milestone-100": lambda m: None}
+    run = write_run(tmp_path / "run", cfg, checkpoints=keep, data_dir=train_data_dir)
+    assert main(["analyze", str(run), "--out", str(tmp_path / "out"), "--eval-rows", "4"]) == 0
+    res = json.loads((tmp_path / "out" / "analysis.json").read_text())["runs"]["run"]
+    layers = sorted(r["layer"] for r in res["attention"]["layers"])
+    assert layers == ([0, 1] if mixers.MIXERS[mixer].has_pattern else [0])
+    entropy = {r["layer"]: r["entropy"] for r in res["attention"]["layers"]}
+    assert entropy[0] > 0
+    if mixer == "mixit":  # signed mixing weights: entropy undefined (NaN → null), not −inf; the sink head is a distribution
+        heads = {r["head"]: r["entropy"] for r in res["attention"]["heads"] if r["layer"] == 1}
+        assert heads[0] > 0 and all(heads[h] is None for h in (1, 2, 3))
+    stream = res["stream"]
+    rows = stream["rows"] if isinstance(stream, dict) and "rows" in stream else stream
+    peaks = [r["max_abs"] for r in (rows if isinstance(rows, list) else [])]
+    assert len(peaks) == cfg.n_layers + 1 and all(p > 0 for p in peaks)
+    types = {r["type"] for r in res["spectra"]["per_type"]}
+    assert {"Q", "K", "V", "O", "gate", "up", "down"} <= types  # (the hybrid's softmax layer has Q/K)
+    if mixer == "mlp":
+        assert "attn.w_gate" in types  # a variant's own matrices keep their path
+
+
+def test_old_configs_keep_loading() -> None:
+    """A config.json written before state_mixer / layout existed (ffn + ffn_type) loads as before."""
+    from sanlab.config import Config, validate
+
+    old = {"model": {"d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 64, "ffn": True,
+                     "ffn_type": "swiglu", "mixer": "softmax"}, "train": {"steps": 2}}
+    cfg = validate(Config, old)
+    assert (cfg.model.state_mixer, cfg.model.ffn, cfg.model.layer_mixers) == ("swiglu", True, ["softmax"] * 2)
+    san = validate(Config, {**old, "model": {**old["model"], "ffn": False}})
+    assert (san.model.state_mixer, san.model.ffn) == ("none", False)
+    assert validate(Config, cfg.model_dump()) == cfg  # and the new dump round-trips
+
+
+def test_layouts_place_the_standard_layers() -> None:
+    """SPEC §3's placements name where the standard (softmax) layers go; `hybrid` = `even`."""
+    from sanlab.matching import model_label
+
+    expected = {  # 8 layers: S = softmax, v = the variant
+        "uniform": "vvvvvvvv", "hybrid": "SvSvSvSv", "even": "SvSvSvSv", "odd": "vSvSvSvS",
+        "top": "vvvvSSSS", "bottom": "SSSSvvvv", "middle": "vvSSSSvv", "every4": "SvvvSvvv",
+        "first": "Svvvvvvv", "last": "vvvvvvvS", "first_last": "SvvvvvvS",
+    }
+    for layout, pattern in expected.items():
+        cfg = ModelConfig(n_layers=8, d_model=128, mixer="non_approximate", layout=layout)
+        assert "".join("S" if m == "softmax" else "v" for m in cfg.layer_mixers) == pattern, layout
+    hyb = ModelConfig(n_layers=8, d_model=128, mixer="non_approximate", layout="hybrid")
+    assert model_label(hyb) == "hyb-nonapprox-8L d128, no FFN"
+    assert model_label(hyb.model_copy(update={"layout": "uniform", "ffn": True})) == "nonapprox-8L d128, d_ff 512"
+    assert model_label(ModelConfig(n_layers=2, layout=["softmax", "mixit"])) == "mixed-mixit-2L d128, no FFN"
+    assert model_label(ModelConfig(n_layers=8, d_model=128)) == "8L d128, no FFN"  # softmax labels unchanged
+
+
+def test_old_run_dir_is_the_same_run(tmp_path: Path) -> None:
+    """A finished run whose config.json predates state_mixer / layout (ffn, ffn_type, no
+    layout keys) is recognised as the same run, not refused as a different config."""
+    import json
+
+    from sanlab.config import Config
+    from sanlab.train import rundir
+
+    cfg = Config(model=tiny("softmax", "swiglu"))
+    stored = rundir.config_json(cfg)
+    for key in ("state_mixer", "layout", "mixer_options"):
+        stored["model"].pop(key)
+    stored["model"] |= {"ffn": True, "ffn_type": "swiglu"}
+    stored["train"].pop("freeze")
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "completed"}))
+    assert rundir.decide(tmp_path, cfg, resume=False, force=False).action == "done"
+    other = Config(model=tiny("softmax", "none"))
+    with pytest.raises(ConfigError, match="different config: model.state_mixer"):
+        rundir.decide(tmp_path, other, resume=False, force=False)
