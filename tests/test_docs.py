@@ -241,7 +241,7 @@ def test_site_builds_strictly_and_its_config_page_lists_every_key(tmp_path):
     assert "WARNING" not in proc.stderr, proc.stderr
     # The offline plugin writes page.html (no directory URLs), so the site opens from disk.
     for page in ("index", "getting-started", "science", "reference/config", "reference/formats",
-                 "guides/cluster", "guides/add-a-variant", "api/config", "changelog"):
+                 "guides/cluster", "variants", "api/config", "changelog"):
         assert (site / f"{page}.html").is_file(), page
     for command in ("match", "prepare", "train", "study", "analyze", "signal"):
         assert (site / "commands" / f"{command}.html").is_file(), command
