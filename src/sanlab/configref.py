@@ -46,6 +46,7 @@ def roots() -> list[Root]:
     """The configs a user writes, in the order the reference shows them."""
     from sanlab.data.prepare import PrepareConfig
     from sanlab.data.probes import TASKS
+    from sanlab.model.mixers import MIXERS
     from sanlab.probes.runner import ProbeOptions
     from sanlab.study.spec import StudySpec
 
@@ -60,6 +61,8 @@ def roots() -> list[Root]:
              "`train.*` go to the run config)"),
         *(Root(f"Probe task: {name}", task.config, f"`sanlab probe {name} task.KEY=VALUE`")
           for name, task in TASKS.items()),
+        *(Root(f"Mixer options: {name}", cls.Options, f"`model.mixer={name}` with `model.mixer_options.KEY=VALUE`")
+          for name, cls in MIXERS.items() if cls.Options.model_fields),
     ]
 
 
