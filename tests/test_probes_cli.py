@@ -161,8 +161,7 @@ def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None
 @pytest.mark.parametrize("items, message", [
     (["nosuchtask"], "unknown probe task 'nosuchtask'"),
     (["retrieval", "--arms", "standard,bogus"], "unknown arm 'bogus'"),
-    (["retrieval", "--arms", "frozen_qk"], "arm frozen_qk: variant not available"),
-    (["retrieval", "--arms", "mixit"], "arm mixit: variant not available"),
+    (["retrieval", "--arm", "odd: model.mixer=nosuch"], "arm odd: variant not available"),
     (["modadd", "task.p=1"], "p must be at least 2"),
     (["retrieval", "task.m_max=30"], "key space has only 24"),
     (["memorize", "task.alphabet=1"], "alphabet must be at least 2"),
@@ -193,12 +192,15 @@ def test_unwritable_out_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
 def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["probe", "--list"]) == 0
     listing = capsys.readouterr().out
-    assert "retrieval" in listing and "frozen_qk" in listing and "not available" in listing
+    assert "retrieval" in listing and "frozen_qk" in listing and "mixit" in listing
+    from sanlab.probes.arms import PRESETS, Arm, unavailable
+
+    assert [n for n, o in PRESETS.items() if unavailable(Arm(n, o))] == []  # every SPEC §2 arm runs
     assert _probe(tmp_path, "dyck", "--arm", "wide: model.ffn=true model.d_ff=40", *TINY,
                   "task.n_train=20", "task.n_val=4", "task.n_test=4", "task.max_len=8") == 0
     res = json.loads((tmp_path / "out" / "probe-dyck.json").read_text())
     cfg = json.loads((Path(res["cells"][0]["points"][0]["run_dir"]) / "config.json").read_text())
-    assert cfg["model"]["d_ff"] == 40 and cfg["model"]["ffn"] is True and cfg["model"]["n_layers"] == 2
+    assert cfg["model"]["d_ff"] == 40 and cfg["model"]["state_mixer"] == "swiglu" and cfg["model"]["n_layers"] == 2
 
 
 def test_results_files_are_strict_json(tmp_path: Path) -> None:

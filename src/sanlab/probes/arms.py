@@ -19,8 +19,8 @@ from sanlab.errors import ConfigError
 PRESETS: dict[str, tuple[str, ...]] = {
     "standard": ("model.ffn=true",),
     "san": ("model.ffn=false",),  # SPEC §1.1: attention only
-    "frozen_qk": ("model.ffn=true", 'train.freeze=["blocks.*.attn.wq.weight","blocks.*.attn.wk.weight"]'),
-    "frozen_mlp": ("model.ffn=true", 'train.freeze=["blocks.*.ffn.*"]'),
+    "frozen_qk": ("model.ffn=true", 'train.freeze=["qk"]'),  # W_q, W_k at their init
+    "frozen_mlp": ("model.ffn=true", 'train.freeze=["mlp"]'),  # the FFN's matrices at their init
     "mixit": ("model.ffn=true", "model.mixer=mixit"),
 }
 # How SPEC §2 names them (table rows).
