@@ -113,4 +113,8 @@ def test_run_ids_name_variants_and_keep_softmax_ids(study_data_dir: Path) -> Non
     assert arm_tag(ref.model, ref.train) == ""
     assert run_id(ref, "muon", 0.02, 5_000_000_000, 42) == "san-L4-d32-muon-lr0.02-5B-s42"
     variant = ref.model.model_copy(update={"mixer": "non_approximate", "layout": "hybrid"})
-    assert arm_tag(variant, {"freeze": ["qk"]}) == "hyb-nonapproximate-frzqk"
+    assert arm_tag(variant, {"freeze": ["qk"]}) == "hyb-nonapprox-frzqk"
+    fqk = next(a for a in build_arms(spec_of(study_data_dir, matching={"arms": []}, arms=[
+        {"name": "fqk", "model": {"ffn": True}, "train": {"freeze": ["qk"]}}])) if a.name == "fqk")
+    assert run_id(fqk, "muon", 0.04, 1000, 1) == "fqk-frzqk-L4-d32-muon-lr0.04-1K-s1"
+    assert fqk.label.endswith("frozen qk")

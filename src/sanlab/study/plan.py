@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from sanlab.config import Config, ModelConfig, TrainConfig, format_tokens, to_toml_dict, validate
 from sanlab.errors import ConfigError
-from sanlab.matching import match, model_label
+from sanlab.matching import layout_prefix, match, model_label
 from sanlab.study.spec import (
     ArmKind,
     Optimizer,
@@ -70,21 +70,13 @@ def arm_label(model: ModelConfig, train: Mapping[str, Any] | None = None) -> str
 
 
 def arm_tag(model: ModelConfig, train: Mapping[str, Any] | None = None) -> str:
-    """A run-id fragment naming a non-default mixer, layout and freeze ('' for the
-    softmax arms, whose run ids stay as they were)."""
-    parts = []
-    layout = getattr(model, "layout", "uniform")
-    mixer = getattr(model, "mixer", "softmax")
-    if not isinstance(layout, str):
-        parts.append("custom")
-    elif layout != "uniform":
-        parts.append(layout[:3] if layout == "hybrid" else layout)
-    if mixer != "softmax":
-        parts.append(mixer.replace("_", ""))
+    """A run-id fragment naming a non-default mixer / layout (`sanlab.matching.layout_prefix`)
+    and a freeze ('' for the softmax arms, whose run ids stay as they were)."""
+    parts = [layout_prefix(model)]
     freeze = (train or {}).get("freeze")
     if freeze:
         parts.append("frz" + "".join(sorted(freeze)))
-    return "-".join(parts)
+    return "-".join(p for p in parts if p)
 
 
 @dataclass
