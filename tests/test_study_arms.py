@@ -118,3 +118,6 @@ def test_run_ids_name_variants_and_keep_softmax_ids(study_data_dir: Path) -> Non
         {"name": "fqk", "model": {"ffn": True}, "train": {"freeze": ["qk"]}}])) if a.name == "fqk")
     assert run_id(fqk, "muon", 0.04, 1000, 1) == "fqk-frzqk-L4-d32-muon-lr0.04-1K-s1"
     assert fqk.label.endswith("frozen qk")
+    named = next(a for a in build_arms(spec_of(study_data_dir, matching={"arms": []}, arms=[
+        {"name": "hyb_nonapprox", "model": {"mixer": "non_approximate", "layout": "hybrid"}}])) if a.name != "san")
+    assert run_id(named, "muon", 0.02, 1000, 1) == "hyb_nonapprox-L4-d32-muon-lr0.02-1K-s1"

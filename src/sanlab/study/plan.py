@@ -172,7 +172,8 @@ def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int) -> 
     after the name (`nonapprox_h-hyb-nonapprox-L8-d128-…`)."""
     m = arm.model
     tag = arm_tag(m, arm.train)
-    name = f"{arm.name}-{tag}" if tag else arm.name
+    # (an arm already named after its variant, `mixit` or `hyb_nonapprox`, is not tagged twice)
+    name = f"{arm.name}-{tag}" if tag and not arm.name.replace("_", "-").startswith(tag) else arm.name
     return f"{name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
 
 
