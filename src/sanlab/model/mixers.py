@@ -169,6 +169,24 @@ def _normal(p: torch.Tensor, std: float) -> None:
     nn.init.normal_(p, 0.0, std)
 
 
+# The gated MLP W_down(SiLU(W_gate x) ⊙ W_up x), shared by the SwiGLU state mixer and the
+# `mlp` sequence mixer (SPEC §3's token-local replacement of attention).
+def _swiglu_roles() -> dict[str, Role]:
+    return {"w_gate.weight": "content", "w_up.weight": "content", "w_down.weight": "content"}
+
+
+def _swiglu_init(m: nn.Module, std: float, out_std: float) -> None:
+    _normal(m.w_gate.weight, std)
+    _normal(m.w_up.weight, std)
+    _normal(m.w_down.weight, out_std)  # writes into the residual stream
+
+
+def _swiglu(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # gate and up as one product: x is read and cast once, dL/dx is one matmul
+    gate_up = F.linear(x, torch.cat([m.w_gate.weight, m.w_up.weight]))
+    return m.w_down(silu_gate(gate_up))
+
+
 # --------------------------------------------------------------------------- softmax
 
 
@@ -523,16 +541,13 @@ class MLPMixer(SequenceMixer):
         return {"attn_proj": 2 * sum(cls.param_terms(cfg, opts).values())}
 
     def param_roles(self) -> dict[str, Role]:
-        return {"w_gate.weight": "content", "w_up.weight": "content", "w_down.weight": "content"}
+        return _swiglu_roles()
 
     def reset_parameters(self, std: float, out_std: float) -> None:
-        _normal(self.w_gate.weight, std)
-        _normal(self.w_up.weight, std)
-        _normal(self.w_down.weight, out_std)
+        _swiglu_init(self, std, out_std)
 
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        gate_up = F.linear(u, torch.cat([self.w_gate.weight, self.w_up.weight]))
-        return self.w_down(silu_gate(gate_up))
+        return _swiglu(self, u)
 
 
 # --------------------------------------------------------------------------- SPEC §2 MixiT
@@ -650,17 +665,13 @@ class SwiGLU(StateMixer):
         return {"ffn": 2 * 3 * cfg.d_model * cfg.ffn_dim}
 
     def param_roles(self) -> dict[str, Role]:
-        return {"w_gate.weight": "content", "w_up.weight": "content", "w_down.weight": "content"}
+        return _swiglu_roles()
 
     def reset_parameters(self, std: float, out_std: float) -> None:
-        _normal(self.w_gate.weight, std)
-        _normal(self.w_up.weight, std)
-        _normal(self.w_down.weight, out_std)
+        _swiglu_init(self, std, out_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # gate and up as one product: x is read and cast once, dL/dx is one matmul
-        gate_up = F.linear(x, torch.cat([self.w_gate.weight, self.w_up.weight]))
-        return self.w_down(silu_gate(gate_up))
+        return _swiglu(self, x)
 
 
 def build_state_mixer(cfg: ModelConfig) -> StateMixer:
