@@ -15,6 +15,7 @@ from probe_helpers import InProcessRunner, use_in_process_runner
 
 from sanlab.cli import main
 from sanlab.config import ModelConfig
+from sanlab.errors import ConfigError
 from sanlab.model.lm import LM
 from sanlab.probes.capacity import bits, capacity, trainable_from_meta, trainable_params
 
@@ -126,6 +127,45 @@ def test_capacity_is_the_best_point_of_the_sweep() -> None:
     assert capacity([{"n": 4, "memorised": None}], 2, 10)["bits_per_param"] is None
     with pytest.raises(ValueError):
         capacity(points, 16, 0)
+    with pytest.raises(ValueError):
+        capacity(points, 1, 1000)
+
+
+def test_capacity_says_when_it_is_only_a_lower_bound_and_what_chance_scores() -> None:
+    # Not every pair of the best N memorised: the model hit its limit; chance = N / alphabet.
+    cap = capacity([{"n": 100, "memorised": 90}, {"n": 400, "memorised": 200}], alphabet=16, params=1000)
+    assert cap["lower_bound"] is False and cap["chance"] == pytest.approx(400 / 16)
+    # Every pair of the best (largest) N memorised: a larger N could give more bits.
+    cap = capacity([{"n": 100, "memorised": 100}, {"n": 400, "memorised": 400}], alphabet=4, params=1000)
+    assert cap["lower_bound"] is True and cap["n"] == 400 and cap["chance"] == pytest.approx(100)
+    from rich.console import Console
+
+    from sanlab.probes.suite import print_table
+
+    res = {"tasks": ["capacity"], "arms": [{"name": "standard", "label": "Standard", "overrides": []}],
+           "table": {"standard": {"capacity": cap["bits_per_param"]}}, "anchors": {}, "cells": [],
+           "capacity": {"standard": {**cap, "alphabet": 4, "points": [{"n": 400, "memorised": 400}]}}}
+    console = Console(record=True, width=200)
+    print_table(res, console)
+    text = console.export_text()
+    assert "≥0.80" in text and "a lower bound" in text
+
+
+def test_capacity_model_overrides_reach_only_the_capacity_cells(tmp_path: Path) -> None:
+    from sanlab.probes.arms import resolve_arms
+    from sanlab.probes.runner import Overrides
+    from sanlab.probes.suite import build_cells
+
+    ov = Overrides.parse(['capacity.model=["model.d_model=16"]', "capacity.ns=[32]", "task.alphabet=4"])
+    opts = ov.options_model(quick=True)
+    assert opts.capacity.ns == [32] and opts.capacity.model == ["model.d_model=16"]  # user beats --quick
+    cells = build_cells(["capacity", "dyck"], resolve_arms(["standard"]), Overrides.parse([]), opts, True,
+                        tmp_path)
+    by_key = {c.key: c for c in cells}
+    assert by_key["capacity-n32/standard"].config.model.d_model == 16
+    assert by_key["dyck/standard"].config.model.d_model == 64
+    with pytest.raises(ConfigError, match="capacity.model"):
+        Overrides.parse(['capacity.model=["d_model=16"]']).options_model()
 
 
 def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None:

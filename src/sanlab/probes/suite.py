@@ -45,8 +45,8 @@ def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: 
             if task == CAPACITY:
                 for n in opts.capacity.ns:
                     cfg, run_items = task_settings("memorize", quick, [*ov.task, f"n_train={n}"])
-                    cells.append(make_cell(f"capacity-n{n}/{arm.name}", "memorize", arm, cfg, run_items,
-                                           ov.run, opts, out))
+                    cells.append(make_cell(f"capacity-n{n}/{arm.name}", "memorize", arm, cfg,
+                                           [*run_items, *opts.capacity.model], ov.run, opts, out))
             else:
                 cfg, run_items = task_settings(task, quick, ov.task)
                 cells.append(make_cell(f"{task}/{arm.name}", task, arm, cfg, run_items, ov.run, opts, out))
@@ -105,6 +105,12 @@ def _fmt(value: Any, task: str) -> str:
     return f"{value:.2f}" if task == CAPACITY else f"{value:.1f}"
 
 
+def _fmt_capacity(cap: dict[str, Any]) -> str:
+    """bits/param, with `≥` when every pair of the best N was memorised (a lower bound)."""
+    text = _fmt(cap.get("bits_per_param"), CAPACITY)
+    return ("≥" + text) if cap.get("lower_bound") and text != "—" else text
+
+
 def print_table(res: dict[str, Any], console: Console) -> None:
     """Arms × tasks (test exact-match accuracy in %, capacity in bits/param), then SPEC §2's anchors."""
     tasks = res["tasks"]
@@ -117,7 +123,8 @@ def print_table(res: dict[str, Any], console: Console) -> None:
     for a in res["arms"]:
         row = []
         for task in tasks:
-            cell = _fmt(res["table"][a["name"]].get(task), task)
+            cell = (_fmt_capacity(res["capacity"].get(a["name"], {})) if task == CAPACITY
+                    else _fmt(res["table"][a["name"]].get(task), task))
             at_edge = any(k[0] == a["name"] and (k[1] == task or (task == CAPACITY and k[1].startswith("capacity-")))
                           for k in edge)
             row.append(cell + ("*" if at_edge else ""))
@@ -125,6 +132,8 @@ def print_table(res: dict[str, Any], console: Console) -> None:
     console.print(t)
     if any(s["at_edge"] for s in res["cells"]):
         console.print("* the selected LR is still at an edge of its sweep (the sweep hit sweep.max_extensions)")
+    if any(c.get("lower_bound") for c in res["capacity"].values()):
+        console.print("≥ every pair of the largest N was memorised: a lower bound (add a larger N to capacity.ns)")
     anchors = [(a, res["anchors"].get(a["name"]) or {}) for a in res["arms"]]
     if any(v for _, v in anchors):
         p = Table(title="SPEC §2 anchors (paper)", title_justify="left")
@@ -140,8 +149,9 @@ def print_table(res: dict[str, Any], console: Console) -> None:
             pts = ", ".join(f"N={p['n']}: {p['memorised']}" for p in cap["points"])
             if cap.get("bits_per_param") is not None:
                 console.print(f"capacity {name}: {cap['bits_per_param']:.3f} bits/param = {cap['memorised']} labels "
-                              f"× log2({cap['alphabet']}) / {cap['params']:,} trainable params (best N={cap['n']}; "
-                              f"memorised {pts})", highlight=False)
+                              f"× log2({cap['alphabet']}) / {cap['params']:,} trainable params (best N={cap['n']}, "
+                              f"{cap['chance']:.0f} of them expected by chance; memorised {pts})"
+                              + (" — a lower bound" if cap.get("lower_bound") else ""), highlight=False)
 
 
 def print_cells(res: dict[str, Any], console: Console) -> None:
