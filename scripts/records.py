@@ -616,19 +616,22 @@ def block_gaps(rec: Record) -> str:
     """Per final budget × arm: losses, Δ per seed, mean ± sd, the noise pair, the verdict, the paper."""
     ref = rec.tables["gaps"][0]["reference"] if rec.tables["gaps"] else "san"
     rows = []
-    for tokens in rec.budgets:
-        noise = noise_pair(rec, tokens)
-        for g in rec.gaps_at(tokens):
-            rows.append([fmt_tokens(tokens), arm_label(g), g["label"], fmt(g.get("reference_loss"), "{:.4f}"),
+    opts = [str(o) for o in rec.spec.get("optimizers", [rec.optimizer])]
+    for g in sorted(rec.tables["gaps"], key=lambda g: (opts.index(g["optimizer"]) if g["optimizer"] in opts
+                                                      else len(opts), g["tokens"])):
+            tokens = int(g["tokens"])
+            noise = noise_pair(rec, tokens)
+            rows.append([fmt_tokens(tokens), arm_label(g), g["label"], g["optimizer"], fmt(g.get("reference_loss"), "{:.4f}"),
                          fmt(g.get("arm_loss"), "{:.4f}"), _per_seed_text(g), fmt_ms(_per_seed(g)),
                          _per_seed_text(noise) + ("" if noise is None or noise["tokens"] == tokens
                                                   else f" (at {fmt_tokens(noise['tokens'])})"),
                          g.get("verdict", "–"), PAPER_GAP_TEXT.get(g["role"], "–")])
     if not rows:
         return "No final gaps in the results store yet."
-    head = [f"{SIGN_NOTE} Optimizer {rec.optimizer}; noise pair: {ref} with its norm swapped, same seeds."]
+    head = [f"{SIGN_NOTE} Noise pair: {ref} with its norm swapped, same seeds. The other blocks and the "
+            f"claims read the first optimizer ({rec.optimizer})."]
     return "\n\n".join(head + [md_table(
-        ["budget", "arm", "config", f"{ref} loss", "arm loss", "Δ per seed", "Δ mean ± sd",
+        ["budget", "arm", "config", "optimizer", f"{ref} loss", "arm loss", "Δ per seed", "Δ mean ± sd",
          "noise-pair Δ per seed", "verdict (study table)", "paper (105B unless noted)"], rows)])
 
 
@@ -671,8 +674,8 @@ def block_floor(rec: Record) -> str:
                          fmt(None if loss is None or floor is None else loss - floor, "{:.4f}"),
                          fmt(change), falling])
             prev = loss if loss is not None else prev
-        last = rows[-1]
-        summary.append((label, last[4], last[6]))
+        loss = _mean_loss(rec, role, rec.largest or 0)
+        summary.append((label, None if loss is None or floor is None else loss - floor, rows[-1][6]))
     if floor is None:
         head = "This corpus has no entropy floor (data/entropy_floor.json is absent): loss above floor is not defined."
     else:
@@ -682,11 +685,12 @@ def block_floor(rec: Record) -> str:
     out = [head, md_table(["arm", "budget", "val loss (mean over seeds)", "entropy floor", "above floor",
                            "change vs previous budget", "still falling"], rows)]
     if floor is not None:
-        above = all(s[1] != "–" and float(s[1].replace("−", "-")) > (t_max or 0.0) for s in summary)
+        above = all(s[1] is not None and s[1] > (t_max or 0.0) for s in summary)
         still = [s[0] for s in summary if s[2] == "yes"]
+        falling = ("not measured (one final budget)" if len(rec.budgets) < 2
+                   else ", ".join(still) if still else "none")
         out.append(f"At the largest budget ({fmt_tokens(rec.largest or 0)}): every arm above the floor by more "
-                   f"than T: {'yes' if above else 'no'}; still falling: "
-                   + (", ".join(still) if still else "none") + ".")
+                   f"than T: {'yes' if above else 'no'}; still falling: {falling}.")
     # The analysis's own per-region floor on the analysed sample.
     runs = rec.runs()
     reg_rows = []
@@ -807,27 +811,31 @@ def block_exercises(rec: Record) -> str:
 
 
 def identity_rows(rec: Record) -> list[tuple[str, int, str, dict[str, Any]]]:
-    """(arm label, seed, budget text, the region identity) of every analysed final pair."""
+    """(arm label, seed, budget text, the region identity plus `store_delta`: the seed
+    pair's Δ on the full validation eval, from the results store) of every analysed pair."""
     out = []
     for tokens in rec.budgets:
         for g in rec.gaps_at(tokens):
             for seed, c in rec.pairs(g).items():
                 ident = (c.get("region") or {}).get("identity")
                 if ident:
-                    out.append((arm_label(g), seed, fmt_tokens(tokens), ident))
+                    store = (g.get("per_seed") or {}).get(str(seed))
+                    out.append((arm_label(g), seed, fmt_tokens(tokens), {**ident, "store_delta": store}))
     return out
 
 
 def block_identity(rec: Record) -> str:
     rows = [[label, budget, f"s{seed}", fmt(i.get("weighted_sum")), fmt(i.get("aggregate_delta")),
-             fmt(None if i.get("rel_error") is None else 100 * i["rel_error"], "{:.2g}%")]
+             fmt(i.get("store_delta")),
+             fmt(None if i.get("rel_error") is None else 100 * i["rel_error"], "{:.4f}%")]
             for label, seed, budget, i in identity_rows(rec)]
     if not rows:
         return "No analysed final pairs."
-    head = ("Per analysed pair: Σ token share × region Δ against the aggregate Δ on the same tokens "
-            "(paper: within 2%).")
+    head = ("Per analysed pair: Σ token share × region Δ against the aggregate Δ on the same (analysed) "
+            "tokens (paper: within 2%); beside them the pair's Δ on the run's own validation eval (results "
+            "store), which the analysed sample estimates.")
     return "\n\n".join([head, md_table(["arm", "budget", "seed", "Σ share × region Δ", "aggregate Δ",
-                                        "relative error"], rows)])
+                                        "store Δ", "relative error"], rows)])
 
 
 def crystallisation_of(rec: Record, run_id: str) -> dict[str, float | None] | None:
@@ -908,7 +916,8 @@ def claims(rec: Record, compare: Record | None = None) -> list[Claim]:
     series = [(tok, m) for tok in rec.budgets if (m := _mean(rec.gap("iso-param", tok))) is not None]
     out.append(Claim("the iso-param gap shrinks with tokens",
                      "Δ iso-param −0.046 (5B), −0.019 (30B), −0.0055 (105B)",
-                     ", ".join(f"{fmt(m)} ({fmt_tokens(tok)})" for tok, m in series) + f"; {tt}" if series else "–",
+                     ", ".join(f"{fmt(m)} ({fmt_tokens(tok)})" for tok, m in series) + f"; {tt}"
+                     + ("; needs ≥ 2 final budgets" if len(series) < 2 else "") if series else "–",
                      verdict_shrinking(series, t)))
 
     g = _claims_arm(rec)
@@ -954,7 +963,7 @@ def claims(rec: Record, compare: Record | None = None) -> list[Claim]:
 
     errs = [float(i["rel_error"]) for *_, i in identity_rows(rec) if _finite(i.get("rel_error"))]
     out.append(Claim("token-weighted region Δs reproduce the aggregate Δ", "within 2%",
-                     f"largest relative error {100 * max(errs):.2g}% over {len(errs)} analysed pair(s)" if errs
+                     f"largest relative error {100 * max(errs):.4f}% over {len(errs)} analysed pair(s)" if errs
                      else "no analysed pairs", verdict_identity(errs)))
 
     crys = _crys_runs(rec)

@@ -233,6 +233,10 @@ def test_blocks_hold_the_planted_numbers(tmp_path: Path) -> None:
     floor = records.block_floor(rec)
     # The SAN at 2K: 3.0 against the floor 0.5, 0.2 lower than at 1K (> T: still falling).
     assert "| san | 2K | 3.0000 | 0.5000 | 2.5000 | −0.2000 | yes |" in floor
+    assert ("every arm above the floor by more than T: yes; still falling: san, iso_param (iso-param), "
+            "iso_flop (iso-FLOP), iso_depth (iso-depth).") in floor
+    ident = records.block_identity(rec)
+    assert "| iso_param (iso-param) | 2K | s1 | −0.0995 | −0.0995 | −0.0990 | 0.0000% |" in ident
     regions = records.block_regions(rec)
     assert "| query | 6.0% | 6.0% | 5.8% / 7.9% | −0.3000 ± 0.0001 |" in regions
     ex = records.block_exercises(rec)
@@ -244,6 +248,17 @@ def test_blocks_hold_the_planted_numbers(tmp_path: Path) -> None:
     for rule in ("ordering", "shrinking", "query", "exercise", "identity", "crystallisation"):
         assert records.RULES[rule] in claims
     assert records.RULES["compare"] not in claims  # no comparison record named
+
+
+def test_floor_block_says_when_an_arm_stopped_falling(tmp_path: Path) -> None:
+    # iso-param at 3.0 (mean over seeds) at both budgets: no longer falling.
+    floor = records.block_floor(records.load(make_record(tmp_path, gaps={**GAPS, "iso_param": {1000: -0.2, 2000: 0.0}})))
+    assert "| iso_param (iso-param) | 2K | 3.0000 | 0.5000 | 2.5000 | +0.0000 | no |" in floor
+    assert "still falling: san, iso_flop (iso-FLOP), iso_depth (iso-depth)." in floor
+    # A floor within T of the SAN's loss: not every arm is measurably above it.
+    rec = make_record(tmp_path / "b")
+    (rec / "study" / "data" / "entropy_floor.json").write_text(json.dumps({"splits": {"val": {"nats_per_token": 2.998}}}))
+    assert "every arm above the floor by more than T: no;" in records.block_floor(records.load(rec))
 
 
 def test_comparison_record_and_prediction(tmp_path: Path) -> None:
