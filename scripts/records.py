@@ -685,12 +685,17 @@ def block_floor(rec: Record) -> str:
     out = [head, md_table(["arm", "budget", "val loss (mean over seeds)", "entropy floor", "above floor",
                            "change vs previous budget", "still falling"], rows)]
     if floor is not None:
-        above = all(s[1] is not None and s[1] > (t_max or 0.0) for s in summary)
+        if any(s[1] is None for s in summary) or t_max is None:
+            above = "– (not every arm has a loss, or there is no noise pair)"
+        else:
+            above = "yes" if all(s[1] > t_max for s in summary) else "no"
         still = [s[0] for s in summary if s[2] == "yes"]
+        unmeasured = [s[0] for s in summary if s[2] == "–"]
         falling = ("not measured (one final budget)" if len(rec.budgets) < 2
-                   else ", ".join(still) if still else "none")
+                   else (", ".join(still) if still else "none")
+                   + (f" (not measured: {', '.join(unmeasured)})" if unmeasured else ""))
         out.append(f"At the largest budget ({fmt_tokens(rec.largest or 0)}): every arm above the floor by more "
-                   f"than T: {'yes' if above else 'no'}; still falling: {falling}.")
+                   f"than T: {above}; still falling: {falling}.")
     # The analysis's own per-region floor on the analysed sample.
     runs = rec.runs()
     reg_rows = []
