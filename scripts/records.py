@@ -364,7 +364,8 @@ class Record:
         out: dict[tuple[str, str], dict[str, Any]] = {}
         for a in self.analyses:
             for c in a.get("comparisons") or []:
-                out[(c["run"], c["vs"])] = c
+                if isinstance(c, dict) and isinstance(c.get("run"), str) and isinstance(c.get("vs"), str):
+                    out[(c["run"], c["vs"])] = c
         return out
 
     def pairs(self, gap: dict[str, Any]) -> dict[int, dict[str, Any]]:

@@ -322,23 +322,39 @@ def test_readme_without_readme_writes_a_skeleton_with_every_block(tmp_path: Path
     assert records.main(["readme", str(rec), "--check"]) == 0
 
 
-@pytest.mark.parametrize("case", ["missing", "not-a-record", "corrupt-spec", "bad-toml", "unknown-block",
-                                  "no-readme"])
+BAD = {  # case -> what the one-line error must name
+    "missing": "no such record dir", "not-a-record": "not a record", "corrupt-spec": "study.json",
+    "bad-toml": "record.toml: not valid TOML", "unknown-key": "unknown key 'compare_width'",
+    "unknown-block": "block 'nope'", "no-readme": "no README", "corrupt-analysis": "analysis.json",
+    "corrupt-floor": "not an entropy-floor file",
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_record_dirs_are_one_line_errors(tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]) -> None:
     rec = tmp_path / "rec"
     if case != "missing":
         rec.mkdir()
-    if case in ("corrupt-spec", "bad-toml", "unknown-block", "no-readme"):
+    if case not in ("missing", "not-a-record"):
         write_study(rec / "study")
+    if case not in ("no-readme", "missing"):
+        (rec / "README.md").write_text("<!-- records:BEGIN gaps -->\n<!-- records:END gaps -->\n")
     if case == "corrupt-spec":
         (rec / "study" / "study.json").write_text("{not json")
     if case == "bad-toml":
         (rec / "record.toml").write_text("compare_with = \n")
+    if case == "unknown-key":
+        (rec / "record.toml").write_text('compare_width = "x"\n')
+    if case == "corrupt-analysis":
+        (rec / "study" / "analysis" / "final-muon-2000-s1" / "analysis.json").write_text("{trunc")
+    if case == "corrupt-floor":
+        (rec / "study" / "data" / "entropy_floor.json").write_text("[1, 2]")
     if case == "unknown-block":
         (rec / "README.md").write_text("<!-- records:BEGIN nope -->\n<!-- records:END nope -->\n")
     assert records.main(["readme", str(rec), "--check"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sanlab: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert BAD[case] in err, err
 
 
 # --------------------------------------------------------------------------- export
