@@ -618,15 +618,17 @@ def block_gaps(rec: Record) -> str:
     ref = rec.tables["gaps"][0]["reference"] if rec.tables["gaps"] else "san"
     rows = []
     opts = [str(o) for o in rec.spec.get("optimizers", [rec.optimizer])]
-    for g in sorted(rec.tables["gaps"], key=lambda g: (opts.index(g["optimizer"]) if g["optimizer"] in opts
-                                                      else len(opts), g["tokens"])):
-            tokens = int(g["tokens"])
-            noise = noise_pair(rec, tokens)
-            rows.append([fmt_tokens(tokens), arm_label(g), g["label"], g["optimizer"], fmt(g.get("reference_loss"), "{:.4f}"),
-                         fmt(g.get("arm_loss"), "{:.4f}"), _per_seed_text(g), fmt_ms(_per_seed(g)),
-                         _per_seed_text(noise) + ("" if noise is None or noise["tokens"] == tokens
-                                                  else f" (at {fmt_tokens(noise['tokens'])})"),
-                         g.get("verdict", "–"), PAPER_GAP_TEXT.get(g["role"], "–")])
+    def order(g: dict[str, Any]) -> tuple[int, int]:
+        return (opts.index(g["optimizer"]) if g["optimizer"] in opts else len(opts), int(g["tokens"]))
+
+    for g in sorted(rec.tables["gaps"], key=order):
+        tokens = int(g["tokens"])
+        noise = noise_pair(rec, tokens)
+        at = "" if noise is None or noise["tokens"] == tokens else f" (at {fmt_tokens(noise['tokens'])})"
+        rows.append([fmt_tokens(tokens), arm_label(g), g["label"], g["optimizer"],
+                     fmt(g.get("reference_loss"), "{:.4f}"), fmt(g.get("arm_loss"), "{:.4f}"), _per_seed_text(g),
+                     fmt_ms(_per_seed(g)), _per_seed_text(noise) + at, g.get("verdict", "–"),
+                     PAPER_GAP_TEXT.get(g["role"], "–")])
     if not rows:
         return "No final gaps in the results store yet."
     head = [f"{SIGN_NOTE} Noise pair: {ref} with its norm swapped, same seeds. The other blocks and the "
@@ -758,8 +760,8 @@ def block_regions(rec: Record) -> str:
         row = [region,
                "–" if not sh else f"{100 * statistics.fmean(s[0] for s in sh):.1f}%",
                "–" if not sh else f"{100 * statistics.fmean(s[1] for s in sh):.1f}%",
-               "–" if region == "aggregate" else (f"{PAPER_TOKEN_SHARE[region]:.1f}% / {PAPER_LOSS_SHARE[region]:.1f}%"
-                                                  if region in PAPER_TOKEN_SHARE else "–")]
+               f"{PAPER_TOKEN_SHARE[region]:.1f}% / {PAPER_LOSS_SHARE[region]:.1f}%"
+               if region in PAPER_TOKEN_SHARE else "–"]
         row += [fmt_ms(deltas[g["arm"]].get(region, [])) for g in gaps]
         row.append(PAPER_REGION_DELTA.get(region, "−0.0055 (105B)" if region == "aggregate" else "–"))
         rows.append(row)
@@ -932,10 +934,10 @@ def claims(rec: Record, compare: Record | None = None) -> list[Claim]:
     n = min(len(q), len(tr), len(agg))
     qt = [a - b for a, b in zip(q[:n], tr[:n])]
     qa = [a - b for a, b in zip(q[:n], agg[:n])]
+    measured = (f"{arm_label(g)}: query {fmt_ms(q)}, trace {fmt_ms(tr)}, aggregate {fmt_ms(agg)}; "
+                f"query − trace {fmt_ms(qt)}, query − aggregate {fmt_ms(qa)}") if g and q else "no analysed pairs"
     out.append(Claim("the SAN's deficit is concentrated on query tokens",
-                     "Δ query −0.052 vs trace −0.008 (31B); query −0.038 at 105B",
-                     (f"{arm_label(g)}: query {fmt_ms(q)}, trace {fmt_ms(tr)}, aggregate {fmt_ms(agg)}; "
-                      f"query − trace {fmt_ms(qt)}, query − aggregate {fmt_ms(qa)}") if g and q else "no analysed pairs",
+                     "Δ query −0.052 vs trace −0.008 (31B); query −0.038 at 105B", measured,
                      verdict_query(qt, qa)))
 
     per_type: dict[str, list[float]] = {}

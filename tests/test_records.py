@@ -252,12 +252,14 @@ def test_blocks_hold_the_planted_numbers(tmp_path: Path) -> None:
 
 def test_floor_block_says_when_an_arm_stopped_falling(tmp_path: Path) -> None:
     # iso-param at 3.0 (mean over seeds) at both budgets: no longer falling.
-    floor = records.block_floor(records.load(make_record(tmp_path, gaps={**GAPS, "iso_param": {1000: -0.2, 2000: 0.0}})))
+    flat = {**GAPS, "iso_param": {1000: -0.2, 2000: 0.0}}
+    floor = records.block_floor(records.load(make_record(tmp_path, gaps=flat)))
     assert "| iso_param (iso-param) | 2K | 3.0000 | 0.5000 | 2.5000 | +0.0000 | no |" in floor
     assert "still falling: san, iso_flop (iso-FLOP), iso_depth (iso-depth)." in floor
     # A floor within T of the SAN's loss: not every arm is measurably above it.
     rec = make_record(tmp_path / "b")
-    (rec / "study" / "data" / "entropy_floor.json").write_text(json.dumps({"splits": {"val": {"nats_per_token": 2.998}}}))
+    high = {"splits": {"val": {"nats_per_token": 2.998}}}
+    (rec / "study" / "data" / "entropy_floor.json").write_text(json.dumps(high))
     assert "every arm above the floor by more than T: no;" in records.block_floor(records.load(rec))
 
 
