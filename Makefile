@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # torch is pinned here (CPU wheel on CPU machines, the normal CUDA build on GPU machines).
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-all demo bench docs docs-serve mutate clean
+.PHONY: setup test test-all demo bench docs docs-serve mutate records-check clean
 
 setup: $(VENV)/.installed
 
@@ -40,6 +40,12 @@ docs-serve: docs
 # Plant known bugs one at a time and check the tests catch each (scripts/mutate.py; not part of `make test`).
 mutate: setup
 	$(PY) scripts/mutate.py
+
+# Every committed record's README tables equal its committed results (docs/records.md).
+records-check: setup
+	@found=0; for r in records/*/; do [ -f "$$r/README.md" ] || continue; found=1; \
+	  $(PY) scripts/records.py readme "$$r" --check || exit 1; done; \
+	  [ $$found = 1 ] && echo "records: every README equals its results" || echo "records: no records/*/README.md yet"
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache
