@@ -20,7 +20,7 @@ def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task, items", [
-    ("retrieval", ["task.m_max=8"]),  # the --quick retrieval: up to 8 pairs, 16 keys, 16 values, 4000 examples, 600 steps
+    ("retrieval", ["task.m_max=8"]),  # the --quick retrieval: up to 8 pairs, 16 keys, 16 values, 4000 examples, 500 steps
     ("modadd", ["task.p=31"]),  # the --quick modular addition
 ])
 def test_standard_two_layer_model_learns_retrieval_and_modadd(task: str, items: list[str], tmp_path: Path,
