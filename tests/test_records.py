@@ -434,7 +434,34 @@ def test_export_of_a_non_study_is_a_one_line_error(tmp_path: Path, capsys: pytes
 # --------------------------------------------------------------------------- the committed records
 
 
-COMMITTED = sorted(p.parent for p in (ROOT / "records").glob("*/README.md")) if (ROOT / "records").is_dir() else []
+# Study records: a README beside a committed study dir (a probe record has suite.json instead).
+COMMITTED = sorted(p.parent for p in (ROOT / "records").glob("*/README.md")
+                   if (p.parent / "study" / "study.json").is_file()) if (ROOT / "records").is_dir() else []
+PROBE_RECORDS = sorted(p.parent for p in (ROOT / "records").glob("*/suite.json")) if (ROOT / "records").is_dir() else []
+
+
+@pytest.mark.skipif(not PROBE_RECORDS, reason="no committed probe records yet")
+@pytest.mark.parametrize("record", PROBE_RECORDS, ids=[p.name for p in PROBE_RECORDS])
+def test_committed_probe_record_readme_table_equals_its_suite_json(record: Path) -> None:
+    """The README's measured grid (first table) is suite.json's table, cell by cell."""
+    res = json.loads((record / "suite.json").read_text())
+    lines = (record / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| arm |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells[1:]
+    labels = {a["name"]: a["label"] for a in res["arms"]}
+    assert set(rows) == set(labels.values())
+    edge = {(c["arm"], c["task"] if not c["key"].startswith("capacity-") else "capacity")
+            for c in res["cells"] if c["at_edge"]}
+    for name, label in labels.items():
+        for task, text in zip(res["tasks"], rows[label], strict=True):
+            value = res["table"][name][task]
+            want = f"{value:.2f}" if task == "capacity" else f"{value:.1f}"
+            assert text == want + ("*" if (name, task) in edge else ""), (label, task)
 
 
 @pytest.mark.skipif(not COMMITTED, reason="no committed records/*/README.md yet")
