@@ -935,7 +935,8 @@ def claims(rec: Record, compare: Record | None = None) -> list[Claim]:
     qt = [a - b for a, b in zip(q[:n], tr[:n])]
     qa = [a - b for a, b in zip(q[:n], agg[:n])]
     measured = (f"{arm_label(g)}: query {fmt_ms(q)}, trace {fmt_ms(tr)}, aggregate {fmt_ms(agg)}; "
-                f"query − trace {fmt_ms(qt)}, query − aggregate {fmt_ms(qa)}") if g and q else "no analysed pairs"
+                f"query − trace {fmt_ms(qt)}, query − aggregate {fmt_ms(qa)}") if g and q else (
+                    "no query tokens in this corpus" if g and agg else "no analysed pairs")
     out.append(Claim("the SAN's deficit is concentrated on query tokens",
                      "Δ query −0.052 vs trace −0.008 (31B); query −0.038 at 105B", measured,
                      verdict_query(qt, qa)))
