@@ -68,6 +68,19 @@ def _fmt_num(v: float) -> str:
     return f"{v:.3g}"
 
 
+def _panels(n: int, width: float, height: float) -> tuple[Any, list[Any]]:
+    """A figure of `n` panels, at most 3 a row, each `width` × `height` inches; the unused
+    cells of the last row are hidden. Returns the figure and the `n` axes in order."""
+    cols = min(n, 3)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), squeeze=False,
+                             constrained_layout=True)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
 def arm_order(data: StudyData) -> list[str]:
     """Arm names, reference first, as the study lists them; then any other arm with runs."""
     names = [a["name"] for a in (data.tables or {}).get("arms", [])]
@@ -156,13 +169,9 @@ def plot_sweep(data: StudyData, path: Path) -> str | None:
     rows = [r for r in rows if any(v is not None for v in r["losses"].values())]
     if not rows:
         return "no sweep point has finished yet"
-    n = len(rows)
-    cols = min(n, 3)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.6 * nrows), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = _panels(len(rows), 4.4, 3.6)
     colors = arm_colors(data)
-    for ax, r in zip(axes.flat, rows):
+    for ax, r in zip(axes, rows):
         pts = sorted((float(m), v) for m, v in r["losses"].items())
         ok = [(r["base_lr"] * m, v) for m, v in pts if v is not None]
         bad = [r["base_lr"] * m for m, v in pts if v is None]
@@ -192,8 +201,6 @@ def plot_sweep(data: StudyData, path: Path) -> str | None:
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
     _save(fig, path)
     return None
 
@@ -433,14 +440,10 @@ def plot_spectra(data: StudyData, path: Path) -> str | None:
     runs = analysed_runs(data, "spectra")
     if not runs:
         return "no weight-spectra analysis yet (needs milestone checkpoints and `sanlab analyze`)"
-    n = len(runs)
-    cols = min(n, 3)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.7 * nrows), squeeze=False,
-                             constrained_layout=True)
+    fig, axes = _panels(len(runs), 4.6, 3.7)
     types = sorted({row["type"] for _, r in runs for row in r["spectra"]["per_type"]})
     tcol = {t: COLORS[i % len(COLORS)] for i, t in enumerate(types)}
-    for ax, (rid, r) in zip(axes.flat, runs):
+    for ax, (rid, r) in zip(axes, runs):
         sp = r["spectra"]
         crystal = {c["type"]: c["milestone"] for c in sp.get("crystallisation", [])}
         for t in types:
@@ -463,8 +466,6 @@ def plot_spectra(data: StudyData, path: Path) -> str | None:
         if len({p for row in sp["per_type"] for p in [row["milestone"]]}) < 2:
             ax.text(0.5, 0.08, "one milestone only: add train.milestones for dynamics",
                     transform=ax.transAxes, ha="center", fontsize=8, color="grey")
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
     handles = [plt.Line2D([], [], color=tcol[t], marker="o", label=t) for t in types]
     handles.append(plt.Line2D([], [], ls="", marker="D", mfc="none", mec="black", label="crystallised (settled)"))
     fig.legend(handles=handles, loc="outside right center", fontsize=8)
