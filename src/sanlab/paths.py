@@ -9,14 +9,18 @@ instead of an `OSError` traceback after minutes of work:
 - a path under a file (`out.txt/run`);
 - a directory this process may not write in (permissions, a read-only filesystem).
 
-Nothing is created here: the commands create their outputs as before.
+The checks create nothing. `staged_dir` is how a command writes a whole directory
+atomically: it builds it beside the destination and swaps it in when it is complete.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from sanlab.errors import ConfigError, NoSpaceError
 
@@ -85,3 +89,26 @@ def raise_no_space(err: BaseException, what: str) -> None:
     """Turn a full-disk error into `NoSpaceError` (one line, its own exit code); else do nothing."""
     if no_space(err):
         raise NoSpaceError(f"no space left on the device while writing {what}") from None
+
+
+@contextmanager
+def staged_dir(out: Path) -> Iterator[Path]:
+    """A fresh temp dir beside `out` to build into. When the block finishes without an
+    error the temp dir replaces `out` (an old `out` is removed only after the swap, so a
+    kill at any instant leaves the old or the new one whole); it is removed in any case."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        if out.exists():
+            out.rename(old)
+        tmp.rename(out)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)

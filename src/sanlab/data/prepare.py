@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -43,7 +41,7 @@ from sanlab.data.tokenizer import (
     vocab_problem,
 )
 from sanlab.errors import ConfigError, DataError
-from sanlab.paths import check_out_dir, raise_no_space
+from sanlab.paths import check_out_dir, raise_no_space, staged_dir
 
 CORPORA = ("synth", "text", "hf", "kjv")
 _ENCODE_CHUNK = 256  # documents per batched encode call
@@ -129,16 +127,6 @@ def _check_out(out: Path, force: bool) -> None:
         raise DataError(f"--out {out}: directory exists and is not empty (use --force to replace it)")
 
 
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished temp dir into place; an old `out` is removed only after the swap."""
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    if old.exists():
-        shutil.rmtree(old)
-
-
 # --------------------------------------------------------------------------- prepare
 
 
@@ -149,20 +137,12 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console
         raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
     check_out_dir(out)
     _check_out(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
     try:
-        manifest = _build(cfg, tmp, console)
-        _replace_dir(tmp, out)
+        with staged_dir(out) as tmp:
+            manifest = _build(cfg, tmp, console)
     except OSError as e:
         raise_no_space(e, f"the prepared data for {out} (nothing was written there)")
         raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     if console is not None:
         print_summary(manifest, console, out, floor=_read_floor(out, manifest))
     return manifest

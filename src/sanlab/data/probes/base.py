@@ -24,8 +24,6 @@ dir), the task's tokens follow from id 8 in the order the task lists them.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -38,6 +36,7 @@ from sanlab.config import StrictModel
 from sanlab.data.regions import ANSWER, N_SPECIAL, OTHER, QUERY, REGION_NAMES, SPECIAL_TOKENS
 from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
 from sanlab.errors import ConfigError
+from sanlab.paths import staged_dir
 
 SPLITS = ("train", "val", "test")
 FILLER = "_"  # every task's first token: left fill up to the task's document length
@@ -202,12 +201,7 @@ def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_to
     vocab_size += -vocab_size % 8  # an embedding with a multiple-of-8 row count; extra rows are never used
     ids = {t: N_SPECIAL + i for i, t in enumerate(gen.vocab)}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with staged_dir(out) as tmp:
         tok_path = tmp / TOKENIZER_FILE
         tok_path.write_text(_tokenizer_json(gen.vocab))
         splits: dict[str, Any] = {}
@@ -238,13 +232,4 @@ def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_to
                       "split_disjoint": task.split_disjoint, "info": gen.info},
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        old_dir = out.parent / f".{out.name}.old-{os.getpid()}"
-        if out.exists():
-            out.rename(old_dir)
-        tmp.rename(out)
-        if old_dir.exists():
-            shutil.rmtree(old_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return manifest
