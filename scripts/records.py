@@ -312,13 +312,9 @@ def export(study_dir: str | Path, record_dir: str | Path, *, verify: bool = True
 
 def study_tables(study_dir: Path) -> dict[str, Any]:
     """What `sanlab study table DIR --json` prints (computed in this process)."""
-    from sanlab.study.cli import _table_json
-    from sanlab.study.orchestrate import load_saved_spec
-    from sanlab.study.plan import build_arms
-    from sanlab.study.store import ResultStore
+    from sanlab.study.cli import table_json
 
-    spec = load_saved_spec(study_dir)
-    return json.loads(json.dumps(_table_json(spec, build_arms(spec), ResultStore(study_dir).runs())))
+    return json.loads(json.dumps(table_json(study_dir)))  # exactly the printed JSON's types
 
 
 @dataclass

@@ -196,14 +196,22 @@ def _table(args: argparse.Namespace) -> int:
     from sanlab.study.store import ResultStore
     from sanlab.study.table import print_tables
 
-    spec = load_saved_spec(args.dir)
-    arms = build_arms(spec)
-    records = ResultStore(args.dir).runs()
     if args.json:
-        print(json.dumps(_table_json(spec, arms, records), indent=2))
+        print(json.dumps(table_json(args.dir), indent=2))
         return EXIT_OK
-    print_tables(spec, arms, records, make_console())
+    spec = load_saved_spec(args.dir)
+    print_tables(spec, build_arms(spec), ResultStore(args.dir).runs(), make_console())
     return EXIT_OK
+
+
+def table_json(study_dir: str | Path) -> dict[str, Any]:
+    """`sanlab study table STUDY_DIR --json`, as data (see `_table_json`)."""
+    from sanlab.study.orchestrate import load_saved_spec
+    from sanlab.study.plan import build_arms
+    from sanlab.study.store import ResultStore
+
+    spec = load_saved_spec(study_dir)
+    return _table_json(spec, build_arms(spec), ResultStore(study_dir).runs())
 
 
 def _table_json(spec: Any, arms: list[Any], records: dict[str, Any]) -> dict[str, Any]:
