@@ -345,6 +345,50 @@ def _rope_reference(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+@pytest.mark.parametrize("zero_centered", [True, False])
+def test_norm_rope_kernel_matches_formula(zero_centered):
+    """QK-norm then RoPE in one function equals RMSNorm·γ then RoPE by the formula, in value
+    and gradient (x and γ, fp64, packed positions); from a bf16 slice of a wider product
+    (as the QKV split hands it over) it computes in fp32 and returns x's gradient in bf16;
+    the result is laid out as (B, h, T, D), the layout attention reads."""
+    from sanlab.model.layers import RMSNorm, rope_tables
+
+    torch.manual_seed(0)
+    B, T, h, D = 2, 9, 3, 8
+    x = torch.randn(B, T, h, D, dtype=torch.float64, requires_grad=True)
+    norm = RMSNorm(D, zero_centered=zero_centered).double()
+    with torch.no_grad():
+        norm.weight.normal_(0.0 if zero_centered else 1.0, 0.3)
+    cos, sin = (t.double()[..., :D // 2] for t in rope_tables(torch.randint(0, 50, (B, T)), D, 10000.0))
+    ours = kernels.norm_rope(x, norm.gain(torch.float64), norm.eps, cos, sin)
+    ref = kernels.norm_rope_reference(x, norm.gain(torch.float64), norm.eps, cos, sin)
+    torch.testing.assert_close(ref, _rope_reference(kernels.rms_norm_reference(x, norm.gain(torch.float64), norm.eps),
+                                                    torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)))
+    torch.testing.assert_close(ours, ref)
+    assert ours.transpose(1, 2).is_contiguous()
+    dy = torch.randn_like(ours)
+    got = torch.autograd.grad(ours, (x, norm.weight), dy)
+    want = torch.autograd.grad(ref, (x, norm.weight), dy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert torch.autograd.gradcheck(lambda x, g: kernels.norm_rope(x, g, 1e-6, cos, sin),
+                                    (x, norm.gain(torch.float64).detach().requires_grad_()))
+
+    qkv = torch.randn(B, T, 2 * h * D).bfloat16().requires_grad_()
+    xb = qkv[..., : h * D].view(B, T, h, D)  # a strided slice, as `SoftmaxAttention` passes q
+    g32 = norm.gain(torch.float32).detach().float()
+    y = kernels.norm_rope(xb, g32, 1e-6, cos.float(), sin.float())
+    assert y.dtype == torch.float32
+    y_ref = kernels.norm_rope_reference(xb.detach().float(), g32, 1e-6, cos.float(), sin.float())
+    torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
+    dyf = torch.randn_like(y)
+    y.backward(dyf)
+    assert qkv.grad.dtype == torch.bfloat16 and not qkv.grad[..., h * D:].any()
+    x32 = xb.detach().float().requires_grad_()
+    kernels.norm_rope_reference(x32, g32, 1e-6, cos.float(), sin.float()).backward(dyf)
+    torch.testing.assert_close(qkv.grad[..., : h * D].view(B, T, h, D).float(), x32.grad, rtol=1e-2, atol=1e-2)
+
+
 def test_rope_kernel_matches_formula():
     """The two-pass RoPE equals the formula in value and gradient (fp64), preserves norms,
     and returns the input dtype."""

@@ -68,10 +68,14 @@ class RMSNorm(nn.Module):
         cast = self.feeds_matmul and torch.is_autocast_enabled(dev)
         return self.normalize(upcast(x), torch.get_autocast_dtype(dev) if cast else x.dtype)
 
+    def gain(self, dtype: torch.dtype) -> torch.Tensor:
+        """The scale the norm multiplies by, in `dtype`: 1 + γ for ZCN, γ otherwise."""
+        gain = self.weight.to(dtype)
+        return 1.0 + gain if self.zero_centered else gain
+
     def normalize(self, x32: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """The norm on an already-upcast tensor, result in `out_dtype` (default x32's)."""
-        gain = self.weight.to(x32.dtype)
-        return rms_norm(x32, 1.0 + gain if self.zero_centered else gain, self.eps, out_dtype or x32.dtype)
+        return rms_norm(x32, self.gain(x32.dtype), self.eps, out_dtype or x32.dtype)
 
 
 def make_norm(cfg: ModelConfig, dim: int, feeds_matmul: bool = False) -> RMSNorm:

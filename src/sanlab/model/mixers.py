@@ -31,7 +31,7 @@ from torch import nn
 
 from sanlab.config import ModelConfig, StrictModel, validate
 from sanlab.errors import ConfigError
-from sanlab.model.kernels import attend, silu_gate
+from sanlab.model.kernels import attend, norm_rope, silu_gate
 from sanlab.model.layers import AttentionContext, HookPoint, RMSNorm, apply_rope, make_norm, upcast
 
 # What a parameter is, for the optimizer routing (sanlab.train.optim) and the spectra:
@@ -253,10 +253,11 @@ class SoftmaxAttention(SequenceMixer):
     def _norm_rope(x: torch.Tensor, norm: RMSNorm | None, ctx: AttentionContext) -> torch.Tensor:
         """Per-head QK-norm THEN RoPE, both in fp32. (B, T, h, D) -> fp32, laid out as
         (B, h, T, D) a transpose away; `attend` casts it to what its backend needs."""
-        x32 = upcast(x)
         if norm is not None:
-            x32 = norm.normalize(x32)
-        return apply_rope(x32, ctx.cos, ctx.sin)
+            half = x.shape[-1] // 2
+            return norm_rope(x, norm.gain(torch.promote_types(x.dtype, torch.float32)), norm.eps,
+                             ctx.cos[..., :half], ctx.sin[..., :half])
+        return apply_rope(upcast(x), ctx.cos, ctx.sin)
 
     def qk_source(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """What Q and K are computed from: the current hidden state (the variants below
