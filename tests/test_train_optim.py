@@ -10,7 +10,7 @@ from torch import nn
 
 from sanlab.config import ModelConfig, OptimConfig
 from sanlab.model.lm import LM
-from sanlab.train.optim import build_optimizers, clip_grad_norm, route
+from sanlab.train.optim import Muon, build_optimizers, clip_grad_norm, route
 
 
 def tiny_lm(ffn: bool = True) -> LM:
@@ -132,6 +132,57 @@ def test_muon_side_is_the_written_out_algorithm() -> None:
         scale = math.sqrt(max(1.0, w0.shape[0] / w0.shape[1]))
         expected = expected * (1 - cfg.lr * cfg.weight_decay) - cfg.lr * scale * update
     torch.testing.assert_close(w.detach(), expected, atol=2e-3, rtol=0)  # bf16 iterations
+
+
+# Stacks of a shape, a lone shape, tall and wide (the iteration runs on the wide side).
+_MUON_SHAPES = [(16, 16), (8, 16), (16, 16), (24, 8), (8, 16), (8, 24), (24, 8), (16, 16)]
+
+
+def _muon_pair(**kw: object) -> tuple[list[nn.Parameter], list[nn.Parameter], torch.optim.Optimizer, Muon]:
+    torch.manual_seed(0)
+    theirs = [nn.Parameter(torch.randn(*s) * 0.1) for s in _MUON_SHAPES]
+    ours = [nn.Parameter(p.detach().clone()) for p in theirs]
+    return theirs, ours, torch.optim.Muon(theirs, **kw), Muon(ours, **kw)
+
+
+def _muon_steps(theirs: list, ours: list, ref: torch.optim.Optimizer, opt: Muon, steps: range) -> None:
+    for step in steps:
+        g = torch.Generator().manual_seed(step)
+        for i, (a, b) in enumerate(zip(theirs, ours)):
+            grad = torch.randn(a.shape, generator=g)
+            a.grad, b.grad = grad.clone(), (None if i == 5 and step == 1 else grad.clone())  # one skips a step
+            if b.grad is None:
+                a.grad = None
+        ref.step()
+        opt.step()
+
+
+@pytest.mark.parametrize("kw", [
+    dict(lr=0.02, weight_decay=0.01),
+    dict(lr=0.05, weight_decay=0.0, nesterov=False, momentum=0.9),
+    dict(lr=0.01, weight_decay=0.1, adjust_lr_fn="match_rms_adamw", ns_coefficients=(3.0, -3.2, 1.2), ns_steps=3),
+], ids=["default", "no-nesterov", "variant"])
+def test_batched_muon_is_torch_muon_bit_for_bit(kw: dict) -> None:
+    """Muon updates each shape's matrices as one stack; every parameter and momentum
+    buffer equals torch.optim.Muon's exactly, for tall, wide and square matrices, lone
+    and stacked shapes, a matrix without a gradient for a step, and any hyperparameters."""
+    theirs, ours, ref, opt = _muon_pair(**kw)
+    _muon_steps(theirs, ours, ref, opt, range(4))
+    for i, (a, b) in enumerate(zip(theirs, ours)):
+        assert torch.equal(a, b), (i, _MUON_SHAPES[i])
+        assert torch.equal(ref.state[a]["momentum_buffer"], opt.state[b]["momentum_buffer"]), i
+    assert not torch.equal(theirs[0], _muon_pair(**kw)[0][0])  # it did move
+
+
+def test_batched_muon_state_moves_to_and_from_torch_muon() -> None:
+    """A checkpoint of either optimizer resumes in the other: same state layout."""
+    theirs, ours, ref, opt = _muon_pair(lr=0.02, weight_decay=0.01)
+    _muon_steps(theirs, ours, ref, opt, range(2))
+    swapped_ref, swapped_opt = Muon(theirs, lr=0.02, weight_decay=0.01), torch.optim.Muon(ours, lr=0.02, weight_decay=0.01)
+    swapped_ref.load_state_dict(ref.state_dict())
+    swapped_opt.load_state_dict(opt.state_dict())
+    _muon_steps(theirs, ours, swapped_ref, swapped_opt, range(2, 4))
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours))
 
 
 def test_schedule_scales_every_group_from_its_peak() -> None:
