@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     a = p.parse_args(argv)
     torch.set_num_threads(a.threads)
+    from sanlab.train.host import tune_cpu_allocator
+
+    tune_cpu_allocator()  # as `sanlab train` runs on the CPU
 
     table = Table(title=f"attention fwd+bwd, H={a.heads}/{a.kv_heads} D={a.head_dim}, {a.tokens} tokens a batch, "
                         f"bf16 autocast, {a.threads} threads (ms)")

@@ -241,8 +241,52 @@ def test_backend_choice():
     assert resolve_backend(cfg, torch.zeros(2, 1024, dtype=torch.long)) == "explicit"
     assert resolve_backend(cfg, torch.zeros(1, 4096, dtype=torch.long)) == "sdpa"  # too many saved scores
     assert resolve_backend(cfg, torch.zeros(4096, 128, dtype=torch.long)) == "sdpa"
+    # 17.3M kept probabilities: 69 MB in fp32 (over the 64 MiB bound), 35 MB in bf16
+    assert resolve_backend(cfg, torch.zeros(2, 2048, dtype=torch.long)) == "sdpa"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert resolve_backend(cfg, torch.zeros(2, 2048, dtype=torch.long)) == "explicit"
+        assert resolve_backend(cfg, torch.zeros(4, 2048, dtype=torch.long)) == "sdpa"
     assert resolve_backend(cfg.model_copy(update={"attn_backend": "flex"}), torch.zeros(1, 8)) == "sdpa"  # no CPU backward
     assert resolve_backend(cfg.model_copy(update={"attn_backend": "sdpa"}), torch.zeros(1, 8)) == "sdpa"
+
+
+@pytest.mark.parametrize("bound,autocast,kept", [
+    (1 << 20, True, torch.float32),    # fp32 fits: kept in fp32 (faster), also under autocast
+    (3 * 2048, True, torch.bfloat16),  # only bf16 fits (2048 probabilities): kept in bf16
+    (3 * 2048, False, torch.float32),  # no autocast: fp32 (the backend was chosen for it)
+], ids=["fp32-fits", "bf16-only", "no-autocast"])
+def test_explicit_kernel_keeps_probabilities_as_the_memory_bound_says(monkeypatch, bound, autocast, kept):
+    """The probabilities the explicit kernel saves for the backward are fp32 while those
+    fit `CPU_EXPLICIT_MAX_BYTES`, bf16 under bf16 autocast where only bf16 fits, and
+    `resolve_backend` picks the kernel by the same rule; the gradients are the same to
+    bf16 rounding either way."""
+    from sanlab.model.layers import attend, build_context, resolve_backend
+
+    B, H, Hkv, T, D = 2, 4, 2, 16, 8  # 2·4·16·(16 + 16)/2 = 2048 kept probabilities
+    assert kernels.explicit_scores(B, H, T) == 2048
+    monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", bound)
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    torch.manual_seed(0)
+    leaves = [torch.randn(B, h, T, D, requires_grad=True) for h in (H, Hkv, Hkv)]
+    dout = torch.randn(B, H, T, D)
+
+    def run(backend: str) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        ctx = build_context(tiny(attn_backend=backend), tokens, None)
+        saved: list[torch.Tensor] = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                q, k, v = leaves  # v in bf16 under autocast, as the V projection hands it over
+                out = attend(q, k, v.bfloat16() if autocast else v, ctx)
+        grads = torch.autograd.grad(out.float(), leaves, dout)
+        return saved, [g.float() for g in grads]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        assert resolve_backend(tiny(), tokens) == ("sdpa" if bound < 2048 * (2 if autocast else 4) else "explicit")
+    saved, grads = run("explicit")
+    probs = [t for t in saved if t.dim() == 3 and t.shape[1:] == (H // Hkv * T, T)]
+    assert len(probs) == 1 and probs[0].dtype == kept, [(t.shape, t.dtype) for t in saved]
+    for g, ref in zip(grads, run("sdpa")[1]):
+        torch.testing.assert_close(g, ref, rtol=0.05, atol=0.05 if autocast else 1e-5)
 
 
 @pytest.mark.parametrize("T,chunk", [(7, 64), (13, 4), (16, 4), (21, 8)])
@@ -260,7 +304,7 @@ def test_explicit_kernel_gradients(T, chunk):
     seg = torch.zeros(B, T, dtype=torch.long)
     seg[0, T // 3 :] = 1
     bias = build_context(tiny(), seg, seg).additive_mask(torch.float64)
-    assert torch.autograd.gradcheck(lambda q, k, v: _ExplicitAttention.apply(q, k, v, bias, chunk), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: _ExplicitAttention.apply(q, k, v, bias, chunk, q.dtype), (q, k, v))
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 64])
@@ -722,11 +766,16 @@ def test_model_forward_with_targets_is_the_training_loss():
                                tokens, seg, 1e-3)
 
 
-def test_explicit_kernel_keeps_scores_in_fp32_under_autocast():
+@pytest.mark.parametrize("keep", ["fp32", "bf16"])
+def test_explicit_kernel_keeps_scores_in_fp32_under_autocast(monkeypatch, keep):
     """Under bf16 autocast the explicit kernel must not round the scores to bf16 before the
     softmax (that doubles the error at realistic score sizes): its output and gradients
-    are as accurate as SDPA's (relative error of the whole tensor, against fp64)."""
+    are as accurate as SDPA's (relative error of the whole tensor, against fp64), also
+    when the memory bound makes it keep the probabilities in bf16."""
     from sanlab.model.layers import attend, build_context
+
+    if keep == "bf16":  # 2·8·64·128/2 = 65,536 probabilities: only bf16 fits
+        monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", 3 * 65536)
 
     torch.manual_seed(0)
     B, H, Hkv, T, D = 2, 8, 4, 64, 32

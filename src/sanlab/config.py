@@ -189,8 +189,8 @@ class ModelConfig(StrictModel):
     layout: str | list[str] = "uniform"
     """Where the mixer goes: a named layout (uniform, hybrid, even, odd, top, middle, bottom, every4, first, last, first_last: the places of the softmax layers) or one mixer name per layer."""
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
-    # kernel (faster than SDPA from T = 64 to 1024, measured) while the probabilities it
-    # keeps fit sanlab.model.kernels.CPU_EXPLICIT_MAX_SCORES, SDPA with a dense mask beyond.
+    # kernel (faster than SDPA from T = 64 to 2048, measured) while the probabilities it
+    # keeps fit sanlab.model.kernels.CPU_EXPLICIT_MAX_BYTES, SDPA with a dense mask beyond.
     attn_backend: Literal["auto", "explicit", "sdpa", "flex"] = "auto"
 
     @model_validator(mode="before")

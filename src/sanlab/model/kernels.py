@@ -213,15 +213,16 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow
 
 
 # On the CPU the explicit kernel (`_ExplicitAttention`) runs while the probabilities it
-# keeps for the backward, about B·H·T·(T + chunk)/2 fp32 values a layer, stay under this
-# bound; SDPA beyond. Measured on a 2-core AVX512-BF16 CPU (attention forward + backward,
-# bf16 autocast, 2048 tokens a batch, H 8/4, D 32; benchmarks/bench_attention.py): 3.7x
-# faster than SDPA's CPU flash kernel at T = 64, 2.0x at 128, 1.5x at 256, 1.4x at 512,
-# 1.1x at 1024, and more accurate than it at every T (output and q, k, v gradients).
-CPU_EXPLICIT_MAX_SCORES = 1 << 24
+# keeps for the backward (`explicit_scores` values a layer, in v's dtype: bf16 under bf16
+# autocast) stay under this many bytes; SDPA beyond. Measured on a 2-core AVX512-BF16 CPU
+# (attention forward + backward, bf16 autocast, 2048 tokens a batch, H 8/4, D 32, the
+# trainer's allocator settings; benchmarks/bench_attention.py): 3.5x faster than SDPA's
+# CPU flash kernel at T = 64, 2.5x at 128, 1.8x at 256 and 512, 1.6x at 1024, 1.8x at
+# 2048, and more accurate than it at every T (output and q, k, v gradients).
+CPU_EXPLICIT_MAX_BYTES = 64 << 20
 # Query rows per block of the explicit kernel: blocks above the diagonal are skipped, so
-# a causal layer computes ~(T + chunk)/(2T) of the full score matrix. 64 was fastest at
-# every T from 128 to 1024 on that CPU (32 and 128 within 10%).
+# a causal layer computes ~(T + chunk)/(2T) of the full score matrix. 64 was fastest, or
+# within 9% of 32 and 128, at every T from 64 to 2048 on that CPU.
 EXPLICIT_CHUNK = 64
 
 
@@ -229,6 +230,21 @@ def explicit_scores(batch: int, heads: int, seq_len: int) -> int:
     """Probabilities the explicit kernel keeps for the backward (one layer)."""
     chunk = min(EXPLICIT_CHUNK, seq_len)
     return batch * heads * seq_len * (seq_len + chunk) // 2
+
+
+def explicit_keep(batch: int, heads: int, seq_len: int, low: torch.dtype | None) -> torch.dtype | None:
+    """The dtype the explicit kernel keeps its probabilities in, or None if they do not fit
+    `CPU_EXPLICIT_MAX_BYTES` (one layer): fp32 where that fits; else `low` (bf16 under
+    bf16 autocast: half the memory, gradients still more accurate than SDPA's, tested)
+    where that fits. fp32 first because on the CPU the backward's P ⊙ (dP − δ) runs 2x
+    slower with a bf16 P (a mixed-dtype product), which costs more than the bf16 copy
+    saves while memory is not the limit (measured: 5% of the T256 SAN step)."""
+    n = explicit_scores(batch, heads, seq_len)
+    if n * 4 <= CPU_EXPLICIT_MAX_BYTES:
+        return torch.float32
+    if low is not None and n * low.itemsize <= CPU_EXPLICIT_MAX_BYTES:
+        return low
+    return None
 
 
 
@@ -254,7 +270,8 @@ class _ExplicitAttention(torch.autograd.Function):
     The query axis is cut into blocks of `chunk` rows; block [s, e) only meets keys [0, e)
     (the rest is masked by causality), so a layer computes ~(T + chunk)/(2T) of the
     score matrix and each block's scores are still in cache when they are normalised.
-    The forward keeps each block's probabilities P; the backward is, per block,
+    The forward keeps each block's probabilities P, in `keep` (fp32, or bf16 where only
+    that fits the memory bound: see `explicit_keep`); the backward is, per block,
     dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K/√D, dK += dSᵀ Q/√D.
     The scores, the softmax, P V and dO Vᵀ (from which dS subtracts a row mean) are at
     least fp32: rounding the scores to bf16 would double the error at realistic score
@@ -265,7 +282,7 @@ class _ExplicitAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, chunk):  # type: ignore[override]
+    def forward(ctx, q, k, v, bias, chunk, keep):  # type: ignore[override]
         B, H, T, D = q.shape
         Hkv = k.shape[1]
         rep = H // Hkv
@@ -284,7 +301,7 @@ class _ExplicitAttention(torch.autograd.Function):
             p = torch.softmax(scores, dim=-1)
             del scores
             out[:, :, :, s:e] = torch.bmm(p, v3[:, :e]).view(B, Hkv, rep, e - s, D)
-            probs.append(p)
+            probs.append(p.to(keep))
         ctx.save_for_backward(q5, k3, v3, out, *probs)
         ctx.chunk, ctx.dtypes = chunk, (q.dtype, k.dtype, v.dtype)
         return out.view(B, H, T, D).to(v.dtype)
@@ -310,7 +327,7 @@ class _ExplicitAttention(torch.autograd.Function):
             e = min(T, s + chunk)
             n = rep * (e - s)
             dob = do5[:, :, :, s:e].reshape(B * Hkv, n, D)
-            dv[:, :e] += torch.bmm(p.to(lp).transpose(1, 2), do5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))
+            dv[:, :e] += torch.bmm(p.to(lp).transpose(1, 2), do5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))  # (no copy if kept in lp)
             ds = torch.bmm(dob, v3[:, :e].transpose(1, 2))
             ds.view(B, Hkv, rep, e - s, e).sub_(delta[:, :, :, s:e]).mul_(p.view(B, Hkv, rep, e - s, e))
             ds = ds.to(lp)
@@ -319,7 +336,7 @@ class _ExplicitAttention(torch.autograd.Function):
         qt, kt, vt = ctx.dtypes
         H = Hkv * rep
         return (dq.mul_(scale).view(B, H, T, D).to(qt), dk.view(B, Hkv, T, D).to(kt),  # (q5 is scaled)
-                dv.view(B, Hkv, T, D).to(vt), None, None)
+                dv.view(B, Hkv, T, D).to(vt), None, None, None)
 
 
 def _explicit(
@@ -331,7 +348,10 @@ def _explicit(
     with torch.autocast(q.device.type, enabled=False):  # keep the scores in fp32 under autocast
         bias = ctx.additive_mask(dt)
         if pattern_hook is None:
-            return _ExplicitAttention.apply(q, k, v, bias, EXPLICIT_CHUNK)
+            B, H, T, _ = q.shape
+            keep = explicit_keep(B, H, T, v.dtype if v.dtype.itemsize == 2 else None)
+            keep = dt if keep in (None, torch.float32) else keep  # (None: the backend was forced)
+            return _ExplicitAttention.apply(q, k, v, bias, EXPLICIT_CHUNK, keep)
         B, H, T, D = q.shape
         Hkv = k.shape[1]
         q5 = (q.to(dt) * D**-0.5).reshape(B, Hkv, H // Hkv, T, D)

@@ -15,9 +15,8 @@ from torch import nn
 
 from sanlab.config import ModelConfig
 from sanlab.model.kernels import (  # noqa: F401 - attend and upcast are part of this module's interface
-    CPU_EXPLICIT_MAX_SCORES,
     attend,
-    explicit_scores,
+    explicit_keep,
     rms_norm,
     rope,
     upcast,
@@ -179,9 +178,10 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
     """The attention kernel for this batch when `cfg.attn_backend` is `auto`.
 
     CUDA: FlexAttention with a document block mask (when it imports). CPU: the explicit
-    kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_SCORES`, SDPA with a dense
-    mask otherwise (FlexAttention has no CPU backward in this torch, so an explicit
-    `flex` request falls back to SDPA there).
+    kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_BYTES` (in fp32, or in bf16
+    under bf16 autocast: `explicit_keep`), SDPA with a dense mask otherwise
+    (FlexAttention has no CPU backward in this torch, so an explicit `flex` request
+    falls back to SDPA there).
     """
     requested, device = cfg.attn_backend, tokens.device
     if requested == "auto":
@@ -189,7 +189,9 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
             requested = "flex"
         else:
             B, T = tokens.shape
-            requested = "explicit" if explicit_scores(B, cfg.n_heads, T) <= CPU_EXPLICIT_MAX_SCORES else "sdpa"
+            low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
+            low = low if low is not None and low.itemsize == 2 else None
+            requested = "explicit" if explicit_keep(B, cfg.n_heads, T, low) is not None else "sdpa"
     if requested == "flex":
         if device.type != "cuda":
             return "sdpa"
