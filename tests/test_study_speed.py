@@ -34,7 +34,7 @@ def test_real_timing_is_cached_per_shape(study_data_dir: Path, tmp_path: Path,
     speeds, notes = speed.arm_speeds(plan.runs, 1, tmp_path, steps=1)
     assert set(speeds) == {r.run_id for r in plan.runs} and not notes
     for s in speeds.values():
-        assert s["step_s"] > 0 and s["eval_s"] > 0 and s["ready_s"] > 0
+        assert all(s[k] > 0 for k in ("step_s", "eval_s", "ready_s", "setup_s", "save_s")), s
     cache = json.loads((tmp_path / speed.SPEED_FILE).read_text())
     assert len(cache["shapes"]) == 2  # two shapes (SAN, iso-param partner), each timed once
 
@@ -53,6 +53,7 @@ def test_key_follows_what_changes_the_step_cost(study_data_dir: Path) -> None:
     assert speed.shape_key({**cfg, "optim": {**cfg["optim"], "lr": 9.0}}, 1) == key  # LR: same cost
     assert speed.shape_key({**cfg, "train": {**cfg["train"], "seed": 7, "tokens": 1}}, 1) == key
     assert speed.shape_key(cfg, 2) != key
+    assert speed.shape_key(cfg, 1, side_by_side=2) != key  # runs sharing the machine
     assert speed.shape_key({**cfg, "model": {**cfg["model"], "n_layers": 9}}, 1) != key
     assert speed.shape_key({**cfg, "train": {**cfg["train"], "batch_rows": 8}}, 1) != key
 
@@ -62,15 +63,48 @@ def test_estimate_uses_the_measured_step(study_data_dir: Path, monkeypatch: pyte
     plan = plan_study(spec)
 
     def fake(configs: dict, threads: int | None, **_: object) -> dict:
-        return {"ready_s": 2.0, "shapes": {k: {"step_s": 0.5, "eval_s": 0.25, "tokens_per_s": 256}
-                                           for k in configs}}
+        return {"ready_s": 2.0, "shapes": {k: {"step_s": 0.5, "eval_s": 0.25, "setup_s": 0.1, "save_s": 0.125,
+                                               "tokens_per_s": 256} for k in configs}}
 
     monkeypatch.setattr(speed, "measure", fake)
     plan.speeds, _ = speed.arm_speeds(plan.runs, 1, None)
     final = next(r for r in plan.runs if r.tokens == 2560)
     steps = 2560 // (4 * 32)  # 20 steps; evaluations at 0, every 5 steps and the last
-    assert plan.run_seconds(final) == pytest.approx(2.0 + steps * 0.5 + (2 + steps // 5) * 0.25)
-    assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))
+    saves = 1 + 4  # step 0, then milestones 25/50/75/100% at steps 5, 10, 15, 20
+    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + (2 + steps // 5) * 0.25 + saves * 0.125)
+    assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))  # one worker
+
+
+def test_estimate_follows_how_study_run_schedules(study_data_dir: Path) -> None:
+    """Two workers: the sweep points are one batch and the final runs another, each as long
+    as its busiest worker (longest run first); boundary extension can add up to
+    `max_extensions` rounds of one more point per sweep cell."""
+    spec = tiny_spec(study_data_dir, runner={"workers": 2, "threads": 1},
+                     sweep={"tokens": 1280, "multipliers": [0.5, 1.0, 2.0], "max_extensions": 3})
+    plan = plan_study(spec)
+    cost = {"san": 3.0, "iso_param": 1.0}
+    plan.run_seconds = lambda r: cost[r.arm] * (2 if r.tokens == 2560 else 1)  # type: ignore[method-assign]
+    sweep = sorted(plan.run_seconds(r) for r in plan.runs if "sweep" in r.phases)
+    finals = sorted(plan.run_seconds(r) for r in plan.runs if "sweep" not in r.phases)
+    assert sweep == [1.0] * 3 + [3.0] * 3 and finals == [2.0, 6.0]
+    # LPT on two workers: sweep {3, 3} vs {3, 1, 1, 1} -> 6; finals {6} vs {2} -> 6
+    assert plan.total_seconds == pytest.approx(12.0)
+    assert plan.extension_seconds == pytest.approx(3 * 3.0)  # san's and iso_param's points side by side
+    assert plan.to_dict()["est_extension_seconds"] == pytest.approx(9.0)
+    off = plan_study(tiny_spec(study_data_dir, sweep={"tokens": 1280, "multipliers": [1.0], "extend": False}))
+    assert off.extension_seconds == 0.0
+
+
+def test_timing_runs_side_by_side_as_the_workers_will(study_data_dir: Path) -> None:
+    """`side_by_side` measuring processes, started one after another and timed at once;
+    each figure is their mean."""
+    plan = plan_study(tiny_spec(study_data_dir))
+    cfg = json.loads(plan.runs[0].config.model_dump_json())
+    got = speed.measure({"k": cfg}, 1, steps=1, side_by_side=2)
+    assert set(got) == {"ready_s", "shapes"} and got["ready_s"] > 0
+    assert set(got["shapes"]["k"]) == {"step_s", "eval_s", "setup_s", "save_s", "tokens_per_s"}
+    with pytest.raises(RuntimeError, match="timing the arms failed"):
+        speed.measure({"k": {**cfg, "model": {**cfg["model"], "n_layers": "many"}}}, 1, steps=1, side_by_side=2)
 
 
 def test_steps_too_large_to_time_fall_back_to_flops(study_data_dir: Path,

@@ -82,7 +82,8 @@ def _plan(args: argparse.Namespace) -> int:
     if spec.runner.kind == "local" and not args.no_timing:
         from sanlab.study.speed import arm_speeds, local_threads
 
-        plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out)
+        plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out,
+                                        side_by_side=spec.runner.workers)
         plan.notes += notes
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
@@ -114,7 +115,10 @@ def _plan(args: argparse.Namespace) -> int:
            "`--no-timing` to skip)" if plan.speeds else
            f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
            "scaled by FLOPs/token)")
-    console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)} "
+    ext = plan.extension_seconds
+    upto = (f" (up to {_fmt_seconds(plan.total_seconds + ext)} if every sweep extends {plan.max_extensions} "
+            "times)" if ext else "")
+    console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)}{upto} "
                   f"with {plan.workers} run(s) in parallel, from {how}", highlight=False)
     return EXIT_OK
 

@@ -286,11 +286,14 @@ class StudyPlan:
     workers: int = 1  # runs in parallel (local workers, or the SLURM array parallelism)
     # run id -> measured {step_s, eval_s, ready_s} of its shape (sanlab.study.speed)
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
+    max_extensions: int = 0  # sweep rounds boundary extension may add (0: extension off)
 
     def run_seconds(self, run: PlannedRun) -> float:
-        """Time estimate of one run. Timed shapes: start-up + steps × measured step time +
-        evaluations (the initial one, every `eval_every` steps and the last) × measured
-        evaluation time. Otherwise the reference's throughput scaled by FLOPs per token."""
+        """Time estimate of one run. Timed shapes: start-up and building the model +
+        steps × measured step time + evaluations (the initial one, every `eval_every`
+        steps and the last) × measured evaluation time + checkpoints (the initial one,
+        milestones, every `checkpoint_every` steps and the last) × measured save time.
+        Otherwise the reference's throughput scaled by FLOPs per token."""
         speed = self.speeds.get(run.run_id)
         if speed is None:
             ref_flops = self.arms[0].flops_per_token
@@ -298,16 +301,42 @@ class StudyPlan:
         t = run.config.train
         steps = -(-run.tokens // (t.batch_rows * run.config.data.seq_len))
         evals = 2 + (steps // t.eval_every if t.eval_every else 0)
-        return speed["ready_s"] + steps * speed["step_s"] + evals * speed["eval_s"]
+        saved = ({round(m * steps) for m in t.milestones} | {steps}) - {0}  # (step 0: the initial one)
+        if t.checkpoint_every:
+            saved |= set(range(t.checkpoint_every, steps + 1, t.checkpoint_every))
+        return (speed["ready_s"] + speed.get("setup_s", 0.0) + steps * speed["step_s"]
+                + evals * speed["eval_s"] + (1 + len(saved)) * speed.get("save_s", 0.0))
 
     @property
     def total_flops(self) -> float:
         return float(sum(r.flops_per_token * r.tokens for r in self.runs))
 
+    def makespan(self, runs: Iterable[PlannedRun]) -> float:
+        """Wall time of one batch of runs on `workers` workers, each taking the longest run
+        left when it frees up (the batch waits for its last run)."""
+        ends = [0.0] * max(1, self.workers)
+        for t in sorted((self.run_seconds(r) for r in runs), reverse=True):
+            ends[ends.index(min(ends))] += t
+        return max(ends)
+
     @property
     def total_seconds(self) -> float:
-        """Wall time with the runs spread evenly over the workers."""
-        return sum(self.run_seconds(r) for r in self.runs) / self.workers
+        """Wall time as `study run` executes the runs: the sweep points as one batch, then
+        the final and noise runs as another (each batch waits for its slowest worker)."""
+        sweep = [r for r in self.runs if "sweep" in r.phases]
+        return self.makespan(sweep) + self.makespan([r for r in self.runs if "sweep" not in r.phases])
+
+    @property
+    def extension_seconds(self) -> float:
+        """The most boundary extension can add: `max_extensions` more sweep rounds, each one
+        more point per sweep cell, run side by side."""
+        if not self.max_extensions:
+            return 0.0
+        per_cell: dict[tuple[str, str], PlannedRun] = {}
+        for r in self.runs:
+            if "sweep" in r.phases:
+                per_cell.setdefault((r.arm, r.optimizer), r)
+        return self.max_extensions * self.makespan(per_cell.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -321,6 +350,7 @@ class StudyPlan:
             "notes": self.notes,
             "total_flops": self.total_flops,
             "est_seconds": self.total_seconds,
+            "est_extension_seconds": self.extension_seconds,
             "tokens_per_s": self.tokens_per_s,
             "workers": self.workers,
             "timed": sorted({r.arm for r in self.runs if r.run_id in self.speeds}),
@@ -369,4 +399,5 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
         notes.append("final / noise runs show the base LR (×1); the sweep locks the real LR, "
                      "so their LR and run id may change")
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
-    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel)
+    extensions = spec.sweep.max_extensions if spec.sweep.enabled and spec.sweep.extend else 0
+    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions)

@@ -9,9 +9,10 @@ distinct arm shape on this machine instead:
 - one child process (`python -m sanlab.study.speed`) with the thread count a run of
   the study gets, started the way a worker starts: its time to be ready to train is
   the per-run start-up cost;
-- per distinct (model, batch, precision) shape: a warm-up step and `steps` timed
-  training steps (forward with the fused loss, backward, clip, optimizer step:
-  the trainer's step on synthetic tokens) and one timed evaluation pass.
+- per distinct (model, batch, precision) shape: building the model and optimizers, a
+  warm-up step and `steps` timed training steps (forward with the fused loss, backward,
+  clip, optimizer step: the trainer's step on synthetic tokens), one timed evaluation
+  pass and one checkpoint written as the trainer writes it.
 
 Results are cached in the study dir (`speed.json`) under a key of everything that
 changes the step's cost (model, batch split, seq_len, precision, device, threads,
@@ -27,6 +28,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -42,9 +44,10 @@ def local_threads(runner: Any) -> int:
     return runner.threads or max(1, (os.cpu_count() or 1) // runner.workers)
 
 
-def shape_key(cfg: Mapping[str, Any], threads: int) -> str:
+def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> str:
     """What decides a step's cost: model, rows and their split, seq_len, precision,
-    device, threads and the software versions (not LR, seed or length)."""
+    device, threads, how many runs share the machine and the software versions (not
+    LR, seed or length)."""
     import torch
 
     from sanlab import __version__
@@ -54,6 +57,7 @@ def shape_key(cfg: Mapping[str, Any], threads: int) -> str:
              "micro_batch_rows": t.get("micro_batch_rows"), "precision": t.get("precision"),
              "device": t.get("device"), "compile": t.get("compile"), "eval_rows": t.get("eval_rows"),
              "freeze": t.get("freeze"), "optimizer": cfg["optim"]["name"], "threads": threads,
+             "side_by_side": side_by_side,
              "versions": [__version__, torch.__version__]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -64,6 +68,7 @@ def _time_config(cfg_data: dict[str, Any], steps: int) -> dict[str, float]:
 
     from sanlab.config import Config
     from sanlab.model.lm import LM
+    from sanlab.train import checkpoint
     from sanlab.train.optim import build_optimizers, clip_grad_norm
     from sanlab.train.trainer import make_plan, resolve
 
@@ -72,8 +77,10 @@ def _time_config(cfg_data: dict[str, Any], steps: int) -> dict[str, float]:
     plan = make_plan(cfg.model_copy(update={"train": t.model_copy(update={"tokens": None, "steps": 1})}), 1)
     device = torch.device(t.device)
     torch.manual_seed(0)
+    t_setup = time.perf_counter()
     model = LM(cfg.model).to(device)
     optims = build_optimizers(model, cfg.optim)
+    setup_s = time.perf_counter() - t_setup
     step_model = torch.compile(model) if t.compile else model
     g = torch.Generator().manual_seed(0)
     rows = torch.randint(0, cfg.model.vocab_size, (plan.micro_rows, T + 1), generator=g).to(device)
@@ -113,12 +120,20 @@ def _time_config(cfg_data: dict[str, Any], steps: int) -> dict[str, float]:
             with amp():
                 model(inputs, seg)
     sync()
-    return {"step_s": step_s, "eval_s": time.perf_counter() - t0,
+    eval_s = time.perf_counter() - t0
+    # one checkpoint as the trainer writes it (model, optimizer state, run state), with the
+    # optimizer state the timed steps created
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        checkpoint.save(Path(tmp) / "latest", model, optims, {"step": steps, "config": cfg_data})
+        save_s = time.perf_counter() - t0
+    return {"step_s": step_s, "eval_s": eval_s, "setup_s": setup_s, "save_s": save_s,
             "tokens_per_s": plan.tokens_per_step / step_s}
 
 
-def _child(request: dict[str, Any]) -> dict[str, Any]:
-    """The measuring process: ready time, then each config in turn."""
+def _child(request: dict[str, Any], go: Any = None) -> dict[str, Any]:
+    """The measuring process: ready time, then (after `go()`, when the other measuring
+    processes are ready too) each config in turn."""
     import torch
 
     import sanlab.train.trainer  # noqa: F401  (a worker imports the trainer before it trains)
@@ -128,25 +143,74 @@ def _child(request: dict[str, Any]) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     tune_cpu_allocator()  # as `sanlab train` does on the CPU
+    configs = list(request["configs"].items())
+    if configs:  # a worker's first model and optimizers carry one-time costs (~1 s on a CPU:
+        # lazy imports, first kernels): part of every run's start-up, so timed in ready_s
+        from sanlab.config import Config
+        from sanlab.model.lm import LM
+        from sanlab.train.optim import build_optimizers
+        from sanlab.train.trainer import resolve
+
+        first = resolve(Config.model_validate(configs[0][1]))
+        build_optimizers(LM(first.model), first.optim)
     ready_s = time.time() - request["started"]
-    return {"ready_s": ready_s,
-            "shapes": {k: _time_config(c, request["steps"]) for k, c in request["configs"].items()}}
+    if go is not None:
+        go(ready_s)
+    return {"ready_s": ready_s, "shapes": {k: _time_config(c, request["steps"]) for k, c in configs}}
+
+
+def _main() -> None:
+    """Child protocol: one request line in; a ready line out; wait for a go line; the
+    result line out."""
+    request = json.loads(sys.stdin.readline())
+
+    def go(ready_s: float) -> None:
+        print(json.dumps({"ready_s": ready_s}), flush=True)
+        sys.stdin.readline()
+
+    print(json.dumps(_child(request, go)), flush=True)
 
 
 def measure(configs: Mapping[str, dict[str, Any]], threads: int | None, *, steps: int = 3,
-            timeout: float = 600.0) -> dict[str, Any]:
-    """Time `configs` (shape key -> run config as JSON data) in one child process with
-    `threads` torch threads. Returns {"ready_s": …, "shapes": {key: {step_s, eval_s, tokens_per_s}}}."""
-    request = {"configs": dict(configs), "threads": threads, "steps": steps, "started": time.time()}
+            timeout: float = 600.0, side_by_side: int = 1) -> dict[str, Any]:
+    """Time `configs` (shape key -> run config as JSON data) in child processes with
+    `threads` torch threads each: `side_by_side` of them at once, as that many local
+    workers share the machine (they compete for memory bandwidth and caches), each
+    time averaged over them. Returns {"ready_s": …, "shapes": {key: {step_s, eval_s, …}}}."""
     env = {**os.environ}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    proc = subprocess.run([sys.executable, "-m", "sanlab.study.speed"], input=json.dumps(request),
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"timing the arms failed: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    procs: list[subprocess.Popen] = []
+    results = []
+    try:
+        # started one after another (each ready time is a worker's start-up, not a race
+        # for the disk), then timed all at once
+        for _ in range(max(1, side_by_side)):
+            request = {"configs": dict(configs), "threads": threads, "steps": steps, "started": time.time()}
+            proc = subprocess.Popen([sys.executable, "-m", "sanlab.study.speed"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            procs.append(proc)
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            if not proc.stdout.readline():  # its ready line (nothing: it failed)
+                break
+        for proc in procs:
+            if proc.poll() is None:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                tail = (err.strip().splitlines() or ["no output"])[-1]
+                raise RuntimeError(f"timing the arms failed: {tail}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    shapes = {key: {field: sum(r["shapes"][key][field] for r in results) / len(results)
+                    for field in results[0]["shapes"][key]} for key in results[0]["shapes"]}
+    return {"ready_s": sum(r["ready_s"] for r in results) / len(results), "shapes": shapes}
 
 
 def load_cache(study_dir: str | Path | None) -> dict[str, Any]:
@@ -169,9 +233,10 @@ def save_cache(study_dir: str | Path, cache: Mapping[str, Any]) -> None:
 
 
 def arm_speeds(runs: Iterable[Any], threads: int | None, study_dir: str | Path | None, *,
-               steps: int = 3) -> tuple[dict[str, dict[str, float]], list[str]]:
-    """Measured cost per run id: {run_id: {step_s, eval_s, ready_s}}, timing each distinct
-    shape once (cached in the study dir), and notes on what was not timed."""
+               steps: int = 3, side_by_side: int = 1) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Measured cost per run id: {run_id: {step_s, eval_s, setup_s, save_s, ready_s}},
+    timing each distinct shape once (cached in the study dir; `side_by_side` processes
+    at once, as many as run in parallel), and notes on what was not timed."""
     cache = load_cache(study_dir)
     shapes = cache.setdefault("shapes", {})
     by_run: dict[str, str] = {}
@@ -179,7 +244,7 @@ def arm_speeds(runs: Iterable[Any], threads: int | None, study_dir: str | Path |
     skipped: set[str] = set()
     for r in runs:
         cfg = json.loads(r.config.model_dump_json())
-        key = shape_key(cfg, threads or 0)
+        key = shape_key(cfg, threads or 0, side_by_side)
         if r.flops_per_token * cfg["train"]["batch_rows"] * cfg["data"]["seq_len"] > MAX_TIMED_STEP_FLOPS:
             skipped.add(r.arm)
             continue
@@ -188,7 +253,7 @@ def arm_speeds(runs: Iterable[Any], threads: int | None, study_dir: str | Path |
             todo[key] = cfg
     notes = []
     if todo:
-        got = measure(todo, threads, steps=steps)
+        got = measure(todo, threads, steps=steps, side_by_side=side_by_side)
         shapes.update(got["shapes"])
         cache["ready_s"] = got["ready_s"]
         if study_dir is not None:
@@ -201,4 +266,4 @@ def arm_speeds(runs: Iterable[Any], threads: int | None, study_dir: str | Path |
 
 
 if __name__ == "__main__":
-    print(json.dumps(_child(json.loads(sys.stdin.read()))))
+    _main()
