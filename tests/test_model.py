@@ -715,14 +715,23 @@ def test_fused_head_loss_matches_autograd():
     torch.testing.assert_close(logits_loss[1], ref_ce)
 
 
-def test_fused_head_loss_is_exact_across_chunks(monkeypatch):
-    """Split into chunks of 3 rows (the last one short), loss and gradients are unchanged."""
+@pytest.mark.parametrize("group", [None, 3, 6], ids=["one-dW-product", "dW-per-chunk", "dW-per-2-chunks"])
+def test_fused_head_loss_is_exact_across_chunks(monkeypatch, group):
+    """Split into chunks of 3 rows (the last one short), with dW multiplied per group of
+    chunks (the last group short), loss and gradients are unchanged."""
     import sanlab.model.kernels as lm
     from sanlab.model.lm import head_loss
 
     assert lm._loss_chunk_rows(10, 1 << 24, torch.device("cpu")) == 1  # a huge vocabulary: a row at a time
     assert lm._loss_chunk_rows(10, 64, torch.device("cpu")) == 10  # a small one: one chunk
+    cpu = torch.device("cpu")
+    assert lm._dw_group_rows(4096, 16384, 128, cpu) == 1024  # 16M logits: 8 chunks a dW product
+    assert lm._dw_group_rows(4096, 2048, 1024, cpu) == 4096  # every row in one
+    assert lm._dw_group_rows(4096, 1 << 25, 1, cpu) == 1  # never less than a chunk
+    assert lm._dw_group_rows(4096, 16384, 128, torch.device("meta")) == 128  # accelerators: per chunk
     monkeypatch.setattr(lm, "_loss_chunk_rows", lambda n, v, device: 3)
+    if group is not None:
+        monkeypatch.setattr(lm, "_dw_group_rows", lambda n, v, chunk, device: group)
     torch.manual_seed(0)
     V = 50
     x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
