@@ -136,6 +136,7 @@ CASES: dict[str, tuple[str, str]] = {
     "study plan data missing": ("study plan {root}/nodata_spec.toml", "is not a prepared data dir"),
     "study run data missing": ("study run {root}/nodata_spec.toml --out {root}/study", "is not a prepared data dir"),
     "study run out is a file": ("study run {spec} --out {root}/file.txt", "exists and is not a directory"),
+    "study plan out is a file": ("study plan {spec} --out {root}/file.txt", "exists and is not a directory"),
     "study run out is a run dir": ("study run {spec} --out {run}", "is a training run dir"),
     "study run out unwritable": ("study run {spec} --out {root}/readonly/s", "no permission to write"),
     "study run override after --out": ("study run {spec} --out {root}/study runner.workers=0",

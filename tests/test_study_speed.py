@@ -69,9 +69,16 @@ def test_estimate_uses_the_measured_step(study_data_dir: Path, monkeypatch: pyte
     monkeypatch.setattr(speed, "measure", fake)
     plan.speeds, _ = speed.arm_speeds(plan.runs, 1, None)
     final = next(r for r in plan.runs if r.tokens == 2560)
-    steps = 2560 // (4 * 32)  # 20 steps; evaluations at 0, every 5 steps and the last
+    steps = 2560 // (4 * 32)  # 20 steps
+    evals = 1 + 4  # step 0, then every 5 steps (the last one among them)
     saves = 1 + 4  # step 0, then milestones 25/50/75/100% at steps 5, 10, 15, 20
-    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + (2 + steps // 5) * 0.25 + saves * 0.125)
+    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125)
+    # a last step off the eval grid is evaluated too; rolling checkpoints add saves
+    odd = final.config.model_copy(update={"train": final.config.train.model_copy(
+        update={"eval_every": 6, "checkpoint_every": 8})})
+    final.config = odd
+    evals, saves = 1 + 4, 1 + 6  # 6, 12, 18, 20; milestones 5/10/15/20 and 8, 16
+    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125)
     assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))  # one worker
 
 
@@ -101,7 +108,7 @@ def test_timing_runs_side_by_side_as_the_workers_will(study_data_dir: Path) -> N
     plan = plan_study(tiny_spec(study_data_dir))
     cfg = json.loads(plan.runs[0].config.model_dump_json())
     got = speed.measure({"k": cfg}, 1, steps=1, side_by_side=2)
-    assert set(got) == {"ready_s", "shapes"} and got["ready_s"] > 0
+    assert got["processes"] == 2 and got["ready_s"] > 0
     assert set(got["shapes"]["k"]) == {"step_s", "eval_s", "setup_s", "save_s", "tokens_per_s"}
     with pytest.raises(RuntimeError, match="timing the arms failed"):
         speed.measure({"k": {**cfg, "model": {**cfg["model"], "n_layers": "many"}}}, 1, steps=1, side_by_side=2)
@@ -121,3 +128,10 @@ def test_steps_too_large_to_time_fall_back_to_flops(study_data_dir: Path,
 def test_torn_cache_is_measured_again(tmp_path: Path) -> None:
     (tmp_path / speed.SPEED_FILE).write_text('{"shapes": {"ab')
     assert speed.load_cache(tmp_path) == {}
+
+
+def test_side_by_side_results_are_averaged() -> None:
+    one = {"ready_s": 1.0, "shapes": {"k": {"step_s": 0.2, "eval_s": 0.1}}}
+    two = {"ready_s": 3.0, "shapes": {"k": {"step_s": 0.4, "eval_s": 0.3}}}
+    got = speed.mean_result([one, two])
+    assert got == {"ready_s": 2.0, "shapes": {"k": {"step_s": pytest.approx(0.3), "eval_s": 0.2}}, "processes": 2}

@@ -486,9 +486,10 @@ def _dw_group_rows(n_rows: int, vocab: int, chunk: int, device: torch.device) ->
     """Rows per product of the head's weight gradient dW = Σ gᵀ x: a whole number of loss
     chunks. Each product's (V, d) result is added to the fp32 dW in full, so per chunk
     (128 rows at V=16,384) that addition streamed dW through memory 32 times a
-    4096-token step, about a third of the step of a d=256 model on the CPU. On the CPU
-    the chunks' gradients are kept for ~16M logits (32 MB in bf16) and multiplied
-    together; on accelerators each chunk is already that large."""
+    4096-token step. On the CPU the chunks' gradients are kept for ~16M logits (32 MB in
+    bf16) and multiplied together: the d=256, 4-layer, V=16,384 step got 8% faster
+    (measured, the two versions' steps alternating). On accelerators each chunk is
+    already that large."""
     if device.type != "cpu":
         return chunk
     return max(chunk, min(n_rows, ((1 << 24) // vocab) // chunk * chunk))

@@ -66,12 +66,15 @@ def _fmt_seconds(s: float) -> str:
 
 def _plan(args: argparse.Namespace) -> int:
     from sanlab.matching import model_label
+    from sanlab.paths import check_out_dir
     from sanlab.study.orchestrate import check
     from sanlab.study.plan import plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
     from sanlab.study.table import locks
 
+    if args.out:  # the timing caches speed.json there
+        check_out_dir(args.out)
     spec = load_spec(args.spec, args.overrides)
     check(spec, Path(args.out) if args.out else None)  # exactly what `study run` refuses
     records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}

@@ -298,14 +298,18 @@ class StudyPlan:
         if speed is None:
             ref_flops = self.arms[0].flops_per_token
             return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
-        t = run.config.train
-        steps = -(-run.tokens // (t.batch_rows * run.config.data.seq_len))
-        evals = 2 + (steps // t.eval_every if t.eval_every else 0)
-        saved = ({round(m * steps) for m in t.milestones} | {steps}) - {0}  # (step 0: the initial one)
-        if t.checkpoint_every:
-            saved |= set(range(t.checkpoint_every, steps + 1, t.checkpoint_every))
+        from sanlab.train.trainer import make_plan  # the trainer's own steps and milestones
+
+        t, trained = run.config.train, make_plan(run.config, 1)
+        steps = trained.steps
+
+        def every(k: int) -> set[int]:  # steps k, 2k, … and the last (as the trainer's loop)
+            return set(range(k, steps + 1, k)) | {steps} if k else {steps}
+
+        evals = 1 + len(every(t.eval_every))  # + the initial one
+        saves = 1 + len(every(t.checkpoint_every) | (set(trained.milestones) - {0}))  # + the initial one (step 0)
         return (speed["ready_s"] + speed.get("setup_s", 0.0) + steps * speed["step_s"]
-                + evals * speed["eval_s"] + (1 + len(saved)) * speed.get("save_s", 0.0))
+                + evals * speed["eval_s"] + saves * speed.get("save_s", 0.0))
 
     @property
     def total_flops(self) -> float:
@@ -330,8 +334,6 @@ class StudyPlan:
     def extension_seconds(self) -> float:
         """The most boundary extension can add: `max_extensions` more sweep rounds, each one
         more point per sweep cell, run side by side."""
-        if not self.max_extensions:
-            return 0.0
         per_cell: dict[tuple[str, str], PlannedRun] = {}
         for r in self.runs:
             if "sweep" in r.phases:

@@ -208,9 +208,18 @@ def measure(configs: Mapping[str, dict[str, Any]], threads: int | None, *, steps
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    shapes = {key: {field: sum(r["shapes"][key][field] for r in results) / len(results)
-                    for field in results[0]["shapes"][key]} for key in results[0]["shapes"]}
-    return {"ready_s": sum(r["ready_s"] for r in results) / len(results), "shapes": shapes}
+    return mean_result(results)
+
+
+def mean_result(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The measuring processes' results averaged, figure by figure (`processes`: how many)."""
+    def mean(values: Iterable[float]) -> float:
+        values = list(values)
+        return sum(values) / len(values)
+
+    shapes = {key: {f: mean(r["shapes"][key][f] for r in results) for f in figures}
+              for key, figures in results[0]["shapes"].items()}
+    return {"ready_s": mean(r["ready_s"] for r in results), "shapes": shapes, "processes": len(results)}
 
 
 def load_cache(study_dir: str | Path | None) -> dict[str, Any]:
