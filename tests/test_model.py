@@ -745,6 +745,38 @@ def test_fused_head_loss_is_exact_across_chunks(monkeypatch, group):
         torch.testing.assert_close(a, b)
 
 
+def test_fused_head_loss_with_an_underflowing_target_probability():
+    """A target whose softmax probability is below fp32's normal range (its logit 100 or
+    1000 below the row's top) still gets its exact cross-entropy and gradient, in fp32
+    and from bf16 inputs; lse = x_t − log p_t alone would give inf there."""
+    from sanlab.model.lm import head_loss
+
+    torch.manual_seed(0)
+    V, d = 40, 8
+    weight = torch.randn(V, d) * 0.1
+    weight[0] = 0.0
+    weight[1, 0] = 1.0  # logit of token 1 is x[..., 0]
+    x = torch.randn(1, 6, d) * 0.1
+    x[0, :, 0] = torch.tensor([0.0, 100.0, 1000.0, 3.0, 200.0, 0.5])  # rows 1, 2, 4: p_0 underflows
+    targets = torch.zeros(1, 6, dtype=torch.long)
+    targets[0, 3] = 1
+    mask = torch.ones(1, 6, dtype=torch.bool)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        xs = x.to(dtype).requires_grad_(True)
+        w = weight.clone().requires_grad_(True)
+        loss, ce = head_loss(xs, w, targets, mask, z_loss=1e-4)
+        x64 = xs.detach().double().requires_grad_(True)
+        w64 = w.detach().to(dtype).double().requires_grad_(True)
+        ref, ref_ce = _reference_loss(x64, w64, targets, mask, 1e-4)
+        assert torch.isfinite(loss) and float(ce) > 200  # the 1000-logit row alone adds ~1000/6
+        torch.testing.assert_close(ce.double(), ref_ce, rtol=tol, atol=tol)
+        torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+        g = torch.autograd.grad(loss, (xs, w))
+        g_ref = torch.autograd.grad(ref, (x64, w64))
+        for a, b in zip(g, g_ref):
+            assert float((a.double() - b).norm() / b.norm()) < tol
+
+
 def _assert_same_training_loss(model, calls, tokens, seg, z_loss, tols=((False, 1e-6), (True, 2e-2))):
     """Each of `calls` (model, tokens, seg, targets, mask, z) -> (loss, ce) gives the same
     loss, cross-entropy and parameter gradients, in fp32 and under bf16 autocast."""

@@ -495,6 +495,11 @@ def _dw_group_rows(n_rows: int, vocab: int, chunk: int, device: torch.device) ->
     return max(chunk, min(n_rows, ((1 << 24) // vocab) // chunk * chunk))
 
 
+# below this a target's softmax probability is not a normal fp32 number with full
+# precision to spare (the smallest normal is ~1.2e-38), so its log is not used for lse
+_P_TARGET_TINY = 1e-30
+
+
 class _HeadCrossEntropyZLoss(torch.autograd.Function):
     """Σ_i w_i·(CE_i + c·lse_i²) over logits = x Wᵀ, chunk by chunk, gradients included.
 
@@ -525,23 +530,29 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
         for i in range(0, N, step):
             j = slice(i, i + step)
             logits = (x[j] @ w_x.t()).to(dt)  # (n, V)
-            # log_softmax is one fused pass per row (logsumexp on the CPU is ~2x slower);
-            # lse = x_t − log p_t, exact in fp32.
             t, w = targets[j, None], weights[j]
-            logp = torch.log_softmax(logits, dim=-1)
-            logp_t = logp.gather(-1, t).squeeze(-1)
-            lse = logits.gather(-1, t).squeeze(-1) - logp_t
+            # softmax is one fused pass per row and p is what the gradient needs;
+            # lse = x_t − log p_t is exact in fp32 while p_t is a normal number. Rows whose
+            # p_t is too small for that (a target logit ~87 below the row's top) take
+            # logsumexp over their logits instead.
+            x_t = logits.gather(-1, t).squeeze(-1)
+            p = torch.softmax(logits, dim=-1)
+            p_t = p.gather(-1, t).squeeze(-1)
+            lse = x_t - p_t.log()
+            tiny = p_t < _P_TARGET_TINY
+            if bool(tiny.any()):
+                lse[tiny] = torch.logsumexp(logits[tiny], dim=-1)
             del logits
-            ce -= (logp_t * w).sum()
+            ce += ((lse - x_t) * w).sum()
             z += (lse.square() * w).sum()
             if grad:
                 # w(1 + 2c·lse)·(p − onehot/(1 + 2c·lse)): the target's subtraction in fp32
-                # (it cancels when p_t ≈ 1), then one pass that scales and casts
+                # (it cancels when p_t ≈ 1), the scaling in place, then one cast
                 scale = 1.0 + 2.0 * c * lse
-                p = logp.exp_().scatter_add_(-1, t, -(1.0 / scale)[:, None])
+                p.scatter_add_(-1, t, -(1.0 / scale)[:, None]).mul_((w * scale)[:, None])
                 g0 = i // group * group  # first row of this chunk's group
                 g = g_rows[i - g0:i - g0 + p.shape[0]]
-                torch.mul(p, (w * scale)[:, None], out=g)
+                g.copy_(p)
                 dx[j] = g @ w_x
                 last = min(N, g0 + group)
                 if i + p.shape[0] == last:  # the group is complete: its dW product
