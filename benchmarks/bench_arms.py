@@ -8,7 +8,8 @@ SPEC §1.2 training FLOPs/token, and against the SAN the measured speed ratio (p
 tokens/s ÷ SAN tokens/s) beside the FLOP ratio (SAN FLOPs/token ÷ partner FLOPs/token).
 excess = speed ratio ÷ FLOP ratio: 1.00 means each arm runs as fast as its FLOPs allow
 relative to the other; > 1 means the SAN loses time beyond its FLOPs. Then a torch
-profiler breakdown of the SAN's step by operator, so the next bottleneck is visible.
+profiler breakdown of the SAN's step by operator, and its matrix products by shape with
+the FLOP/s each achieved, so the next bottleneck is visible.
 
 The step is the trainer's: bf16 autocast (or fp32), the fused head + loss, backward,
 global-norm clip, Muon for the hidden matrices and fused AdamW for the rest.
@@ -31,6 +32,35 @@ from typing import Any
 GRID = [(10, 128, 4, 2, 256, 16, 2048), (10, 256, 4, 2, 512, 8, 2048), (20, 512, 8, 4, 1024, 4, 2048),
         (10, 128, 4, 2, 2048, 2, 2048)]
 ARMS = ("san", "iso_param", "iso_flop", "iso_depth")
+
+
+# the matrix products, by the positions of their two operands in the op's inputs
+PRODUCTS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+
+
+def product_flops(name: str, shapes: list[list[int]]) -> int:
+    """FLOPs of one call of a matrix product from its input shapes: 2·m·k·n per matrix,
+    times the batch for bmm / baddbmm."""
+    i, j = PRODUCTS[name]
+    a, b = shapes[i], shapes[j]
+    if len(a) != len(b) or a[-1] != b[-2] or len(a) not in (2, 3):
+        raise ValueError(f"{name}: operand shapes {a} and {b} do not multiply")
+    batch = a[0] if len(a) == 3 else 1
+    return 2 * batch * a[-2] * a[-1] * b[-1]
+
+
+def product_rows(events: Any, limit: int = 12) -> list[tuple[str, str, int, float, float]]:
+    """(op, operand shapes, calls, total ms, GFLOP/s) for the matrix products among a
+    profiler's `key_averages(group_by_input_shape=True)`, slowest in total first."""
+    rows = []
+    for e in events:
+        if e.key not in PRODUCTS or not e.input_shapes or e.self_cpu_time_total <= 0:
+            continue
+        i, j = PRODUCTS[e.key]
+        flops = product_flops(e.key, e.input_shapes) * e.count
+        rows.append((e.key.removeprefix("aten::"), f"{e.input_shapes[i]} @ {e.input_shapes[j]}", e.count,
+                     e.self_cpu_time_total / 1e3, flops / (e.self_cpu_time_total * 1e-6) / 1e9))
+    return sorted(rows, key=lambda r: -r[3])[:limit]
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:
@@ -100,17 +130,19 @@ def _child(a: argparse.Namespace, queue: Any) -> None:
     for i in range(a.steps):
         for name in order if i % 2 == 0 else order[::-1]:
             times[name].append(arms[name].step())
-    profile = ""
+    profile, products = "", []
     if a.profile:
         from torch.profiler import ProfilerActivity, profile as torch_profile
 
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.device == "cuda" else [])
-        with torch_profile(activities=acts) as prof:
+        with torch_profile(activities=acts, record_shapes=a.device == "cpu") as prof:
             for _ in range(3):
                 arms["san"].step()
         key = "self_cuda_time_total" if a.device == "cuda" else "self_cpu_time_total"
         profile = prof.key_averages().table(sort_by=key, row_limit=14)
-    queue.put({"times": times, "profile": profile})
+        if a.device == "cpu":  # (CPU time is the product's time only on the CPU)
+            products = product_rows(prof.key_averages(group_by_input_shape=True))
+    queue.put({"times": times, "profile": profile, "products": products})
 
 
 def _measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -152,6 +184,13 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
     console.print(table)
     if out["profile"]:
         console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
+    if out["products"]:
+        prod = Table(title="SAN step's matrix products by shape (same 3 steps)")
+        for col in ("op", "operands", "calls", "ms", "GFLOP/s"):
+            prod.add_column(col, justify="left" if col in ("op", "operands") else "right")
+        for op, shapes, calls, ms, gflops in out["products"]:
+            prod.add_row(op, shapes, str(calls), f"{ms:.1f}", f"{gflops:.0f}")
+        console.print(prod)
     return excess
 
 

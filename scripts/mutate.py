@@ -132,6 +132,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "    weights = mask / mask.sum().clamp_min(1.0)\n    with torch.autocast(dev, enabled=False):",
       "    weights = mask / mask.numel()\n    with torch.autocast(dev, enabled=False):",
       (T + "test_model.py",), "the fused loss averages over every token, masked ones included"),
+    M("fused-lse-underflow", "src/sanlab/model/kernels.py",
+      "            if bool(tiny.any()):", "            if False:",
+      (T + "test_model.py",), "the fused loss takes lse = x_t − log p_t even where p_t underflows"),
+    # ---- benchmarks
+    M("bench-product-flops-once", "benchmarks/bench_arms.py",
+      "flops = product_flops(e.key, e.input_shapes) * e.count", "flops = product_flops(e.key, e.input_shapes)",
+      (T + "test_bench_arms.py",), "bench_arms's product table counts one call's FLOPs for all its calls"),
     # ---- loader
     M("loader-boundary-counts", "src/sanlab/data/loader.py",
       "mask = (seg[:, 1:] == seg[:, :-1]) & (targets != PAD_ID)", "mask = targets != PAD_ID",

@@ -1,0 +1,49 @@
+"""benchmarks/bench_arms.py's matrix-product table: FLOPs from the profiler's shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _bench_arms():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_arms.py"
+    spec = importlib.util.spec_from_file_location("bench_arms", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_product_flops_from_operand_shapes():
+    ba = _bench_arms()
+    assert ba.product_flops("aten::mm", [[3, 5], [5, 7]]) == 2 * 3 * 5 * 7
+    assert ba.product_flops("aten::bmm", [[4, 3, 5], [4, 5, 7]]) == 2 * 4 * 3 * 5 * 7
+    assert ba.product_flops("aten::addmm", [[7], [3, 5], [5, 7], [], []]) == 2 * 3 * 5 * 7  # the bias is no operand
+    assert ba.product_flops("aten::baddbmm", [[4, 3, 7], [4, 3, 5], [4, 5, 7], [], []]) == 2 * 4 * 3 * 5 * 7
+    with pytest.raises(ValueError, match="do not multiply"):
+        ba.product_flops("aten::mm", [[3, 5], [6, 7]])
+
+
+def test_product_rows_from_a_real_profile():
+    """Two products of known shape, profiled: each row has its calls, and its GFLOP/s
+    times its time is its FLOPs; other ops are left out."""
+    ba = _bench_arms()
+    a, b = torch.randn(4, 64, 32), torch.randn(4, 32, 48)
+    m, n = torch.randn(40, 24), torch.randn(24, 16)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        for _ in range(3):
+            torch.bmm(a, b)
+        torch.mm(m, n)
+        torch.softmax(m, -1)
+    rows = {r[0]: r for r in ba.product_rows(prof.key_averages(group_by_input_shape=True))}
+    assert set(rows) == {"bmm", "mm"}
+    op, shapes, calls, ms, gflops = rows["bmm"]
+    assert shapes == "[4, 64, 32] @ [4, 32, 48]" and calls == 3
+    assert gflops * 1e9 * ms / 1e3 == pytest.approx(3 * 2 * 4 * 64 * 32 * 48, rel=1e-9)
+    op, shapes, calls, ms, gflops = rows["mm"]
+    assert shapes == "[40, 24] @ [24, 16]" and calls == 1
+    assert gflops * 1e9 * ms / 1e3 == pytest.approx(2 * 40 * 24 * 16, rel=1e-9)
+    assert ba.product_rows(prof.key_averages(group_by_input_shape=True), limit=1)[0][3] == max(r[3] for r in rows.values())
