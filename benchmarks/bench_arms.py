@@ -16,6 +16,7 @@ global-norm clip, Muon for the hidden matrices and fused AdamW for the rest.
 
     python benchmarks/bench_arms.py                     # the first shape of GRID
     python benchmarks/bench_arms.py --grid              # every CPU shape of GRID
+    python benchmarks/bench_arms.py --repeats 5         # five processes: the excess in each, and the median
     python benchmarks/bench_arms.py --d 512 --layers 20 --seq-len 2048 --batch 8 --device cuda
 """
 
@@ -61,6 +62,12 @@ def product_rows(events: Any, limit: int = 12) -> list[tuple[str, str, int, floa
         rows.append((e.key.removeprefix("aten::"), f"{e.input_shapes[i]} @ {e.input_shapes[j]}", e.count,
                      e.self_cpu_time_total / 1e3, flops / (e.self_cpu_time_total * 1e-6) / 1e9))
     return sorted(rows, key=lambda r: -r[3])[:limit]
+
+
+def excess_ratios(step_s: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
+    """Per partner, its speed ratio over the SAN's (t_SAN / t_arm, from step times at
+    the same tokens a step) divided by the FLOP ratio (F_SAN / F_arm, FLOPs a token)."""
+    return {n: (step_s["san"] / step_s[n]) / (flops["san"] / flops[n]) for n in step_s if n != "san"}
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:
@@ -161,7 +168,8 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
     from sanlab.matching import model_label
 
     arms = _configs(a)
-    out = _measure(a)
+    runs = [_measure(argparse.Namespace(**{**vars(a), "profile": a.profile and i == 0})) for i in range(a.repeats)]
+    out = runs[0]
     tokens = a.batch * a.seq_len
     step = {n: statistics.median(ts) for n, ts in out["times"].items()}
     tps = {n: tokens / s for n, s in step.items()}
@@ -171,17 +179,25 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
     for col in ("arm", "config", "tokens/s", "GFLOP/s", "speed ratio (arm/SAN)", "FLOP ratio (SAN/arm)",
                 "excess"):
         table.add_column(col, justify="left" if col in ("arm", "config") else "right")
-    excess = {}
+    excess = excess_ratios(step, flops)
     for n in arms:
         achieved = tps[n] * flops[n]
         if n == "san":
             table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}", "", "", "")
             continue
         speed, fl = tps[n] / tps["san"], flops["san"] / flops[n]
-        excess[n] = speed / fl
         table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}",
                       f"{speed:.2f}", f"{fl:.2f}", f"{excess[n]:.2f}x")
     console.print(table)
+    if len(runs) > 1:
+        per_run: dict[str, list[float]] = {n: [] for n in excess}
+        for run in runs:  # each process's ratios from its own alternating steps
+            for n, x in excess_ratios({n: statistics.median(ts) for n, ts in run["times"].items()}, flops).items():
+                per_run[n].append(x)
+        console.print(f"excess in each of {len(runs)} processes (the table is the first): " + "; ".join(
+            f"{n} " + " ".join(f"{x:.2f}" for x in xs) + f" (median {statistics.median(xs):.2f}x)"
+            for n, xs in per_run.items()), highlight=False)
+        excess = {n: statistics.median(xs) for n, xs in per_run.items()}
     if out["profile"]:
         console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
     if out["products"]:
@@ -210,11 +226,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--steps", type=int, default=8, help="timed steps per arm")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="child processes per shape; with more than one, each one's excess and their median")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="torch.compile every arm (train.compile=true)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the SAN's per-op breakdown")
     p.add_argument("--grid", action="store_true", help="every shape of GRID, one table each, then a summary")
     a = p.parse_args(argv)
+    if a.repeats < 1 or a.steps < 1:
+        p.error("--repeats and --steps must be at least 1")
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
         return 0

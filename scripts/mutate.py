@@ -136,6 +136,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "            if bool(tiny.any()):", "            if False:",
       (T + "test_model.py",), "the fused loss takes lse = x_t − log p_t even where p_t underflows"),
     # ---- benchmarks
+    M("bench-excess-inverted", "benchmarks/bench_arms.py",
+      '(step_s["san"] / step_s[n]) / (flops["san"] / flops[n])', '(step_s[n] / step_s["san"]) / (flops["san"] / flops[n])',
+      (T + "test_bench_arms.py",), "bench_arms's excess uses the inverse speed ratio"),
     M("bench-product-flops-once", "benchmarks/bench_arms.py",
       "flops = product_flops(e.key, e.input_shapes) * e.count", "flops = product_flops(e.key, e.input_shapes)",
       (T + "test_bench_arms.py",), "bench_arms's product table counts one call's FLOPs for all its calls"),

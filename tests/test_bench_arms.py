@@ -47,3 +47,15 @@ def test_product_rows_from_a_real_profile():
     assert shapes == "[40, 24] @ [24, 16]" and calls == 1
     assert gflops * 1e9 * ms / 1e3 == pytest.approx(2 * 40 * 24 * 16, rel=1e-9)
     assert ba.product_rows(prof.key_averages(group_by_input_shape=True), limit=1)[0][3] == max(r[3] for r in rows.values())
+
+
+def test_excess_is_the_speed_ratio_over_the_flop_ratio():
+    """A partner twice as fast per step at 1.6x fewer FLOPs has excess 2 / 1.6; one whose
+    speed follows its FLOPs exactly has 1."""
+    ba = _bench_arms()
+    step = {"san": 0.2, "iso_param": 0.1, "iso_depth": 0.4}
+    flops = {"san": 1.6e9, "iso_param": 1.0e9, "iso_depth": 3.2e9}
+    ex = ba.excess_ratios(step, flops)
+    assert set(ex) == {"iso_param", "iso_depth"}
+    assert ex["iso_param"] == pytest.approx(2 / 1.6)
+    assert ex["iso_depth"] == pytest.approx(1.0)
