@@ -133,8 +133,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "    weights = mask / mask.numel()\n    with torch.autocast(dev, enabled=False):",
       (T + "test_model.py",), "the fused loss averages over every token, masked ones included"),
     M("fused-lse-underflow", "src/sanlab/model/kernels.py",
-      "            if bool(tiny.any()):", "            if False:",
-      (T + "test_model.py",), "the fused loss takes lse = x_t − log p_t even where p_t underflows"),
+      "    if bool(tiny.any()):", "    if False:",
+      (T + "test_model.py",), "the fused loss takes lse = x_t − log p_t even where p_t underflows (CPU)"),
+    M("fused-lse-underflow-sync-free", "src/sanlab/model/kernels.py",
+      "return torch.where(tiny, torch.logsumexp(logits, dim=-1), lse)", "return torch.where(tiny, lse, torch.logsumexp(logits, dim=-1))",
+      (T + "test_model.py",), "the accelerators' lse fallback keeps the wrong side"),
     # ---- benchmarks
     M("bench-excess-inverted", "benchmarks/bench_arms.py",
       '(step_s["san"] / step_s[n]) / (flops["san"] / flops[n])', '(step_s[n] / step_s["san"]) / (flops["san"] / flops[n])',

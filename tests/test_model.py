@@ -745,11 +745,19 @@ def test_fused_head_loss_is_exact_across_chunks(monkeypatch, group):
         torch.testing.assert_close(a, b)
 
 
-def test_fused_head_loss_with_an_underflowing_target_probability():
+@pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-rows", "accelerator-where"])
+def test_fused_head_loss_with_an_underflowing_target_probability(monkeypatch, sync_free):
     """A target whose softmax probability is below fp32's normal range (its logit 100 or
     1000 below the row's top) still gets its exact cross-entropy and gradient, in fp32
-    and from bf16 inputs; lse = x_t − log p_t alone would give inf there."""
+    and from bf16 inputs; lse = x_t − log p_t alone would give inf there. Both ways of
+    recomputing those rows: the CPU's (only those rows) and the accelerators' (every
+    row's logsumexp, kept where needed, no host sync)."""
+    import sanlab.model.kernels as kern
     from sanlab.model.lm import head_loss
+
+    lse_from_target = kern._lse_from_target
+    monkeypatch.setattr(kern, "_lse_from_target",
+                        lambda logits, x_t, p_t, **_: lse_from_target(logits, x_t, p_t, sync_free))
 
     torch.manual_seed(0)
     V, d = 40, 8

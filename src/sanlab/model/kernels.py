@@ -500,6 +500,21 @@ def _dw_group_rows(n_rows: int, vocab: int, chunk: int, device: torch.device) ->
 _P_TARGET_TINY = 1e-30
 
 
+def _lse_from_target(logits: torch.Tensor, x_t: torch.Tensor, p_t: torch.Tensor, sync_free: bool) -> torch.Tensor:
+    """Each row's logsumexp from its target's logit and softmax probability,
+    lse = x_t − log p_t, and from the logits themselves where p_t is below
+    `_P_TARGET_TINY`. On the CPU only those rows are recomputed (finding them is free);
+    with `sync_free` (accelerators) every row's logsumexp is computed and kept where
+    needed, so the host never waits for the device."""
+    lse = x_t - p_t.log()
+    tiny = p_t < _P_TARGET_TINY
+    if sync_free:
+        return torch.where(tiny, torch.logsumexp(logits, dim=-1), lse)
+    if bool(tiny.any()):
+        lse[tiny] = torch.logsumexp(logits[tiny], dim=-1)
+    return lse
+
+
 class _HeadCrossEntropyZLoss(torch.autograd.Function):
     """Σ_i w_i·(CE_i + c·lse_i²) over logits = x Wᵀ, chunk by chunk, gradients included.
 
@@ -537,11 +552,7 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
             # logsumexp over their logits instead.
             x_t = logits.gather(-1, t).squeeze(-1)
             p = torch.softmax(logits, dim=-1)
-            p_t = p.gather(-1, t).squeeze(-1)
-            lse = x_t - p_t.log()
-            tiny = p_t < _P_TARGET_TINY
-            if bool(tiny.any()):
-                lse[tiny] = torch.logsumexp(logits[tiny], dim=-1)
+            lse = _lse_from_target(logits, x_t, p.gather(-1, t).squeeze(-1), sync_free=x.device.type != "cpu")
             del logits
             ce += ((lse - x_t) * w).sum()
             z += (lse.square() * w).sum()
