@@ -6,10 +6,14 @@ iso-FLOP and iso-depth partners, SPEC Table 1) and each attention backend
 training steps — forward, fused CE + z-loss, backward, clip, Muon + AdamW step —
 on packed rows with several documents each, and print a table: tokens/s, peak
 memory, model FLOP/s (SPEC §1.2 training FLOPs/token, full-square attention) as a
-fraction of a bf16 matmul peak measured in the same run, and each arm's speed
-relative to the SAN. The paper's anchor (8 GPUs) is SAN 2.0M and FFN 4.4M tokens/s.
+fraction of a bf16 matmul peak measured in the same run (MFU against that peak), each
+arm's speed relative to the SAN beside the FLOP ratio, and their quotient, the excess
+(1.00: the SAN is as fast as its FLOPs allow; `bench_arms.py` defines it). On CUDA the
+model is `torch.compile`d (`--no-compile` to skip). The paper's anchor (8 GPUs) is SAN
+2.0M and FFN 4.4M tokens/s: the FFN arm 2.2x the SAN's speed at a FLOP ratio of ~2.0.
 
-    python benchmarks/bench_gpu.py                       # CUDA, paper base shapes
+    python benchmarks/bench_gpu.py                       # CUDA, paper base shapes, compiled
+    python benchmarks/bench_gpu.py --backends flex       # FlexAttention only (what device_check.sh runs)
     python benchmarks/bench_gpu.py --device cpu --tiny   # a seconds-long smoke run
 """
 
@@ -17,6 +21,17 @@ from __future__ import annotations
 
 import argparse
 import time
+
+
+def excess_ratios(step_s: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
+    """`bench_arms.excess_ratios` (one definition, in the script beside this one)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_arms", Path(__file__).with_name("bench_arms.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.excess_ratios(step_s, flops)
 
 
 def _sync(device) -> None:
@@ -62,6 +77,7 @@ def time_arm(cfg, backend: str, a: argparse.Namespace, device) -> dict:
     torch.manual_seed(0)
     model = LM(cfg.model_copy(update={"attn_backend": backend})).to(device)
     optims = build_optimizers(model, OptimConfig(lr=0.02 if not cfg.ffn else 0.04))
+    forward = torch.compile(model) if a.compile else model  # as train.compile=true does
     tokens = torch.randint(0, cfg.vocab_size, (a.rows, a.seq_len + 1), device=device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     seg = _packed_segments(a.rows, a.seq_len, device, a.mean_doc)
@@ -70,13 +86,13 @@ def time_arm(cfg, backend: str, a: argparse.Namespace, device) -> dict:
 
     def step() -> None:
         with amp:
-            loss, _ = model(inputs, seg, targets, mask, 1e-4)
+            loss, _ = forward(inputs, seg, targets, mask, 1e-4)
         loss.backward()
         clip_grad_norm(optims.params(), 1.0)
         optims.step()
         optims.zero_grad()
 
-    for _ in range(a.warmup):  # includes FlexAttention's compilation
+    for _ in range(a.warmup):  # includes the compilation (the model's, FlexAttention's)
         step()
     _sync(device)
     if device.type == "cuda":
@@ -109,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--backends", default="flex,sdpa")
     p.add_argument("--tiny", action="store_true", help="small shapes for a smoke run")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile the model (default: on CUDA)")
     a = p.parse_args(argv)
     if a.device is None and not torch.cuda.is_available():  # `make bench` on a CPU machine
         print("bench_gpu: skipped, no CUDA device (--device cpu --tiny runs a smoke test)")
@@ -117,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bench_gpu: no CUDA device; use --device cpu --tiny for a smoke run")
         return 2
+    if a.compile is None:
+        a.compile = device.type == "cuda"
     if a.tiny:
         ref = ModelConfig(d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, vocab_size=512)
         a.seq_len, a.rows, a.steps, a.warmup, a.mean_doc = 128, 4, 2, 1, 40
@@ -127,20 +147,26 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(width=200)
     table = Table(title=f"training step on {device.type} "
                         f"({torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}), bf16, "
-                        f"{a.rows}×{a.seq_len} tokens, packed documents (mean {a.mean_doc}); "
-                        f"matmul peak {peak / 1e12:.0f} TFLOP/s")
-    for col in ("arm", "config", "backend", "tokens/s", "vs SAN", "peak GiB", "model TFLOP/s", "of peak"):
+                        f"{'compiled, ' if a.compile else ''}{a.rows}×{a.seq_len} tokens, packed documents "
+                        f"(mean {a.mean_doc}); matmul peak {peak / 1e12:.0f} TFLOP/s")
+    for col in ("arm", "config", "backend", "tokens/s", "vs SAN", "FLOP ratio (SAN/arm)", "excess", "peak GiB",
+                "model TFLOP/s", "MFU (of peak)"):
         table.add_column(col, justify="left" if col in ("arm", "config", "backend") else "right")
+    flops_tok = {arm.name: count_flops(arm.config, a.seq_len).train for arm in arms}
+    san = arms[0].name  # the matching's reference: the SAN
     for backend in a.backends.split(","):
-        san_speed = None
+        results = {arm.name: time_arm(arm.config, backend, a, device) for arm in arms}
+        step_s = {n: 1.0 / r["tokens_per_s"] for n, r in results.items()}  # same tokens a step in every arm
+        excess = excess_ratios({"san" if n == san else n: t for n, t in step_s.items()},
+                               {"san" if n == san else n: f for n, f in flops_tok.items()})
         for arm in arms:
-            cfg = arm.config
-            r = time_arm(cfg, backend, a, device)
-            san_speed = san_speed or r["tokens_per_s"]
-            flops = count_flops(cfg, a.seq_len).train * r["tokens_per_s"]
-            table.add_row(arm.name, arm.label, backend,
-                          f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / san_speed:.2f}×",
-                          f"{r['peak_gib']:.1f}", f"{flops / 1e12:.2f}", f"{flops / peak:.1%}")
+            r, n = results[arm.name], arm.name
+            achieved = flops_tok[n] * r["tokens_per_s"]
+            ratio = "" if n == san else f"{flops_tok[san] / flops_tok[n]:.2f}"
+            table.add_row(n, arm.label, backend, f"{r['tokens_per_s']:,.0f}",
+                          f"{r['tokens_per_s'] / results[san]['tokens_per_s']:.2f}×", ratio,
+                          "" if n == san else f"{excess[n]:.2f}×", f"{r['peak_gib']:.1f}",
+                          f"{achieved / 1e12:.2f}", f"{achieved / peak:.1%}")
     console.print(table)
     return 0
 

@@ -1,0 +1,34 @@
+"""benchmarks/bench_gpu.py's smoke run on the CPU: every arm timed, and its speed ratio,
+FLOP ratio and excess printed consistently."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+
+def _bench_gpu():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_gpu_smoke_run_prints_the_excess(capsys):
+    bg = _bench_gpu()
+    assert bg.main(["--device", "cpu", "--tiny", "--backends", "sdpa", "--no-compile"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "│ sdpa" in line]
+    assert len(rows) == 4  # the SAN and its three partners
+    assert "no FFN" in rows[0]
+    for row in rows[1:]:
+        cells = [c.strip() for c in row.split("│")]
+        speed = float(cells[5].rstrip("×"))
+        flop_ratio = float(cells[6])
+        excess = float(cells[7].rstrip("×"))
+        assert excess == pytest.approx(speed / flop_ratio, abs=0.02)
+        assert re.fullmatch(r"[\d.]+%", cells[10])  # MFU
