@@ -32,3 +32,18 @@ def study_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The embedded synth corpus at the default prepare settings (2M tokens; ~5 s). Slow tests only."""
     return _prepare(tmp_path_factory, "default-data", ["tokens=2000000"])
+
+
+@pytest.fixture
+def load_benchmark():
+    """A loader of the scripts in benchmarks/ by name ("bench_arms"): they are not a package."""
+    import importlib.util
+
+    def load(name: str):
+        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    return load

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 
-def _bench_arms():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_arms.py"
-    spec = importlib.util.spec_from_file_location("bench_arms", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_product_flops_from_operand_shapes():
-    ba = _bench_arms()
+def test_product_flops_from_operand_shapes(load_benchmark):
+    ba = load_benchmark("bench_arms")
     assert ba.product_flops("aten::mm", [[3, 5], [5, 7]]) == 2 * 3 * 5 * 7
     assert ba.product_flops("aten::bmm", [[4, 3, 5], [4, 5, 7]]) == 2 * 4 * 3 * 5 * 7
     assert ba.product_flops("aten::addmm", [[7], [3, 5], [5, 7], [], []]) == 2 * 3 * 5 * 7  # the bias is no operand
@@ -27,10 +16,10 @@ def test_product_flops_from_operand_shapes():
         ba.product_flops("aten::mm", [[3, 5], [6, 7]])
 
 
-def test_product_rows_from_a_real_profile():
+def test_product_rows_from_a_real_profile(load_benchmark):
     """Two products of known shape, profiled: each row has its calls, and its GFLOP/s
     times its time is its FLOPs; other ops are left out."""
-    ba = _bench_arms()
+    ba = load_benchmark("bench_arms")
     a, b = torch.randn(4, 64, 32), torch.randn(4, 32, 48)
     m, n = torch.randn(40, 24), torch.randn(24, 16)
     with torch.profiler.profile(record_shapes=True) as prof:
@@ -49,10 +38,10 @@ def test_product_rows_from_a_real_profile():
     assert ba.product_rows(prof.key_averages(group_by_input_shape=True), limit=1)[0][3] == max(r[3] for r in rows.values())
 
 
-def test_excess_is_the_speed_ratio_over_the_flop_ratio():
+def test_excess_is_the_speed_ratio_over_the_flop_ratio(load_benchmark):
     """A partner twice as fast per step at 1.6x fewer FLOPs has excess 2 / 1.6; one whose
     speed follows its FLOPs exactly has 1."""
-    ba = _bench_arms()
+    ba = load_benchmark("bench_arms")
     step = {"san": 0.2, "iso_param": 0.1, "iso_depth": 0.4}
     flops = {"san": 1.6e9, "iso_param": 1.0e9, "iso_depth": 3.2e9}
     ex = ba.excess_ratios(step, flops)

@@ -3,23 +3,13 @@ FLOP ratio and excess printed consistently."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
 
-def _bench_gpu():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
-    spec = importlib.util.spec_from_file_location("bench_gpu", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_gpu_smoke_run_prints_the_excess(capsys):
-    bg = _bench_gpu()
+def test_bench_gpu_smoke_run_prints_the_excess(capsys, load_benchmark):
+    bg = load_benchmark("bench_gpu")
     assert bg.main(["--device", "cpu", "--tiny", "--backends", "sdpa", "--no-compile"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if "│ sdpa" in line]
