@@ -64,10 +64,11 @@ def product_rows(events: Any, limit: int = 12) -> list[tuple[str, str, int, floa
     return sorted(rows, key=lambda r: -r[3])[:limit]
 
 
-def excess_ratios(step_s: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
+def excess_ratios(step_s: dict[str, float], flops: dict[str, float], ref: str = "san") -> dict[str, float]:
     """Per partner, its speed ratio over the SAN's (t_SAN / t_arm, from step times at
-    the same tokens a step) divided by the FLOP ratio (F_SAN / F_arm, FLOPs a token)."""
-    return {n: (step_s["san"] / step_s[n]) / (flops["san"] / flops[n]) for n in step_s if n != "san"}
+    the same tokens a step) divided by the FLOP ratio (F_SAN / F_arm, FLOPs a token);
+    `ref` names the SAN."""
+    return {n: (step_s[ref] / step_s[n]) / (flops[ref] / flops[n]) for n in step_s if n != ref}
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:

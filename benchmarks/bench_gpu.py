@@ -23,7 +23,7 @@ import argparse
 import time
 
 
-def excess_ratios(step_s: dict[str, float], flops: dict[str, float]) -> dict[str, float]:
+def excess_ratios(step_s: dict[str, float], flops: dict[str, float], ref: str) -> dict[str, float]:
     """`bench_arms.excess_ratios` (one definition, in the script beside this one)."""
     import importlib.util
     from pathlib import Path
@@ -31,7 +31,7 @@ def excess_ratios(step_s: dict[str, float], flops: dict[str, float]) -> dict[str
     spec = importlib.util.spec_from_file_location("bench_arms", Path(__file__).with_name("bench_arms.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod.excess_ratios(step_s, flops)
+    return mod.excess_ratios(step_s, flops, ref)
 
 
 def _sync(device) -> None:
@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     for backend in a.backends.split(","):
         results = {arm.name: time_arm(arm.config, backend, a, device) for arm in arms}
         step_s = {n: 1.0 / r["tokens_per_s"] for n, r in results.items()}  # same tokens a step in every arm
-        excess = excess_ratios({"san" if n == san else n: t for n, t in step_s.items()},
-                               {"san" if n == san else n: f for n, f in flops_tok.items()})
+        excess = excess_ratios(step_s, flops_tok, san)
         for arm in arms:
             r, n = results[arm.name], arm.name
             achieved = flops_tok[n] * r["tokens_per_s"]

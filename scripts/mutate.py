@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_model.py",), "the accelerators' lse fallback keeps the wrong side"),
     # ---- benchmarks
     M("bench-excess-inverted", "benchmarks/bench_arms.py",
-      '(step_s["san"] / step_s[n]) / (flops["san"] / flops[n])', '(step_s[n] / step_s["san"]) / (flops["san"] / flops[n])',
+      '(step_s[ref] / step_s[n]) / (flops[ref] / flops[n])', '(step_s[n] / step_s[ref]) / (flops[ref] / flops[n])',
       (T + "test_bench_arms.py",), "bench_arms's excess uses the inverse speed ratio"),
     M("bench-gpu-flop-ratio-inverted", "benchmarks/bench_gpu.py",
       'ratio = "" if n == san else f"{flops_tok[san] / flops_tok[n]:.2f}"',

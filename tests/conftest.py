@@ -35,15 +35,11 @@ def default_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def load_benchmark():
-    """A loader of the scripts in benchmarks/ by name ("bench_arms"): they are not a package."""
-    import importlib.util
+def load_benchmark(monkeypatch: pytest.MonkeyPatch):
+    """A loader of the scripts in benchmarks/ by name ("bench_arms"): they are not a
+    package, so their folder goes on sys.path for the test (and for the child processes
+    a benchmark spawns, which import it by name)."""
+    import importlib
 
-    def load(name: str):
-        path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-
-    return load
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module

@@ -48,3 +48,28 @@ def test_excess_is_the_speed_ratio_over_the_flop_ratio(load_benchmark):
     assert set(ex) == {"iso_param", "iso_depth"}
     assert ex["iso_param"] == pytest.approx(2 / 1.6)
     assert ex["iso_depth"] == pytest.approx(1.0)
+
+
+def test_repeats_report_each_process_and_their_median(load_benchmark):
+    """--repeats 2 on a tiny shape: two child processes, each partner's two excesses, and
+    the median of the two is what the shape returns (the grid summary's figure)."""
+    import argparse
+    import io
+    import statistics
+
+    from rich.console import Console
+
+    ba = load_benchmark("bench_arms")
+    a = argparse.Namespace(layers=2, d=32, heads=2, kv_heads=1, seq_len=32, batch=2, vocab=64, precision="bf16",
+                           device="cpu", steps=2, warmup=1, threads=1, compile=False, profile=False, repeats=2)
+    out = io.StringIO()
+    excess = ba._shape_table(a, Console(file=out, width=200))
+    line = " ".join(out.getvalue().split())
+    assert "excess in each of 2 processes" in line
+    line = line.split("excess in each of 2 processes", 1)[1]
+    assert set(excess) == {"iso_param", "iso_flop", "iso_depth"}
+    for arm, median in excess.items():
+        part = line.split(f"{arm} ", 1)[1].split(" (median", 1)[0]  # "x1 x2"
+        xs = [float(v) for v in part.split()]
+        assert len(xs) == 2
+        assert median == pytest.approx(statistics.median(xs), abs=0.006)  # (xs printed to 2 decimals)

@@ -106,16 +106,18 @@ class _RoPE(torch.autograd.Function):
         return _RoPE._rotate(dy, c, s, -1.0), None, None
 
     @staticmethod
-    def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: float) -> torch.Tensor:
+    def _rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor, sign: float,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rotation by `sign` (−1: its inverse), into `out` if given."""
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
         if torch.compiler.is_compiling():  # inductor fuses the plain formula (and rejects out= into views)
             return torch.cat([x1 * c - sign * x2 * s, x2 * c + sign * x1 * s], dim=-1)
         dtype = torch.promote_types(x.dtype, c.dtype)
-        if x.dim() == 4:  # (B, T, H, D) laid out as (B, H, T, D): attention reads heads without a copy
+        if out is None and x.dim() == 4:  # (B, T, H, D) laid out as (B, H, T, D): attention reads heads without a copy
             B, T, H, D = x.shape
             out = torch.empty(B, H, T, D, dtype=dtype, device=x.device).transpose(1, 2)
-        else:
+        elif out is None:
             out = torch.empty(x.shape, dtype=dtype, device=x.device)
         o1, o2 = out[..., :half], out[..., half:]
         torch.mul(x1, c, out=o1).addcmul_(x2, s, value=-sign)
@@ -180,14 +182,8 @@ class _NormRoPE(torch.autograd.Function):
     def backward(ctx, dy):  # type: ignore[override]
         n, r, gain, c, s = ctx.saved_tensors
         D = n.shape[-1]
-        half = D // 2
         with torch.autocast(n.device.type, enabled=False):
-            dy = dy.to(n.dtype)
-            u = torch.empty_like(n)
-            u1, u2 = u[..., :half], u[..., half:]
-            dy1, dy2 = dy[..., :half], dy[..., half:]
-            torch.mul(dy1, c, out=u1).addcmul_(dy2, s)
-            torch.mul(dy2, c, out=u2).addcmul_(dy1, s, value=-1.0)
+            u = _RoPE._rotate(dy.to(n.dtype), c, s, -1.0, out=torch.empty_like(n))  # in n's layout
             dgain = None
             if ctx.needs_input_grad[1]:
                 dgain = torch.linalg.vecdot(n.reshape(-1, D), u.reshape(-1, D), dim=0).to(gain.dtype)
