@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the model (default: on CUDA)")
     a = p.parse_args(argv)
+    unknown = [b for b in a.backends.split(",") if b not in ("flex", "sdpa", "explicit")]
+    if unknown:
+        p.error(f"--backends: unknown backend {unknown[0]!r} (flex, sdpa or explicit)")
     if a.device is None and not torch.cuda.is_available():  # `make bench` on a CPU machine
         print("bench_gpu: skipped, no CUDA device (--device cpu --tiny runs a smoke test)")
         return 0

@@ -25,3 +25,10 @@ def test_bench_gpu_smoke_run_prints_the_excess(capsys, load_benchmark):
         bound = 0.005 / speed + 0.005 / flop_ratio + 0.005 / excess
         assert excess == pytest.approx(speed / flop_ratio, rel=bound)
         assert re.fullmatch(r"[\d.]+%", cells[10])  # MFU
+
+
+def test_bench_gpu_unknown_backend_is_one_line(load_benchmark, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        load_benchmark("bench_gpu").main(["--device", "cpu", "--tiny", "--backends", "sdpa,nosuch"])
+    assert exit_info.value.code == 2
+    assert "unknown backend 'nosuch'" in capsys.readouterr().err
