@@ -7,7 +7,10 @@ speed hits every arm alike. Per arm: tokens/s (median step), achieved FLOP/s fro
 SPEC §1.2 training FLOPs/token, and against the SAN the measured speed ratio (partner
 tokens/s ÷ SAN tokens/s) beside the FLOP ratio (SAN FLOPs/token ÷ partner FLOPs/token).
 excess = speed ratio ÷ FLOP ratio: 1.00 means each arm runs as fast as its FLOPs allow
-relative to the other; > 1 means the SAN loses time beyond its FLOPs. Then a torch
+relative to the other; > 1 means the SAN loses time beyond its FLOPs. Beside it, the
+excess round by round (each SAN step against its own round's partner step, so a drift
+in the machine's speed between rounds cancels): its median and a 95% bootstrap interval,
+which says whether a target such as 1.25x is met or only within the noise. Then a torch
 profiler breakdown of the SAN's step by operator, and its matrix products by shape with
 the FLOP/s each achieved, so the next bottleneck is visible.
 
@@ -69,6 +72,26 @@ def excess_ratios(step_s: dict[str, float], flops: dict[str, float], ref: str = 
     the same tokens a step) divided by the FLOP ratio (F_SAN / F_arm, FLOPs a token);
     `ref` names the SAN."""
     return {n: (step_s[ref] / step_s[n]) / (flops[ref] / flops[n]) for n in step_s if n != ref}
+
+
+def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: str = "san",
+                  resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+    """Per partner, (median, low, high) of the excess measured round by round: round i's
+    SAN step against the same round's partner step (the two ran minutes apart at most,
+    so a drift in the machine's speed cancels), and a 95% percentile-bootstrap interval
+    of that median over the rounds (seeded, so a rerun on the same times prints the same)."""
+    import random
+
+    rng = random.Random(seed)
+    out = {}
+    fl = {n: flops[ref] / flops[n] for n in times if n != ref}
+    for n in fl:
+        if len(times[n]) != len(times[ref]):
+            raise ValueError(f"{n} has {len(times[n])} timed steps, {ref} {len(times[ref])}: not paired")
+        per_round = [(s / t) / fl[n] for s, t in zip(times[ref], times[n])]
+        boots = sorted(statistics.median(rng.choices(per_round, k=len(per_round))) for _ in range(resamples))
+        out[n] = (statistics.median(per_round), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1])
+    return out
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:
@@ -163,7 +186,10 @@ def _measure(a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
+def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, float, float]]:
+    """Print one shape's tables; per partner, (the excess, and the 95% interval of the
+    per-round excess): the excess is the ratio of median steps, or with --repeats the
+    median of the processes' own; the interval pools every process's rounds."""
     from rich.table import Table
 
     from sanlab.matching import model_label
@@ -178,9 +204,10 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
     table = Table(title=f"SAN {a.layers}L d{a.d} H{a.heads}/{a.kv_heads} T{a.seq_len} B{a.batch} V{a.vocab} "
                         f"{a.precision} {a.device}, {a.threads} threads; median of {a.steps} alternating steps")
     for col in ("arm", "config", "tokens/s", "GFLOP/s", "speed ratio (arm/SAN)", "FLOP ratio (SAN/arm)",
-                "excess"):
+                "excess", "per round: median [95% CI]"):
         table.add_column(col, justify="left" if col in ("arm", "config") else "right")
     excess = excess_ratios(step, flops)
+    paired = paired_excess(out["times"], flops)
     for n in arms:
         achieved = tps[n] * flops[n]
         if n == "san":
@@ -188,7 +215,8 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
             continue
         speed, fl = tps[n] / tps["san"], flops["san"] / flops[n]
         table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}",
-                      f"{speed:.2f}", f"{fl:.2f}", f"{excess[n]:.2f}x")
+                      f"{speed:.2f}", f"{fl:.2f}", f"{excess[n]:.2f}x",
+                      "{:.2f}x [{:.2f}, {:.2f}]".format(*paired[n]))
     console.print(table)
     if len(runs) > 1:
         per_run: dict[str, list[float]] = {n: [] for n in excess}
@@ -199,6 +227,10 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
             f"{n} " + " ".join(f"{x:.2f}" for x in xs) + f" (median {statistics.median(xs):.2f}x)"
             for n, xs in per_run.items()), highlight=False)
         excess = {n: statistics.median(xs) for n, xs in per_run.items()}
+        pooled = {n: [t for run in runs for t in run["times"][n]] for n in arms}  # rounds stay paired
+        paired = paired_excess(pooled, flops)
+        console.print(f"per round over all {len(runs)} processes: " + "; ".join(
+            "{} {:.2f}x [{:.2f}, {:.2f}]".format(n, *paired[n]) for n in excess), highlight=False)
     if out["profile"]:
         console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
     if out["products"]:
@@ -208,7 +240,7 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, float]:
         for op, shapes, calls, ms, gflops in out["products"]:
             prod.add_row(op, shapes, str(calls), f"{ms:.1f}", f"{gflops:.0f}")
         console.print(prod)
-    return excess
+    return {n: (excess[n], paired[n][1], paired[n][2]) for n in excess}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                                       "seq_len": seq_len, "batch": batch, "vocab": vocab})
         summary.append((f"SAN {layers}L d{d} T{seq_len} B{batch}", _shape_table(shape, console)))
     console.print("excess (speed ratio ÷ FLOP ratio) per shape: " + "; ".join(
-        f"{name}: " + ", ".join(f"{k} {v:.2f}x" for k, v in ex.items()) for name, ex in summary), highlight=False)
+        f"{name}: " + ", ".join(f"{k} {v:.2f}x [{lo:.2f}, {hi:.2f}]" for k, (v, lo, hi) in ex.items())
+        for name, ex in summary), highlight=False)
     return 0
 
 

@@ -50,6 +50,28 @@ def test_excess_is_the_speed_ratio_over_the_flop_ratio(load_benchmark):
     assert ex["iso_depth"] == pytest.approx(1.0)
 
 
+def test_paired_excess_round_by_round(load_benchmark):
+    """Each round's SAN step against the same round's partner step: a machine that slows
+    down 5x over the run leaves every round's excess at 2 / 1.6, so the interval is that
+    point; noisy rounds give an interval around their median, the same on a rerun."""
+    import statistics
+
+    ba = load_benchmark("bench_arms")
+    flops = {"san": 1.6e9, "iso_param": 1.0e9}
+    drift = [1.0, 2.0, 3.0, 4.0, 5.0]
+    times = {"san": [0.2 * f for f in drift], "iso_param": [0.1 * f for f in drift]}
+    med, lo, hi = ba.paired_excess(times, flops)["iso_param"]
+    assert med == lo == hi == pytest.approx(2 / 1.6)
+    # per-round excess 1.0, 1.5, 1.25, 2.0, 1.1 (san / partner / 1.6)
+    times = {"san": [1.6, 2.4, 2.0, 3.2, 1.76], "iso_param": [1.0] * 5}
+    med, lo, hi = ba.paired_excess(times, flops)["iso_param"]
+    assert med == pytest.approx(statistics.median([1.0, 1.5, 1.25, 2.0, 1.1]))
+    assert 1.0 <= lo < med < hi <= 2.0
+    assert ba.paired_excess(times, flops)["iso_param"] == (med, lo, hi)
+    with pytest.raises(ValueError, match="not paired"):
+        ba.paired_excess({"san": [1.0, 2.0], "iso_param": [1.0]}, flops)
+
+
 def test_repeats_report_each_process_and_their_median(load_benchmark):
     """--repeats 2 on a tiny shape: two child processes, each partner's two excesses, and
     the median of the two is what the shape returns (the grid summary's figure)."""
@@ -65,10 +87,11 @@ def test_repeats_report_each_process_and_their_median(load_benchmark):
     out = io.StringIO()
     excess = ba._shape_table(a, Console(file=out, width=200))
     line = " ".join(out.getvalue().split())
-    assert "excess in each of 2 processes" in line
-    line = line.split("excess in each of 2 processes", 1)[1]
+    assert "excess in each of 2 processes" in line and "per round over all 2 processes" in line
+    line = line.split("excess in each of 2 processes", 1)[1].split("per round over all", 1)[0]
     assert set(excess) == {"iso_param", "iso_flop", "iso_depth"}
-    for arm, median in excess.items():
+    for arm, (median, lo, hi) in excess.items():
+        assert lo <= hi
         part = line.split(f"{arm} ", 1)[1].split(" (median", 1)[0]  # "x1 x2"
         xs = [float(v) for v in part.split()]
         assert len(xs) == 2
