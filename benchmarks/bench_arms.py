@@ -187,9 +187,8 @@ def _measure(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, float, float]]:
-    """Print one shape's tables; per partner, (the excess, and the 95% interval of the
-    per-round excess): the excess is the ratio of median steps, or with --repeats the
-    median of the processes' own; the interval pools every process's rounds."""
+    """Print one shape's tables; return per partner the excess round by round (median,
+    low, high of its 95% interval), over every process's rounds with --repeats."""
     from rich.table import Table
 
     from sanlab.matching import model_label
@@ -226,10 +225,10 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, 
         console.print(f"excess in each of {len(runs)} processes (the table is the first): " + "; ".join(
             f"{n} " + " ".join(f"{x:.2f}" for x in xs) + f" (median {statistics.median(xs):.2f}x)"
             for n, xs in per_run.items()), highlight=False)
-        excess = {n: statistics.median(xs) for n, xs in per_run.items()}
         pooled = {n: [t for run in runs for t in run["times"][n]] for n in arms}  # rounds stay paired
         paired = paired_excess(pooled, flops)
-        console.print(f"per round over all {len(runs)} processes: " + "; ".join(
+        rounds = len(pooled["san"])
+        console.print(f"per round over all {len(runs)} processes ({rounds} rounds): " + "; ".join(
             "{} {:.2f}x [{:.2f}, {:.2f}]".format(n, *paired[n]) for n in excess), highlight=False)
     if out["profile"]:
         console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
@@ -240,7 +239,7 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, 
         for op, shapes, calls, ms, gflops in out["products"]:
             prod.add_row(op, shapes, str(calls), f"{ms:.1f}", f"{gflops:.0f}")
         console.print(prod)
-    return {n: (excess[n], paired[n][1], paired[n][2]) for n in excess}
+    return paired
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -271,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
         return 0
-    console = Console(width=max(120, Console().width))
+    console = Console(width=max(150, Console().width))
     if not a.grid:
         _shape_table(a, console)
         return 0
@@ -280,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         shape = argparse.Namespace(**{**vars(a), "layers": layers, "d": d, "heads": heads, "kv_heads": kv,
                                       "seq_len": seq_len, "batch": batch, "vocab": vocab})
         summary.append((f"SAN {layers}L d{d} T{seq_len} B{batch}", _shape_table(shape, console)))
-    console.print("excess (speed ratio ÷ FLOP ratio) per shape: " + "; ".join(
+    console.print("excess round by round (median [95% CI]) per shape: " + "; ".join(
         f"{name}: " + ", ".join(f"{k} {v:.2f}x [{lo:.2f}, {hi:.2f}]" for k, (v, lo, hi) in ex.items())
         for name, ex in summary), highlight=False)
     return 0
