@@ -19,6 +19,7 @@ global-norm clip, Muon for the hidden matrices and fused AdamW for the rest.
 
     python benchmarks/bench_arms.py                     # the first shape of GRID
     python benchmarks/bench_arms.py --grid              # every CPU shape of GRID
+    python benchmarks/bench_arms.py --grid --device cuda --compile   # the base SAN at T 1024 … 4096 (GPU_GRID)
     python benchmarks/bench_arms.py --repeats 5         # five processes: the excess in each, and the median
     python benchmarks/bench_arms.py --d 512 --layers 20 --seq-len 2048 --batch 8 --device cuda
 """
@@ -35,7 +36,15 @@ from typing import Any
 # (SAN layers, d_model, heads, kv_heads, seq_len, batch rows, vocab): MEASUREMENTS.md's shapes
 GRID = [(10, 128, 4, 2, 256, 16, 2048), (10, 256, 4, 2, 512, 8, 2048), (20, 512, 8, 4, 1024, 4, 2048),
         (10, 128, 4, 2, 2048, 2, 2048)]
+# on CUDA: the paper's base SAN (20L d512, 8/4 heads, vocab 16,384) at T 1024 … 4096,
+# 32,768 tokens a step
+GPU_GRID = [(20, 512, 8, 4, 1024, 32, 16384), (20, 512, 8, 4, 2048, 16, 16384), (20, 512, 8, 4, 4096, 8, 16384)]
 ARMS = ("san", "iso_param", "iso_flop", "iso_depth")
+
+
+def grid(device: str) -> list[tuple[int, ...]]:
+    """The shapes `--grid` runs: GRID on the CPU, GPU_GRID on CUDA."""
+    return GPU_GRID if device == "cuda" else GRID
 
 
 # the matrix products, by the positions of their two operands in the op's inputs
@@ -263,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="torch.compile every arm (train.compile=true)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the SAN's per-op breakdown")
-    p.add_argument("--grid", action="store_true", help="every shape of GRID, one table each, then a summary")
+    p.add_argument("--grid", action="store_true", help="every shape of GRID (GPU_GRID with --device cuda), one table each, then a summary")
     a = p.parse_args(argv)
     if a.repeats < 1 or a.steps < 1:
         p.error("--repeats and --steps must be at least 1")
@@ -275,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         _shape_table(a, console)
         return 0
     summary = []
-    for layers, d, heads, kv, seq_len, batch, vocab in GRID:
+    for layers, d, heads, kv, seq_len, batch, vocab in grid(a.device):
         shape = argparse.Namespace(**{**vars(a), "layers": layers, "d": d, "heads": heads, "kv_heads": kv,
                                       "seq_len": seq_len, "batch": batch, "vocab": vocab})
         summary.append((f"SAN {layers}L d{d} T{seq_len} B{batch}", _shape_table(shape, console)))

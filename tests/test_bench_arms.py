@@ -96,3 +96,14 @@ def test_repeats_report_each_process_and_the_pooled_rounds(load_benchmark):
         assert len(xs) == 2
         printed = pooled.split(f"{arm} ", 1)[1].split("]", 1)[0]  # "1.23x [1.10, 1.31"
         assert printed == f"{median:.2f}x [{lo:.2f}, {hi:.2f}"
+
+
+def test_the_gpu_grid_is_the_base_san_up_to_4096(load_benchmark):
+    """--grid on CUDA runs the paper's base SAN (20L d512, 8/4 heads) from T 1024 to 4096
+    at the same tokens a step; on the CPU it runs the CPU grid (T 256 … 2048)."""
+    ba = load_benchmark("bench_arms")
+    assert ba.grid("cpu") == ba.GRID and [g[4] for g in ba.GRID] == [256, 512, 1024, 2048]
+    gpu = ba.grid("cuda")
+    assert [g[4] for g in gpu] == [1024, 2048, 4096]
+    assert {g[:4] for g in gpu} == {(20, 512, 8, 4)}
+    assert len({g[4] * g[5] for g in gpu}) == 1  # tokens a step
