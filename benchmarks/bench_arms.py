@@ -27,6 +27,7 @@ global-norm clip, Muon for the hidden matrices and fused AdamW for the rest.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing as mp
 import statistics
 import sys
@@ -83,12 +84,16 @@ def excess_ratios(step_s: dict[str, float], flops: dict[str, float], ref: str = 
     return {n: (step_s[ref] / step_s[n]) / (flops[ref] / flops[n]) for n in step_s if n != ref}
 
 
+MIN_ROUNDS = 5  # fewer rounds than this get no interval (a bootstrap of 1-4 values says nothing)
+
+
 def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: str = "san",
                   resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
     """Per partner, (median, low, high) of the excess measured round by round: round i's
-    SAN step against the same round's partner step (the two ran minutes apart at most,
-    so a drift in the machine's speed cancels), and a 95% percentile-bootstrap interval
-    of that median over the rounds (seeded, so a rerun on the same times prints the same)."""
+    SAN step against the same round's partner step (the two ran seconds apart, so a
+    drift in the machine's speed cancels), and a 95% percentile-bootstrap interval of
+    that median over the rounds (seeded, so a rerun on the same times prints the same;
+    NaN with fewer than MIN_ROUNDS rounds)."""
     import random
 
     rng = random.Random(seed)
@@ -98,9 +103,19 @@ def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: s
         if len(times[n]) != len(times[ref]):
             raise ValueError(f"{n} has {len(times[n])} timed steps, {ref} {len(times[ref])}: not paired")
         per_round = [(s / t) / fl[n] for s, t in zip(times[ref], times[n])]
+        if len(per_round) < MIN_ROUNDS:
+            out[n] = (statistics.median(per_round), math.nan, math.nan)
+            continue
         boots = sorted(statistics.median(rng.choices(per_round, k=len(per_round))) for _ in range(resamples))
         out[n] = (statistics.median(per_round), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1])
     return out
+
+
+def interval_label(median: float, lo: float, hi: float) -> str:
+    """'1.31x [1.26, 1.35]', or the median alone when there were too few rounds."""
+    if math.isnan(lo):
+        return f"{median:.2f}x (< {MIN_ROUNDS} rounds: no interval)"
+    return f"{median:.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:
@@ -224,7 +239,7 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, 
         speed, fl = tps[n] / tps["san"], flops["san"] / flops[n]
         table.add_row(n, model_label(arms[n].config), f"{tps[n]:,.0f}", f"{achieved / 1e9:.1f}",
                       f"{speed:.2f}", f"{fl:.2f}", f"{excess[n]:.2f}x",
-                      "{:.2f}x [{:.2f}, {:.2f}]".format(*paired[n]))
+                      interval_label(*paired[n]))
     console.print(table)
     if len(runs) > 1:
         per_run: dict[str, list[float]] = {n: [] for n in excess}
@@ -238,7 +253,7 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, 
         paired = paired_excess(pooled, flops)
         rounds = len(pooled["san"])
         console.print(f"per round over all {len(runs)} processes ({rounds} rounds): " + "; ".join(
-            "{} {:.2f}x [{:.2f}, {:.2f}]".format(n, *paired[n]) for n in excess), highlight=False)
+            f"{n} {interval_label(*paired[n])}" for n in excess), highlight=False)
     if out["profile"]:
         console.print(f"SAN step by operator (torch profiler, 3 steps):\n{out['profile']}", highlight=False)
     if out["products"]:
@@ -289,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                                       "seq_len": seq_len, "batch": batch, "vocab": vocab})
         summary.append((f"SAN {layers}L d{d} T{seq_len} B{batch}", _shape_table(shape, console)))
     console.print("excess round by round (median [95% CI]) per shape: " + "; ".join(
-        f"{name}: " + ", ".join(f"{k} {v:.2f}x [{lo:.2f}, {hi:.2f}]" for k, (v, lo, hi) in ex.items())
+        f"{name}: " + ", ".join(f"{k} {interval_label(*v)}" for k, v in ex.items())
         for name, ex in summary), highlight=False)
     return 0
 

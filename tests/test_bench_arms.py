@@ -68,6 +68,11 @@ def test_paired_excess_round_by_round(load_benchmark):
     assert med == pytest.approx(statistics.median([1.0, 1.5, 1.25, 2.0, 1.1]))
     assert 1.0 <= lo < med < hi <= 2.0
     assert ba.paired_excess(times, flops)["iso_param"] == (med, lo, hi)
+    few = {"san": [1.6, 2.4], "iso_param": [1.0, 1.0]}
+    med, lo, hi = ba.paired_excess(few, flops)["iso_param"]
+    assert med == pytest.approx(1.25) and lo != lo and hi != hi  # NaN: too few rounds for an interval
+    assert ba.interval_label(med, lo, hi) == "1.25x (< 5 rounds: no interval)"
+    assert ba.interval_label(1.3, 1.26, 1.351) == "1.30x [1.26, 1.35]"
     with pytest.raises(ValueError, match="not paired"):
         ba.paired_excess({"san": [1.0, 2.0], "iso_param": [1.0]}, flops)
 
@@ -83,11 +88,11 @@ def test_repeats_report_each_process_and_the_pooled_rounds(load_benchmark):
 
     ba = load_benchmark("bench_arms")
     a = argparse.Namespace(layers=2, d=32, heads=2, kv_heads=1, seq_len=32, batch=2, vocab=64, precision="bf16",
-                           device="cpu", steps=2, warmup=1, threads=1, compile=False, profile=False, repeats=2)
+                           device="cpu", steps=3, warmup=1, threads=1, compile=False, profile=False, repeats=2)
     out = io.StringIO()
     excess = ba._shape_table(a, Console(file=out, width=200))
     line = " ".join(out.getvalue().split())
-    assert "excess in each of 2 processes" in line and "per round over all 2 processes (4 rounds)" in line
+    assert "excess in each of 2 processes" in line and "per round over all 2 processes (6 rounds)" in line
     each, pooled = line.split("excess in each of 2 processes", 1)[1].split("per round over all 2 processes", 1)
     assert set(excess) == {"iso_param", "iso_flop", "iso_depth"}
     for arm, (median, lo, hi) in excess.items():
