@@ -138,6 +138,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("fused-lse-underflow-sync-free", "src/sanlab/model/kernels.py",
       "return torch.where(tiny, torch.logsumexp(logits, dim=-1), lse)", "return torch.where(tiny, lse, torch.logsumexp(logits, dim=-1))",
       (T + "test_model.py",), "the accelerators' lse fallback keeps the wrong side"),
+    M("attn-fold-delta-hi-only", "src/sanlab/model/kernels.py",
+      "do_aug[..., D + 1:] = (hi.to(delta.dtype) - delta).to(lp)", "do_aug[..., D + 1:] = 0",
+      (T + "test_model.py",), "the folded dP − δ keeps only δ's high bf16 part"),
+    M("attn-fold-delta-sign", "src/sanlab/model/kernels.py",
+      "do_aug[..., D:D + 1] = -hi", "do_aug[..., D:D + 1] = hi",
+      (T + "test_model.py",), "the folded dP − δ adds δ"),
     # ---- benchmarks
     M("bench-excess-inverted", "benchmarks/bench_arms.py",
       '(step_s[ref] / step_s[n]) / (flops[ref] / flops[n])', '(step_s[n] / step_s[ref]) / (flops[ref] / flops[n])',
