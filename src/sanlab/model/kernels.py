@@ -268,18 +268,13 @@ class _ExplicitAttention(torch.autograd.Function):
     score matrix and each block's scores are still in cache when they are normalised.
     The forward keeps each block's probabilities P, in `keep` (fp32, or bf16 where only
     that fits the memory bound: see `explicit_keep`); the backward is, per block,
-    dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − δ) with δ = rowsum(dO ⊙ O), dQ = dS K/√D, dK += dSᵀ Q/√D.
-    The scores, the softmax and P V are at least fp32: rounding the scores to bf16 would
-    double the error at realistic score sizes. When the incoming gradient is bf16
-    (autocast), the three products that consume P or dS (Pᵀ dO, dS K, dSᵀ Q) run in bf16,
-    as FlashAttention's do, 3x faster on the CPU; and when V is bf16 too, dP − δ is one
-    bf16 product of [dO, −δ_hi, −δ_lo] and [V, 1, 1] (`_fold_delta`): its inputs are
-    exact, it accumulates in fp32 and subtracts δ before it rounds, so the cancellation
-    in dP − δ costs nothing, and it replaces an fp32 product with a 32-wide inner
-    dimension (3x slower on the CPU) and two passes (measured: backward 22% faster at
-    T256, the SAN step 5.8%). dS = (dP − δ) ⊙ P is then formed in bf16. The gradients stay
-    more accurate than SDPA's (tested, also with |δ| ≫ |dP − δ|). dK and dV accumulate
-    over blocks in fp32; the result has v's dtype.
+    dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)), dQ = dS K/√D, dK += dSᵀ Q/√D.
+    The scores, the softmax, P V and dO Vᵀ (from which dS subtracts a row mean) are at
+    least fp32: rounding the scores to bf16 would double the error at realistic score
+    sizes. When the incoming gradient is bf16 (autocast), the three products that
+    consume P or dS in the backward (Pᵀ dO, dS K, dSᵀ Q) run in bf16, as FlashAttention's
+    do: 3x faster on the CPU, with gradients as accurate as SDPA's (tested). dK and dV
+    accumulate over blocks in fp32; the result has v's dtype.
     """
 
     @staticmethod
@@ -313,23 +308,6 @@ class _ExplicitAttention(torch.autograd.Function):
             return _ExplicitAttention._backward(ctx, dout)
 
     @staticmethod
-    def _fold_delta(do5: torch.Tensor, delta: torch.Tensor, v3: torch.Tensor,
-                    lp: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """[dO, −δ_hi, −δ_lo] and [V, 1, 1] in `lp`, whose product is dO Vᵀ − δ: δ (fp32)
-        is split into two `lp` numbers whose sum holds it to ~2⁻¹⁶, so the product's fp32
-        accumulation subtracts it before the one rounding of dP − δ to `lp`. dO and V are
-        `lp` values already: nothing else is rounded."""
-        B, Hkv, rep, T, D = do5.shape
-        hi = delta.to(lp)
-        do_aug = torch.empty(B, Hkv, rep, T, D + 2, dtype=lp, device=do5.device)
-        do_aug[..., :D] = do5
-        do_aug[..., D:D + 1] = -hi
-        do_aug[..., D + 1:] = (hi.to(delta.dtype) - delta).to(lp)
-        v_aug = torch.ones(v3.shape[0], T, D + 2, dtype=lp, device=v3.device)
-        v_aug[..., :D] = v3
-        return do_aug, v_aug
-
-    @staticmethod
     def _backward(ctx, dout):  # noqa: ANN001, ANN205
         q5, k3, v3, out, *probs = ctx.saved_tensors
         B, Hkv, rep, T, D = q5.shape
@@ -341,22 +319,14 @@ class _ExplicitAttention(torch.autograd.Function):
         delta = torch.linalg.vecdot(do5, out).unsqueeze(-1)  # rowsum(dO ⊙ O) = rowsum(P ⊙ dP)
         dq = torch.empty_like(q5)
         dk, dv = torch.zeros_like(k3), torch.zeros_like(v3)
-        # dO and V both in lp (autocast): dP − δ as one lp product with δ folded in
-        folded = lp != q5.dtype and lp == ctx.dtypes[2]
-        if folded:
-            do_aug, v_aug = _ExplicitAttention._fold_delta(dout.reshape(B, Hkv, rep, T, D), delta, v3, lp)
         for p, s in zip(probs, range(0, T, chunk)):
             e = min(T, s + chunk)
             n = rep * (e - s)
-            p_lp = p.to(lp)  # (no copy if kept in lp)
-            dv[:, :e] += torch.bmm(p_lp.transpose(1, 2), do5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))
-            if folded:
-                ds = torch.bmm(do_aug[:, :, :, s:e].reshape(B * Hkv, n, D + 2), v_aug[:, :e].transpose(1, 2))
-                ds.mul_(p_lp)
-            else:
-                ds = torch.bmm(do5[:, :, :, s:e].reshape(B * Hkv, n, D), v3[:, :e].transpose(1, 2))
-                ds.view(B, Hkv, rep, e - s, e).sub_(delta[:, :, :, s:e]).mul_(p.view(B, Hkv, rep, e - s, e))
-                ds = ds.to(lp)
+            dob = do5[:, :, :, s:e].reshape(B * Hkv, n, D)
+            dv[:, :e] += torch.bmm(p.to(lp).transpose(1, 2), do5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))  # (no copy if kept in lp)
+            ds = torch.bmm(dob, v3[:, :e].transpose(1, 2))
+            ds.view(B, Hkv, rep, e - s, e).sub_(delta[:, :, :, s:e]).mul_(p.view(B, Hkv, rep, e - s, e))
+            ds = ds.to(lp)
             dq[:, :, :, s:e] = torch.bmm(ds, k3_lp[:, :e]).view(B, Hkv, rep, e - s, D)
             dk[:, :e] += torch.bmm(ds.transpose(1, 2), q5_lp[:, :, :, s:e].reshape(B * Hkv, n, D))
         qt, kt, vt = ctx.dtypes
