@@ -10,7 +10,9 @@ excess = speed ratio ÷ FLOP ratio: 1.00 means each arm runs as fast as its FLOP
 relative to the other; > 1 means the SAN loses time beyond its FLOPs. Beside it, the
 excess round by round (each SAN step against its own round's partner step, so a drift
 in the machine's speed between rounds cancels): its median and a 95% bootstrap interval,
-which says whether a target such as 1.25x is met or only within the noise. Then a torch
+which says whether a target such as 1.25x is met or only within the noise. With
+--repeats the interval resamples the processes too: on a shared machine the excess
+moves more from process to process than from round to round. Then a torch
 profiler breakdown of the SAN's step by operator, and its matrix products by shape with
 the FLOP/s each achieved, so the next bottleneck is visible.
 
@@ -88,17 +90,25 @@ MIN_ROUNDS = 5  # fewer rounds than this get no interval (a bootstrap of 1-4 val
 
 
 def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: str = "san",
-                  resamples: int = 2000, seed: int = 0) -> dict[str, tuple[float, float, float]]:
+                  resamples: int = 2000, seed: int = 0,
+                  groups: list[int] | None = None) -> dict[str, tuple[float, float, float]]:
     """Per partner, (median, low, high) of the excess measured round by round: round i's
     SAN step against the same round's partner step (the two ran seconds apart, so a
     drift in the machine's speed cancels), and a 95% percentile-bootstrap interval of
     that median over the rounds (seeded, so a rerun on the same times prints the same;
-    NaN with fewer than MIN_ROUNDS rounds)."""
+    NaN with fewer than MIN_ROUNDS rounds). `groups`: the rounds of each process, in
+    order (their sum is the number of rounds). With more than one, the bootstrap first
+    draws processes, then rounds within each drawn process, so a process-to-process
+    spread (the machine's state when each started) widens the interval instead of
+    hiding in the pooled rounds."""
     import random
 
     rng = random.Random(seed)
     out = {}
     fl = {n: flops[ref] / flops[n] for n in times if n != ref}
+    sizes = groups or [len(times[ref])]
+    if sum(sizes) != len(times[ref]):
+        raise ValueError(f"groups {sizes} do not add up to the {len(times[ref])} rounds")
     for n in fl:
         if len(times[n]) != len(times[ref]):
             raise ValueError(f"{n} has {len(times[n])} timed steps, {ref} {len(times[ref])}: not paired")
@@ -106,7 +116,15 @@ def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: s
         if len(per_round) < MIN_ROUNDS:
             out[n] = (statistics.median(per_round), math.nan, math.nan)
             continue
-        boots = sorted(statistics.median(rng.choices(per_round, k=len(per_round))) for _ in range(resamples))
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        by_group = [per_round[a:a + k] for a, k in zip(starts, sizes)]
+
+        def draw() -> list[float]:
+            if len(by_group) == 1:
+                return rng.choices(per_round, k=len(per_round))
+            return [x for g in rng.choices(by_group, k=len(by_group)) for x in rng.choices(g, k=len(g))]
+
+        boots = sorted(statistics.median(draw()) for _ in range(resamples))
         out[n] = (statistics.median(per_round), boots[int(0.025 * resamples)], boots[int(0.975 * resamples) - 1])
     return out
 
@@ -250,7 +268,7 @@ def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, 
             f"{n} " + " ".join(f"{x:.2f}" for x in xs) + f" (median {statistics.median(xs):.2f}x)"
             for n, xs in per_run.items()), highlight=False)
         pooled = {n: [t for run in runs for t in run["times"][n]] for n in arms}  # rounds stay paired
-        paired = paired_excess(pooled, flops)
+        paired = paired_excess(pooled, flops, groups=[len(run["times"]["san"]) for run in runs])
         rounds = len(pooled["san"])
         console.print(f"per round over all {len(runs)} processes ({rounds} rounds): " + "; ".join(
             f"{n} {interval_label(*paired[n])}" for n in excess), highlight=False)

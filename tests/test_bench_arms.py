@@ -73,11 +73,21 @@ def test_paired_excess_round_by_round(load_benchmark):
     assert med == pytest.approx(1.25) and lo != lo and hi != hi  # NaN: too few rounds for an interval
     assert ba.interval_label(med, lo, hi) == "1.25x (< 5 rounds: no interval)"
     assert ba.interval_label(1.3, 1.26, 1.351) == "1.30x [1.26, 1.35]"
+    # three processes whose rounds sit at 1.2, 1.3 and 1.4: pooled as one, the median's
+    # interval stays near the middle process's level; resampling processes first spans them
+    levels = [1.2] * 10 + [1.3] * 10 + [1.4] * 10
+    spread = {"san": [1.6 * x for x in levels], "iso_param": [1.0] * 30}
+    med, lo, hi = ba.paired_excess(spread, flops)["iso_param"]
+    assert med == pytest.approx(1.3) and lo >= 1.25 - 1e-9 and hi <= 1.35 + 1e-9
+    med, lo, hi = ba.paired_excess(spread, flops, groups=[10, 10, 10])["iso_param"]
+    assert med == pytest.approx(1.3) and lo == pytest.approx(1.2) and hi == pytest.approx(1.4)
+    with pytest.raises(ValueError, match="do not add up"):
+        ba.paired_excess(spread, flops, groups=[10, 10])
     with pytest.raises(ValueError, match="not paired"):
         ba.paired_excess({"san": [1.0, 2.0], "iso_param": [1.0]}, flops)
 
 
-def test_repeats_report_each_process_and_the_pooled_rounds(load_benchmark):
+def test_repeats_report_each_process_and_the_pooled_rounds(load_benchmark, monkeypatch):
     """--repeats 2 on a tiny shape: two child processes, each partner's excess in each,
     and what the shape returns (the grid summary's figure) is the excess round by round
     over both processes' rounds, as printed."""
@@ -89,8 +99,17 @@ def test_repeats_report_each_process_and_the_pooled_rounds(load_benchmark):
     ba = load_benchmark("bench_arms")
     a = argparse.Namespace(layers=2, d=32, heads=2, kv_heads=1, seq_len=32, batch=2, vocab=64, precision="bf16",
                            device="cpu", steps=3, warmup=1, threads=1, compile=False, profile=False, repeats=2)
+    calls = []
+    real = ba.paired_excess
+
+    def recording(times, flops, **kw):
+        calls.append(kw.get("groups"))
+        return real(times, flops, **kw)
+
+    monkeypatch.setattr(ba, "paired_excess", recording)
     out = io.StringIO()
     excess = ba._shape_table(a, Console(file=out, width=200))
+    assert calls[-1] == [3, 3]  # the pooled interval resamples the two processes, then their rounds
     line = " ".join(out.getvalue().split())
     assert "excess in each of 2 processes" in line and "per round over all 2 processes (6 rounds)" in line
     each, pooled = line.split("excess in each of 2 processes", 1)[1].split("per round over all 2 processes", 1)
