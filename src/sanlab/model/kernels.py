@@ -234,7 +234,7 @@ def explicit_scores(batch: int, heads: int, seq_len: int) -> int:
 def explicit_keep(batch: int, heads: int, seq_len: int, low: torch.dtype | None) -> torch.dtype | None:
     """The dtype the explicit kernel keeps its probabilities in, or None if they do not fit
     `CPU_EXPLICIT_MAX_BYTES` (one layer): fp32 where that fits; else `low` (bf16 under
-    bf16 autocast: half the memory, gradients still more accurate than SDPA's, tested)
+    bf16 autocast: half the memory; gradients within 1.25x of SDPA's error, tested)
     where that fits. fp32 first because on the CPU the backward's P ⊙ (dP − δ) runs 2x
     slower with a bf16 P (a mixed-dtype product), which costs more than the bf16 copy
     saves while memory is not the limit (measured: 5% of the T256 SAN step)."""
