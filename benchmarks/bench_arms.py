@@ -106,9 +106,10 @@ def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: s
     rng = random.Random(seed)
     out = {}
     fl = {n: flops[ref] / flops[n] for n in times if n != ref}
-    sizes = groups or [len(times[ref])]
+    sizes = groups or [len(times[ref])]  # one group: the plain bootstrap over the rounds
     if sum(sizes) != len(times[ref]):
         raise ValueError(f"groups {sizes} do not add up to the {len(times[ref])} rounds")
+    bounds = [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(len(sizes))]
     for n in fl:
         if len(times[n]) != len(times[ref]):
             raise ValueError(f"{n} has {len(times[n])} timed steps, {ref} {len(times[ref])}: not paired")
@@ -116,12 +117,9 @@ def paired_excess(times: dict[str, list[float]], flops: dict[str, float], ref: s
         if len(per_round) < MIN_ROUNDS:
             out[n] = (statistics.median(per_round), math.nan, math.nan)
             continue
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        by_group = [per_round[a:a + k] for a, k in zip(starts, sizes)]
+        by_group = [per_round[a:b] for a, b in bounds]
 
         def draw() -> list[float]:
-            if len(by_group) == 1:
-                return rng.choices(per_round, k=len(per_round))
             return [x for g in rng.choices(by_group, k=len(by_group)) for x in rng.choices(g, k=len(g))]
 
         boots = sorted(statistics.median(draw()) for _ in range(resamples))
@@ -301,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8, help="timed steps per arm")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=1,
-                   help="child processes per shape; with more than one, each one's excess and their median")
+                   help="child processes per shape; with more than one, each one's excess, and an interval over them all")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="torch.compile every arm (train.compile=true)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the SAN's per-op breakdown")

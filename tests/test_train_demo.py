@@ -36,7 +36,8 @@ def test_default_config_trains_in_about_a_minute(default_data_dir: Path, tmp_pat
     assert meta["status"] == "completed"
     assert meta["final"]["val_loss"] < meta["init"]["val_loss"] - 3.5
     unigram = _unigram_val_loss(default_data_dir)
-    assert meta["final"]["val_loss"] < unigram < meta["init"]["val_loss"] - 1.0  # (the bar is itself learned) - 2.0  # far past token frequencies
+    assert unigram < meta["init"]["val_loss"] - 1.0  # the bar itself is a learned level, not the init
+    assert meta["final"]["val_loss"] < unigram - 2.0  # far past token frequencies (measured 3.70 against 6.03)
     # Every region of the synth documents is learned, not just the markers.
     for r in ("query", "trace", "answer"):
         assert meta["final"][f"val_loss_{r}"] < meta["init"][f"val_loss_{r}"] - 3.0, r
@@ -53,4 +54,5 @@ def test_both_arms_train_with_muon_and_adamw(default_data_dir: Path, tmp_path: P
     # Measured at 250k tokens from 7.63: SAN 5.92 (Muon) and 5.73 (AdamW), standard 5.49
     # (Muon) and 3.70 (AdamW); the SAN arms have only just passed the unigram level.
     unigram = _unigram_val_loss(default_data_dir)
-    assert meta["final"]["val_loss"] < unigram < meta["init"]["val_loss"] - 1.0  # (the bar is itself learned)
+    assert unigram < meta["init"]["val_loss"] - 1.0  # the bar itself is a learned level, not the init
+    assert meta["final"]["val_loss"] < unigram
