@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=GRID[0][4])
     p.add_argument("--batch", type=int, default=GRID[0][5])
     p.add_argument("--vocab", type=int, default=GRID[0][6])
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 where the device has bf16 products natively, else fp32 (as training)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--steps", type=int, default=8, help="timed steps per arm")
     p.add_argument("--warmup", type=int, default=2)
@@ -310,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
         return 0
+    if a.precision == "auto":
+        from sanlab.train.host import native_bf16
+
+        a.precision = "bf16" if native_bf16(a.device) else "fp32"
     console = Console(width=max(150, Console().width))
     if not a.grid:
         _shape_table(a, console)

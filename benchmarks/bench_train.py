@@ -161,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vocab", type=int, default=2048)
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="auto: bf16 where the device has bf16 products natively, else fp32 (as training)")
     p.add_argument("--steps", type=int, default=10, help="timed steps per model per process")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2, help="processes per allocator setting")
@@ -170,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", action="store_true",
                    help="compare over the CPU shapes of GRID (d, heads, seq_len, batch) in one table")
     a = p.parse_args(argv)
+    if a.precision == "auto":
+        from sanlab.train.host import native_bf16
+
+        a.precision = "bf16" if native_bf16("cpu") else "fp32"
     if a.grid:
         return _grid(a)
     a.d_ff = a.d_ff or 4 * a.d

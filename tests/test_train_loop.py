@@ -110,3 +110,22 @@ def test_loss_spike_counts_as_divergence(train_data_dir: Path, tmp_path: Path) -
     cfg = tiny_config(train_data_dir, "train.steps=40", "train.eval_every=0", "train.spike_factor=0.5")
     meta = train(cfg, tmp_path / "run")
     assert meta["status"] == "diverged" and meta["final"]["steps"] == 11  # after 10 warmup steps
+
+
+def test_explicit_bf16_on_a_cpu_that_emulates_it_is_noted(train_data_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """train.precision=bf16 on a CPU without bf16 instructions trains as asked, with one
+    line saying it is emulated; `auto` there records fp32 for both precisions."""
+    from sanlab.train import trainer
+
+    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: False)
+    meta = train(tiny_config(train_data_dir, "train.steps=2", "train.eval_every=0", "train.precision=bf16"),
+                 tmp_path / "bf16")
+    assert meta["status"] == "completed"
+    out = capsys.readouterr().out
+    assert sum("emulated" in line for line in out.splitlines()) == 1 and "train.precision=bf16" in out
+    train(tiny_config(train_data_dir, "train.steps=2", "train.eval_every=0"), tmp_path / "auto")
+    assert "emulated" not in capsys.readouterr().out
+    stored = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert (stored["train"]["precision"], stored["optim"]["ns_precision"]) == ("fp32", "fp32")

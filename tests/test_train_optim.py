@@ -79,8 +79,8 @@ def _step_both(cfg: OptimConfig, fused: bool | None, steps: int) -> tuple[nn.Mod
 
 
 @pytest.mark.parametrize("cfg", [
-    OptimConfig(name="muon"),
-    OptimConfig(name="muon", muon_adjust_lr="match_rms_adamw", ns_coefficients=(3.0, -3.2, 1.2)),
+    OptimConfig(name="muon", ns_precision="bf16"),
+    OptimConfig(name="muon", ns_precision="bf16", muon_adjust_lr="match_rms_adamw", ns_coefficients=(3.0, -3.2, 1.2)),
     OptimConfig(name="adamw", lr=6e-4),
 ], ids=["muon", "muon-variant", "adamw"])
 def test_optimizers_match_the_torch_reference(cfg: OptimConfig) -> None:
@@ -93,7 +93,7 @@ def test_optimizers_match_the_torch_reference(cfg: OptimConfig) -> None:
 def test_fused_adamw_is_the_default_update_rule() -> None:
     """The fused AdamW kernel the trainer uses gives torch's default AdamW's parameters to
     rounding, over several steps of both arms."""
-    for cfg in (OptimConfig(name="adamw", lr=6e-4), OptimConfig(name="muon")):
+    for cfg in (OptimConfig(name="adamw", lr=6e-4), OptimConfig(name="muon", ns_precision="bf16")):
         assert all(g.get("fused") for o in build_optimizers(tiny_lm(), cfg).optimizers
                    if isinstance(o, torch.optim.AdamW) for g in o.param_groups)
         ours, ref = _step_both(cfg, fused=None, steps=6)
@@ -183,6 +183,67 @@ def test_batched_muon_state_moves_to_and_from_torch_muon() -> None:
     swapped_opt.load_state_dict(opt.state_dict())
     _muon_steps(theirs, ours, swapped_ref, swapped_opt, range(2, 4))
     assert all(torch.equal(a, b) for a, b in zip(theirs, ours))
+
+
+def _fp32_zeropower(grad: torch.Tensor, ns_coefficients: tuple[float, float, float], ns_steps: int,
+                    eps: float) -> torch.Tensor:
+    """torch.optim.Muon's Newton–Schulz iterations with the input cast to fp32, not bf16."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    x = x.T if grad.size(0) > grad.size(1) else x
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if grad.size(0) > grad.size(1) else x
+
+
+def test_fp32_newton_schulz_is_torch_muon_with_fp32_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ns_dtype=fp32 (optim.ns_precision=fp32, `auto` on CPUs without native bf16) is
+    torch's update with the iterations in fp32: equal to fp32 rounding, and not the bf16
+    update."""
+    import torch.optim._muon as torch_muon
+
+    kw = dict(lr=0.02, weight_decay=0.01)
+    bf16_ref, bf16_params, bf16_torch, bf16_opt = _muon_pair(**kw)
+    _muon_steps(bf16_ref, bf16_params, bf16_torch, bf16_opt, range(4))  # torch's own bf16, for contrast
+    monkeypatch.setattr(torch_muon, "_zeropower_via_newtonschulz", _fp32_zeropower)
+    theirs, ours, _, _ = _muon_pair(**kw)
+    ref, opt = torch.optim.Muon(theirs, **kw), Muon(ours, ns_dtype=torch.float32, **kw)
+    _muon_steps(theirs, ours, ref, opt, range(4))
+    for i, (a, b, c) in enumerate(zip(theirs, ours, bf16_params)):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=str(i))
+        assert (b - c).abs().max() > 1e-5, i  # bf16 iterations give a visibly different update
+
+
+def test_muon_refuses_other_iteration_dtypes() -> None:
+    with pytest.raises(ValueError, match="ns_dtype"):
+        Muon([nn.Parameter(torch.zeros(4, 4))], ns_dtype=torch.float16)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precisions_follow_the_cpu(monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
+    """`auto` for autocast and for Newton–Schulz resolves to bf16 on a CPU with bf16
+    dot-product instructions and to fp32 without; explicit choices are kept, and an
+    explicit bf16 on a CPU that emulates it gets a one-line note."""
+    from sanlab.config import Config
+    from sanlab.train import host, trainer
+
+    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(host, "cpu_has_native_bf16", lambda: native)
+    want = "bf16" if native else "fp32"
+    cfg = trainer.resolve(Config.model_validate({"train": {"device": "cpu"}}))
+    assert (cfg.train.precision, cfg.optim.ns_precision) == (want, want)
+    assert trainer.emulated_bf16_note(cfg) is None
+    kept = trainer.resolve(Config.model_validate(
+        {"train": {"device": "cpu", "precision": "bf16"}, "optim": {"ns_precision": "fp32"}}))
+    assert (kept.train.precision, kept.optim.ns_precision) == ("bf16", "fp32")
+    note = trainer.emulated_bf16_note(kept)
+    assert (note is None) == native
+    if note:
+        assert "\n" not in note and "train.precision=bf16" in note and "ns_precision" not in note
+    m = build_optimizers(tiny_lm(), OptimConfig(ns_precision="auto")).optimizers[0]
+    assert isinstance(m, Muon) and m.ns_dtype == (torch.bfloat16 if native else torch.float32)
 
 
 def test_schedule_scales_every_group_from_its_peak() -> None:

@@ -529,3 +529,23 @@ def test_old_run_dir_is_the_same_run(tmp_path: Path) -> None:
     other = Config(model=tiny("softmax", "none"))
     with pytest.raises(ConfigError, match="different config: model.state_mixer"):
         rundir.decide(tmp_path, other, resume=False, force=False)
+
+
+def test_run_dir_from_before_ns_precision_ran_bf16_iterations(tmp_path: Path) -> None:
+    """A config.json without optim.ns_precision (written before the key) is a run whose
+    Newton–Schulz iterations ran in bf16: the same run as ns_precision=bf16, a different
+    one from fp32."""
+    import json
+
+    from sanlab.config import Config
+    from sanlab.train import rundir
+
+    cfg = Config.model_validate({"model": tiny("softmax", "none").model_dump(), "optim": {"ns_precision": "bf16"}})
+    stored = rundir.config_json(cfg)
+    stored["optim"].pop("ns_precision")
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "completed"}))
+    assert rundir.decide(tmp_path, cfg, resume=False, force=False).action == "done"
+    fp32 = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"ns_precision": "fp32"})})
+    with pytest.raises(ConfigError, match="different config: optim.ns_precision"):
+        rundir.decide(tmp_path, fp32, resume=False, force=False)

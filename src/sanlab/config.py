@@ -325,6 +325,11 @@ class OptimConfig(StrictModel):
     """Newton–Schulz iterations that orthogonalise Muon's update."""
     ns_coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315)
     """Newton–Schulz polynomial coefficients (a, b, c)."""
+    ns_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """Precision of Muon's Newton–Schulz iterations. bf16 is torch.optim.Muon's; auto takes
+    bf16 on a GPU or a CPU with bf16 dot-product instructions (AVX512-BF16, AMX) and fp32
+    on other CPUs, where bf16 products are emulated and over 10x slower. Recorded resolved
+    in config.json; runs written before this key ran bf16."""
     # torch.optim.Muon's adjust_lr_fn: "original" (max(1, rows/cols)^0.5) or "match_rms_adamw".
     muon_adjust_lr: Literal["original", "match_rms_adamw"] = "original"
     beta1: float = 0.9

@@ -56,7 +56,8 @@ def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> st
     parts = {"model": cfg["model"], "seq_len": cfg["data"]["seq_len"], "batch_rows": t["batch_rows"],
              "micro_batch_rows": t.get("micro_batch_rows"), "precision": t.get("precision"),
              "device": t.get("device"), "compile": t.get("compile"), "eval_rows": t.get("eval_rows"),
-             "freeze": t.get("freeze"), "optimizer": cfg["optim"]["name"], "threads": threads,
+             "freeze": t.get("freeze"), "optimizer": cfg["optim"]["name"],
+             "ns_precision": cfg["optim"].get("ns_precision"), "threads": threads,
              "side_by_side": side_by_side,
              "versions": [__version__, torch.__version__]}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

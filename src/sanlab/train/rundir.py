@@ -67,6 +67,8 @@ def _normalised(stored: Any) -> Any:
     """A stored config.json as this version writes it: keys added since (with their
     defaults) filled in, input spellings (`model.ffn`, `ffn_type`) resolved. A config that
     no longer validates is compared as it is."""
+    if isinstance(stored, dict) and isinstance(stored.get("optim"), dict) and "ns_precision" not in stored["optim"]:
+        stored = {**stored, "optim": {**stored["optim"], "ns_precision": "bf16"}}  # what such runs ran
     try:
         return config_json(Config.model_validate(stored))
     except ValidationError:
