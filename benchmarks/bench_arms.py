@@ -286,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from rich.console import Console
 
+    from sanlab.train.host import resolve_precision
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=GRID[0][0], help="SAN layers")
     p.add_argument("--d", type=int, default=GRID[0][1])
@@ -311,10 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
         return 0
-    if a.precision == "auto":
-        from sanlab.train.host import native_bf16
-
-        a.precision = "bf16" if native_bf16(a.device) else "fp32"
+    a.precision = resolve_precision(a.precision, a.device)
     console = Console(width=max(150, Console().width))
     if not a.grid:
         _shape_table(a, console)

@@ -4,8 +4,9 @@ Prepare rows time the whole pipeline (generate or read, train the BPE, tokenize,
 hash, rename). The loader must never be the bottleneck: it has to deliver batches at
 least 50× faster than a default CPU model trains on them. The training need is measured
 in the same run: full training steps (bf16 autocast where the CPU has bf16 natively,
-else fp32, as `train.precision=auto`; fused loss, backward, Muon + AdamW) of the default SAN and of the default-width standard arm with one layer — the fastest
-consumer of tokens — on batches from the same loader.
+else fp32, as `train.precision=auto`; fused loss, backward, Muon + AdamW) of the default
+SAN and of the default-width standard arm with one layer — the fastest consumer of
+tokens — on batches from the same loader.
 
     python benchmarks/bench_data.py [--tokens 1M --seq-len 256 --batch 16 --steps 2000]
 """
@@ -55,10 +56,10 @@ def _training_rate(data_dir: Path, batch: int, steps: int, **model: object) -> f
 
     from sanlab.config import Config
     from sanlab.model.lm import LM
-    from sanlab.train.host import native_bf16
+    from sanlab.train.host import resolve_precision
     from sanlab.train.optim import build_optimizers, clip_grad_norm
 
-    bf16 = native_bf16("cpu")  # train.precision=auto, as the trainer resolves it
+    bf16 = resolve_precision("auto", "cpu") == "bf16"  # train.precision=auto, as the trainer resolves it
     torch.manual_seed(0)
     loader = Loader(data_dir, batch_rows=batch, seed=0)
     cfg = Config().model.model_copy(update={"vocab_size": loader.vocab_size, **model})

@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from sanlab.train.host import resolve_precision
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--d", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
@@ -171,10 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grid", action="store_true",
                    help="compare over the CPU shapes of GRID (d, heads, seq_len, batch) in one table")
     a = p.parse_args(argv)
-    if a.precision == "auto":
-        from sanlab.train.host import native_bf16
-
-        a.precision = "bf16" if native_bf16("cpu") else "fp32"
+    a.precision = resolve_precision(a.precision, "cpu")
     if a.grid:
         return _grid(a)
     a.d_ff = a.d_ff or 4 * a.d

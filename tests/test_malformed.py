@@ -47,6 +47,8 @@ CASES: dict[str, tuple[str, str]] = {
     "lr 1e999": ("train {base} optim.lr=1e999 --out {root}/new", "finite number"),
     "lr negative": ("train {base} optim.lr=-0.1 --out {root}/new", "learning rates must be positive"),
     "adam_lr zero": ("train {base} optim.adam_lr=0 --out {root}/new", "learning rates must be positive"),
+    "ns_precision unknown": ("train {base} optim.ns_precision=fp16 --out {root}/new",
+                             "optim.ns_precision=fp16: Input should be 'auto', 'bf16' or 'fp32'"),
     "weight decay negative": ("train {base} optim.weight_decay=-1 --out {root}/new", "weight_decay must be >= 0"),
     "beta2 above 1": ("train {base} optim.beta2=1.5 --out {root}/new", "beta2 must lie in [0, 1]"),
     "beta1 equal 1": ("train {base} optim.beta1=1 --out {root}/new", "below 1"),

@@ -117,9 +117,9 @@ def test_explicit_bf16_on_a_cpu_that_emulates_it_is_noted(train_data_dir: Path, 
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     """train.precision=bf16 on a CPU without bf16 instructions trains as asked, with one
     line saying it is emulated; `auto` there records fp32 for both precisions."""
-    from sanlab.train import trainer
+    from sanlab.train import host
 
-    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setattr(host, "cpu_has_native_bf16", lambda: False)
     meta = train(tiny_config(train_data_dir, "train.steps=2", "train.eval_every=0", "train.precision=bf16"),
                  tmp_path / "bf16")
     assert meta["status"] == "completed"

@@ -229,7 +229,6 @@ def test_auto_precisions_follow_the_cpu(monkeypatch: pytest.MonkeyPatch, native:
     from sanlab.config import Config
     from sanlab.train import host, trainer
 
-    monkeypatch.setattr(trainer, "cpu_has_native_bf16", lambda: native)
     monkeypatch.setattr(host, "cpu_has_native_bf16", lambda: native)
     want = "bf16" if native else "fp32"
     cfg = trainer.resolve(Config.model_validate({"train": {"device": "cpu"}}))

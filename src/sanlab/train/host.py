@@ -22,8 +22,8 @@ decides what `auto` precision means (`train.precision`, `optim.ns_precision`).
 from __future__ import annotations
 
 import ctypes
-import functools
 import ctypes.util
+import functools
 import os
 import sys
 from pathlib import Path
@@ -84,3 +84,10 @@ def native_bf16(device: str) -> bool:
     import torch
 
     return torch.cuda.is_bf16_supported() if device == "cuda" else cpu_has_native_bf16()
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """`auto` as bf16 where `device` has bf16 products natively, else fp32; other values as they are."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"

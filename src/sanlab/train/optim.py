@@ -33,7 +33,7 @@ from torch import nn
 
 from sanlab.config import OptimConfig
 from sanlab.errors import ConfigError
-from sanlab.train.host import native_bf16
+from sanlab.train.host import resolve_precision
 
 Group = Literal["matrix", "embedding", "gain_or_gate", "frozen"]
 GROUPS: tuple[Group, ...] = ("matrix", "embedding", "gain_or_gate", "frozen")
@@ -202,15 +202,6 @@ class Muon(torch.optim.Muon):
         return loss
 
 
-def _ns_bf16(ns_precision: str, model: nn.Module) -> bool:
-    """optim.ns_precision, with `auto` (a config not through `trainer.resolve`) decided
-    by the model's device."""
-    if ns_precision != "auto":
-        return ns_precision == "bf16"
-    p = next(iter(model.parameters()), None)
-    return native_bf16(p.device.type if p is not None else "cpu")
-
-
 def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
     """Build the optimizers for `cfg.name` (muon | adamw) from the routing table."""
     groups = route(model)
@@ -233,7 +224,9 @@ def build_optimizers(model: nn.Module, cfg: OptimConfig) -> Optimizers:
                 lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.momentum,
                 nesterov=cfg.nesterov, ns_coefficients=tuple(cfg.ns_coefficients),
                 ns_steps=cfg.ns_steps, adjust_lr_fn=cfg.muon_adjust_lr,
-                ns_dtype=torch.bfloat16 if _ns_bf16(cfg.ns_precision, model) else torch.float32,
+                # `auto` (a config not through trainer.resolve) by the matrices' device
+                ns_dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[
+                    resolve_precision(cfg.ns_precision, matrices[0][1].device.type)],
             ))
             names.append([[n for n, _ in matrices]])
         if rest:

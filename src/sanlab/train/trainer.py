@@ -32,7 +32,7 @@ from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.model.lm import LM, token_losses
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
-from sanlab.train.host import cpu_has_native_bf16, native_bf16, tune_cpu_allocator
+from sanlab.train.host import native_bf16, resolve_precision, tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import build_optimizers, clip_grad_norm, routing_table
 from sanlab.train.schedule import lr_multiplier
@@ -62,22 +62,20 @@ def resolve(cfg: Config) -> Config:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device=cuda but no CUDA device is available")
-    precision, ns_precision = t.precision, cfg.optim.ns_precision
-    if "auto" in (precision, ns_precision):
-        fast = native_bf16(device)
-        precision = ("bf16" if fast else "fp32") if precision == "auto" else precision
-        ns_precision = ("bf16" if fast else "fp32") if ns_precision == "auto" else ns_precision
     return cfg.model_copy(update={
-        "train": t.model_copy(update={"device": device, "precision": precision}),
-        "optim": cfg.optim.model_copy(update={"ns_precision": ns_precision}),
+        "train": t.model_copy(update={"device": device, "precision": resolve_precision(t.precision, device)}),
+        "optim": cfg.optim.model_copy(update={"ns_precision": resolve_precision(cfg.optim.ns_precision, device)}),
     })
 
 
 def emulated_bf16_note(cfg: Config) -> str | None:
     """A one-line note when a resolved config asks for bf16 on a CPU that emulates it."""
-    asked = [k for k, v in (("train.precision", cfg.train.precision), ("optim.ns_precision", cfg.optim.ns_precision))
-             if v == "bf16" and (k == "train.precision" or cfg.optim.name == "muon")]
-    if cfg.train.device != "cpu" or not asked or cpu_has_native_bf16():
+    asked = []
+    if cfg.train.precision == "bf16":
+        asked.append("train.precision")
+    if cfg.optim.name == "muon" and cfg.optim.ns_precision == "bf16":
+        asked.append("optim.ns_precision")
+    if cfg.train.device != "cpu" or not asked or native_bf16("cpu"):
         return None
     return (f"note: {' and '.join(asked)}=bf16 on a CPU without bf16 dot-product instructions "
             "(AVX512-BF16, AMX): its bf16 products are emulated and over 10x slower than fp32; "
