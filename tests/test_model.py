@@ -232,9 +232,29 @@ def test_norm_feeding_a_matmul_writes_the_autocast_dtype():
     assert norm(x).dtype == torch.float32  # no autocast, no cast
 
 
-def test_backend_choice():
+def test_backend_choice_with_the_fused_kernel(monkeypatch):
+    """auto on the CPU is the fused kernel at any length and batch (its memory is O(T));
+    an explicit `fused` request where the kernel cannot build is a one-line ConfigError."""
+    from sanlab.errors import ConfigError
+    from sanlab.model import native
     from sanlab.model.layers import resolve_backend
 
+    cfg = tiny()
+    monkeypatch.setattr(native, "available", lambda: True)
+    for B, T in ((16, 128), (2, 1024), (1, 4096), (4096, 128), (4, 2048)):
+        assert resolve_backend(cfg, torch.zeros(B, T, dtype=torch.long)) == "fused"
+    assert resolve_backend(cfg.model_copy(update={"attn_backend": "explicit"}), torch.zeros(1, 8)) == "explicit"
+    monkeypatch.setattr(native, "_error", "no C compiler found (set CC, or install gcc or clang)")
+    monkeypatch.setattr(native, "_lib", None)
+    with pytest.raises(ConfigError, match="model.attn_backend=fused: .*no C compiler found"):
+        resolve_backend(cfg.model_copy(update={"attn_backend": "fused"}), torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_backend_choice_without_the_fused_kernel(monkeypatch):
+    from sanlab.model import native
+    from sanlab.model.layers import resolve_backend
+
+    monkeypatch.setattr(native, "available", lambda: False)
     cfg = tiny()
     assert resolve_backend(cfg, torch.zeros(16, 128, dtype=torch.long)) == "explicit"
     assert resolve_backend(cfg, torch.zeros(8, 256, dtype=torch.long)) == "explicit"
@@ -260,6 +280,7 @@ def test_explicit_kernel_keeps_probabilities_as_the_memory_bound_says(monkeypatc
     fit `CPU_EXPLICIT_MAX_BYTES`, bf16 under bf16 autocast where only bf16 fits, and
     `resolve_backend` picks the kernel by the same rule; the gradients are the same to
     bf16 rounding either way."""
+    from sanlab.model import native
     from sanlab.model.layers import attend, build_context, resolve_backend
 
     B, H, Hkv, T, D = 2, 4, 2, 16, 8  # 2·4·16·(16 + 16)/2 = 2048 kept probabilities
@@ -280,6 +301,7 @@ def test_explicit_kernel_keeps_probabilities_as_the_memory_bound_says(monkeypatc
         grads = torch.autograd.grad(out.float(), leaves, dout)
         return saved, [g.float() for g in grads]
 
+    monkeypatch.setattr(native, "available", lambda: False)  # (auto takes the fused kernel where it builds)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         assert resolve_backend(tiny(), tokens) == ("sdpa" if bound < 2048 * (2 if autocast else 4) else "explicit")
     saved, grads = run("explicit")

@@ -242,12 +242,15 @@ class MeasuredFlops:
 def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **kwargs: Any) -> MeasuredFlops:
     """Count the FLOPs of `model(tokens, *args, **kwargs)` with FlopCounterMode.
 
-    Matrix products (mm, bmm, addmm, …) and SDPA kernels are counted, SDPA as the full
-    square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
+    Matrix products (mm, bmm, addmm, …), SDPA kernels and sanlab's fused attention are
+    counted, attention as the full square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
     forward pass is seen.
     """
-    cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping={cpu_flash: _sdpa_flops}) as fc:
+    import sanlab.model.kernels  # noqa: F401 - registers sanlab::fused_attention
+
+    mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,
+               torch.ops.sanlab.fused_attention: _sdpa_flops}
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as fc:
         model(tokens, *args, **kwargs)
     by_op = {str(op): int(n) for op, n in fc.get_flop_counts()["Global"].items()}
     return MeasuredFlops(int(fc.get_total_flops()), tokens.numel(), by_op)

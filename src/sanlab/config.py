@@ -188,10 +188,11 @@ class ModelConfig(StrictModel):
     """The mixer's own options, validated by its `Options` model (an unknown key is an error)."""
     layout: str | list[str] = "uniform"
     """Where the mixer goes: a named layout (uniform, hybrid, even, odd, top, middle, bottom, every4, first, last, first_last: the places of the softmax layers) or one mixer name per layer."""
-    # Attention kernel. auto: FlexAttention on CUDA; on the CPU the block-causal explicit
-    # kernel (faster than SDPA from T = 64 to 2048, measured) while the probabilities it
-    # keeps fit sanlab.model.kernels.CPU_EXPLICIT_MAX_BYTES, SDPA with a dense mask beyond.
-    attn_backend: Literal["auto", "explicit", "sdpa", "flex"] = "auto"
+    # Attention kernel. auto: FlexAttention on CUDA; on the CPU the fused compiled kernel
+    # (sanlab.model.native: built with the system C compiler on first use), else the
+    # block-causal explicit kernel while the probabilities it keeps fit
+    # sanlab.model.kernels.CPU_EXPLICIT_MAX_BYTES, SDPA with a dense mask beyond.
+    attn_backend: Literal["auto", "fused", "explicit", "sdpa", "flex"] = "auto"
 
     @model_validator(mode="before")
     @classmethod

@@ -11,8 +11,12 @@ needs them to (it rejects `out=` into views).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+from sanlab.model import native
 
 # --------------------------------------------------------------------------- dtype
 
@@ -142,7 +146,17 @@ def norm_rope(x: torch.Tensor, gain: torch.Tensor, eps: float, c: torch.Tensor, 
     a transpose away, as `rope`'s does."""
     if torch.compiler.is_compiling():  # inductor fuses the plain formula
         return norm_rope_reference(upcast(x), gain, eps, c, s)
+    if _native_norm_rope_takes(x, gain, c, s):
+        return _NativeNormRoPE.apply(x, gain, eps, c, s)
     return _NormRoPE.apply(x, gain, eps, c, s)
+
+
+def _native_norm_rope_takes(x: torch.Tensor, gain: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> bool:
+    """The compiled kernel runs norm_rope for CPU inputs in fp32 or bf16 with fp32 gain and
+    tables of one layout (the model's case), when the compiled kernels are available."""
+    return (x.device.type == "cpu" and x.dtype in _FUSED_DTYPES and x.stride(-1) == 1 and x.shape[-1] <= 1024
+            and gain.dtype == c.dtype == s.dtype == torch.float32 and c.stride() == s.stride()
+            and c.stride(-1) == 1 and native.available())
 
 
 class _NormRoPE(torch.autograd.Function):
@@ -196,6 +210,45 @@ class _NormRoPE(torch.autograd.Function):
 
 
 
+class _NativeNormRoPE(torch.autograd.Function):
+    """`_NormRoPE`'s function by the compiled kernel (`csrc/norm_rope.c`): one pass over
+    the activations each way, where the PyTorch kernel makes about seven forward and ten
+    backward (its elementwise ops over (B, T, h, D/2) views). Saves x (which the QKV
+    product's output already holds) and r, not the fp32 normalised n; dγ is summed in
+    fixed chunks of rows, so it does not depend on the thread count."""
+
+    @staticmethod
+    def forward(ctx, x, gain, eps, c, s):  # type: ignore[override]
+        B, T, h, D = x.shape
+        out = torch.empty(B, h, T, D, dtype=torch.float32)
+        r = torch.empty(B, T, h, dtype=torch.float32)
+        gain = gain.contiguous()
+        lib = native.library()
+        _native_call(lib.sanlab_norm_rope_fwd, B, T, h, D, x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0),
+                     x.stride(1), x.stride(2), gain.data_ptr(), eps, c.data_ptr(), s.data_ptr(), c.stride(0),
+                     c.stride(1), out.data_ptr(), r.data_ptr(), torch.get_num_threads())
+        ctx.save_for_backward(x, gain, r, c, s)
+        return out.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, gain, r, c, s = ctx.saved_tensors
+        B, T, h, D = x.shape
+        if dy.dtype != torch.float32 or dy.stride(-1) != 1:
+            dy = dy.float().contiguous()
+        dx = torch.empty(B, T, h, D, dtype=x.dtype)
+        dgain = torch.empty(D, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        lib = native.library()
+        _native_call(lib.sanlab_norm_rope_bwd, B, T, h, D, x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0),
+                     x.stride(1), x.stride(2), gain.data_ptr(), r.data_ptr(), c.data_ptr(), s.data_ptr(), c.stride(0),
+                     c.stride(1), dy.data_ptr(), dy.stride(0), dy.stride(2), dy.stride(1), dx.data_ptr(),
+                     int(dx.dtype == torch.bfloat16), None if dgain is None else dgain.data_ptr(),
+                     torch.get_num_threads())
+        return dx, None if dgain is None else dgain.to(gain.dtype), None, None, None
+
+
+
+
 # --------------------------------------------------------------------------- attention
 
 
@@ -229,6 +282,12 @@ def explicit_scores(batch: int, heads: int, seq_len: int) -> int:
     """Probabilities the explicit kernel keeps for the backward (one layer)."""
     chunk = min(EXPLICIT_CHUNK, seq_len)
     return batch * heads * seq_len * (seq_len + chunk) // 2
+
+
+def unfused_cpu_backend(batch: int, heads: int, seq_len: int, low: torch.dtype | None) -> str:
+    """The CPU kernel where the fused one cannot run: the explicit kernel while the
+    probabilities it keeps fit (`explicit_keep`), SDPA beyond."""
+    return "explicit" if explicit_keep(batch, heads, seq_len, low) is not None else "sdpa"
 
 
 def explicit_keep(batch: int, heads: int, seq_len: int, low: torch.dtype | None) -> torch.dtype | None:
@@ -339,6 +398,133 @@ class _ExplicitAttention(torch.autograd.Function):
                 dv.view(B, Hkv, T, D).to(vt), None, None, None)
 
 
+# The fused kernel is a torch custom op (`sanlab::fused_attention`, with its backward
+# `sanlab::fused_attention_backward`): FlopCounterMode sees it (`accounting` counts it
+# as SDPA's full square), torch.compile traces around it without a graph break, and
+# autograd calls the compiled backward.
+
+
+@torch.library.custom_op("sanlab::fused_attention", mutates_args=())
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
+                    mode: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ/√D + M) v by the compiled CPU kernel (`csrc/attention.c`, products on
+    AMX tiles in `csrc/attention_amx.c` where the CPU has them), with M causal and each
+    row's keys limited to its document: row i of batch b sees keys [starts[b, i], i].
+
+    q (B, H, T, D), k, v (B, Hkv, T, D): fp32 or bf16, any strides with the last one 1
+    (v straight from the QKV product's slice, say); starts (B, T) int32; mode 0 for the
+    fastest products this CPU has, 1 for the portable fp32 ones. Every product and
+    reduction keeps fp32 accuracy (bf16 inputs widen exactly; on AMX a non-bf16 operand
+    is split into two bf16 parts), so the result is `attention_reference`'s up to the
+    order of sums (portable, ~1e-7 relative) or ~1e-5 (AMX). Per block of query rows
+    the scores exist only in cache (no (T, T) tensor: memory O(T) at any length); the
+    backward recomputes P from each row's log-sum-exp. Returns the output (B, H, T, D)
+    and the log-sum-exp (B, H, T), both fp32.
+    """
+    lib = native.library()
+    B, H, T, D = q.shape
+    out = torch.empty(B, H, T, D, dtype=torch.float32)
+    lse = torch.empty(B, H, T, dtype=torch.float32)
+    _native_call(lib.sanlab_attn_fwd, B, H, k.shape[1], T, D, *_native_operand(q), *_native_operand(k),
+                 *_native_operand(v), starts.data_ptr(), out.data_ptr(), lse.data_ptr(), torch.get_num_threads(), mode)
+    return out, lse
+
+
+@fused_attention.register_fake
+def _(q, k, v, starts, mode):  # noqa: ANN001, ANN202
+    B, H, T, D = q.shape
+    return q.new_empty(B, H, T, D, dtype=torch.float32), q.new_empty(B, H, T, dtype=torch.float32)
+
+
+@torch.library.custom_op("sanlab::fused_attention_backward", mutates_args=())
+def fused_attention_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             starts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                             mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv (fp32) of `fused_attention` for the output gradient `dout`."""
+    lib = native.library()
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    if dout.dtype not in _FUSED_DTYPES or dout.stride(-1) != 1:
+        dout = dout.float().contiguous()
+    dq = torch.empty(B, H, T, D, dtype=torch.float32)
+    dk = torch.empty(B, Hkv, T, D, dtype=torch.float32)
+    dv = torch.empty(B, Hkv, T, D, dtype=torch.float32)
+    _native_call(lib.sanlab_attn_bwd, B, H, Hkv, T, D, *_native_operand(q), *_native_operand(k), *_native_operand(v),
+                 *_native_operand(dout), starts.data_ptr(), out.data_ptr(), lse.data_ptr(), dq.data_ptr(),
+                 dk.data_ptr(), dv.data_ptr(), torch.get_num_threads(), mode)
+    return dq, dk, dv
+
+
+@fused_attention_backward.register_fake
+def _(dout, q, k, v, starts, out, lse, mode):  # noqa: ANN001, ANN202
+    return (torch.empty_like(q, dtype=torch.float32), torch.empty_like(k, dtype=torch.float32),
+            torch.empty_like(v, dtype=torch.float32))
+
+
+def _fused_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    q, k, v, starts, mode = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, starts, out, lse)
+    ctx.mode = mode
+
+
+def _fused_backward(ctx, dout, dlse):  # noqa: ANN001, ANN202 - lse is not differentiated
+    q, k, v, starts, out, lse = ctx.saved_tensors
+    dq, dk, dv = fused_attention_backward(dout, q, k, v, starts, out, lse, ctx.mode)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+torch.library.register_autograd("sanlab::fused_attention", _fused_backward, setup_context=_fused_setup)
+
+
+_FUSED_DTYPES = (torch.float32, torch.bfloat16)
+# The fused kernel's products may run on AMX tiles where the CPU and the build have them
+# (`csrc/attention_amx.c`); False (or SANLAB_AMX=0 in the environment) keeps them on the
+# portable fp32 path, which the tests compare it against.
+FUSED_AMX = True
+
+
+def fused_products(low_precision: bool) -> int:
+    """The fused kernel's `mode`: 0, the fastest products this CPU has (AMX's split bf16
+    products, ~1e-5 relative); 1, the portable fp32 ones (~1e-7). As PyTorch does for fp32
+    matmuls, an fp32 computation gets fp32 arithmetic unless `torch.set_float32_matmul_precision`
+    allows less than "highest"; a low-precision one (bf16 autocast) accepts bf16 products,
+    and the split ones are far more accurate than those."""
+    if not FUSED_AMX or os.environ.get("SANLAB_AMX", "1") == "0":
+        return 1
+    return 0 if low_precision or torch.get_float32_matmul_precision() != "highest" else 1
+
+
+def _fused_mode(*inputs: torch.Tensor) -> int:
+    return fused_products(any(t.dtype == torch.bfloat16 for t in inputs))
+
+
+def _native_operand(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """A (B, h, T, D) tensor as the C kernel reads it: data pointer, is-bf16, and the
+    strides of b, h and t in elements (d must be contiguous)."""
+    return x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0), x.stride(1), x.stride(2)
+
+
+def _native_call(fn, *args) -> None:  # noqa: ANN001
+    status = fn(*args)
+    if status == 2:
+        raise MemoryError(f"{fn.__name__}: out of memory for its buffers")
+    if status != 0:
+        raise RuntimeError(f"{fn.__name__}: the kernel refused its arguments (status {status})")
+
+
+def fused_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> bool:
+    """Whether the fused kernel takes these inputs: CPU tensors in fp32 or bf16, a head
+    dim up to 1024, and documents that are runs of their segment id (`ctx.row_starts`)."""
+    return (q.device.type == "cpu" and all(t.dtype in _FUSED_DTYPES for t in (q, k, v))
+            and q.shape[-1] <= 1024 and ctx.row_starts is not None)
+
+
+def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return fused_attention(q, k, v, ctx.row_starts, _fused_mode(q, k, v))[0].to(v.dtype)
+
+
 def _explicit(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext, pattern_hook: HookPoint | None
 ) -> torch.Tensor:
@@ -379,12 +565,19 @@ def attend(
     """
     if pattern_hook is not None and pattern_hook.active:
         return _explicit(q, k, v, ctx, pattern_hook)
-    if ctx.backend == "explicit":
+    backend = ctx.backend
+    if backend == "fused":
+        if fused_supported(q, k, v, ctx):
+            return _fused(q, k, v, ctx)
+        # fp64 (property tests), fp16, or segment ids that repeat after another id
+        low = v.dtype if v.dtype.itemsize == 2 else None
+        backend = unfused_cpu_backend(q.shape[0], q.shape[1], q.shape[2], low)
+    if backend == "explicit":
         return _explicit(q, k, v, ctx, None)
     # SDPA and FlexAttention take q and k in v's dtype; the explicit kernel computes its
     # scores in fp32 from q and k as given (callers may pass them unrounded, in fp32).
     q, k = q.to(v.dtype), k.to(v.dtype)
-    if ctx.backend == "flex":
+    if backend == "flex":
         return _flex(q, k, v, ctx.block_mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.dense_mask, enable_gqa=q.shape[1] != k.shape[1])
 

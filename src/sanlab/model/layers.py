@@ -14,11 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from sanlab.config import ModelConfig
-from sanlab.model.kernels import (  # noqa: F401 - attend and upcast are part of this module's interface
+from sanlab.errors import ConfigError
+from sanlab.model import native
+from sanlab.model.kernels import (  # noqa: F401 - attend, explicit_keep and upcast are part of this module's interface
     attend,
     explicit_keep,
+    fused_products,
     rms_norm,
     rope,
+    unfused_cpu_backend,
     upcast,
 )
 
@@ -133,6 +137,8 @@ class AttentionContext:
     _dense_mask: torch.Tensor | None = None
     _block_mask: object | None = None
     _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    _row_starts: torch.Tensor | None = None
+    _row_starts_known: bool = False
 
     def static_qk_input(self, dtype: torch.dtype) -> torch.Tensor:
         """The input embedding RMS-normalised (no gain), in `dtype`: StaticEmbQK's Q/K input."""
@@ -151,6 +157,21 @@ class AttentionContext:
             same = seg[:, :, None] == seg[:, None, :]
             self._dense_mask = (same & causal)[:, None]
         return self._dense_mask
+
+    @property
+    def row_starts(self) -> torch.Tensor | None:
+        """(B, T) int32: the first key each query may see, i.e. where its document starts
+        (the fused kernel's mask: row i sees keys [row_starts[i], i]). That describes the
+        dense mask exactly when every segment id is one run in its row, as packed rows
+        are (ids rise along the row); None otherwise (an id that recurs after another)."""
+        if not self._row_starts_known:
+            seg = self.segment_ids
+            if self.single_document or bool((seg[:, 1:] >= seg[:, :-1]).all()):
+                T = seg.shape[1]
+                idx = torch.arange(T, device=seg.device)
+                self._row_starts = (idx - self.positions).to(torch.int32).contiguous()
+            self._row_starts_known = True
+        return self._row_starts
 
     def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
         """(B, 1, T, T): 0 where attention is allowed, -inf elsewhere."""
@@ -177,21 +198,33 @@ class AttentionContext:
 def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
     """The attention kernel for this batch when `cfg.attn_backend` is `auto`.
 
-    CUDA: FlexAttention with a document block mask (when it imports). CPU: the explicit
-    kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_BYTES` (in fp32, or in bf16
-    under bf16 autocast: `explicit_keep`), SDPA with a dense mask otherwise
-    (FlexAttention has no CPU backward in this torch, so an explicit `flex` request
-    falls back to SDPA there).
+    CUDA: FlexAttention with a document block mask (when it imports). CPU: the fused
+    compiled kernel (`sanlab.model.native`; memory O(T), any length) where it builds;
+    else the explicit kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_BYTES`
+    (in fp32, or in bf16 under bf16 autocast: `explicit_keep`), SDPA with a dense mask
+    otherwise (FlexAttention has no CPU backward in this torch, so an explicit `flex`
+    request falls back to SDPA there). `attend` still routes inputs the fused kernel
+    does not take (fp64, fp16, recurring segment ids) to the explicit kernel or SDPA.
+    An explicit `fused` request that cannot be met is a ConfigError naming the reason.
     """
     requested, device = cfg.attn_backend, tokens.device
+    if requested == "fused":
+        if device.type != "cpu":
+            raise ConfigError(f"model.attn_backend=fused: the fused kernel runs on the CPU, not on {device.type}")
+        try:
+            native.library()
+        except native.NativeUnavailable as e:
+            raise ConfigError(f"model.attn_backend=fused: the fused CPU kernel is unavailable here: {e}") from None
     if requested == "auto":
         if device.type == "cuda":
             requested = "flex"
+        elif native.available():
+            requested = "fused"
         else:
             B, T = tokens.shape
             low = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else None
             low = low if low is not None and low.itemsize == 2 else None
-            requested = "explicit" if explicit_keep(B, cfg.n_heads, T, low) is not None else "sdpa"
+            requested = unfused_cpu_backend(B, cfg.n_heads, T, low)
     if requested == "flex":
         if device.type != "cuda":
             return "sdpa"
@@ -199,6 +232,26 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
             from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
         except ImportError:
             return "sdpa"
+    return requested
+
+
+def attention_kernel(cfg: ModelConfig, device: torch.device, precision: str) -> str:
+    """The attention kernel a run on `device` in `precision` uses for its usual batches, as
+    a run's meta.json records it: `fused/amx` or `fused/portable` (the compiled CPU kernel
+    and where its products run), `explicit`, `sdpa` or `flex` (auto's choice depends on
+    the batch shape where the fused kernel is unavailable: `explicit/sdpa`). Raises the
+    ConfigError of an explicit `fused` request that cannot be met."""
+    requested = cfg.attn_backend
+    if requested in ("auto", "fused"):
+        probe = resolve_backend(cfg, torch.zeros(1, 1, dtype=torch.long, device=device))
+        if probe == "fused":
+            amx = native.library().sanlab_amx_available() and fused_products(precision == "bf16") == 0
+            return "fused/amx" if amx else "fused/portable"
+        if requested == "auto" and device.type == "cpu":
+            return "explicit/sdpa"
+        return probe
+    if requested == "flex" and device.type != "cuda":
+        return "sdpa"
     return requested
 
 

@@ -29,6 +29,7 @@ from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
 from sanlab.data.regions import REGION_NAMES
 from sanlab.errors import CheckpointError, ConfigError, DataError
+from sanlab.model.layers import attention_kernel
 from sanlab.model.lm import LM, token_losses
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
@@ -224,6 +225,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     np.random.seed(t.seed)
     random.seed(t.seed)
     model = LM(cfg.model).to(d.device)
+    attention = attention_kernel(cfg.model, d.device, t.precision)  # (a `fused` request that cannot run: ConfigError)
     model.freeze(cfg.train.freeze)  # train.freeze: weights kept at init, no optimizer state
     optims = build_optimizers(model, cfg.optim)
     train_model = d.wrap(model)
@@ -265,7 +267,8 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
             _complete_milestones(ckpt_dir, found, start, plan)
     meta.update({
         "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
-        "device": {**rundir.device_info(d.device, t.precision, d.world_size), "malloc_tuned": malloc_tuned},
+        "device": {**rundir.device_info(d.device, t.precision, d.world_size), "malloc_tuned": malloc_tuned,
+                   "attention": attention},
         "accounting": accounting_summary(cfg.model, cfg.data.seq_len)
                       | {"params_module": count_module_params(model).total},
         "routing": {g: v["numel"] for g, v in routing_table(model).items()},

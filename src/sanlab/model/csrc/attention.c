@@ -1,0 +1,293 @@
+/* Fused CPU attention, forward and backward (sanlab.model.native loads this file).
+
+   out_i = Σ_j P_ij v_j with P_i = softmax_j(q_i·k_j/√D) over the keys row i may see:
+   j ∈ [start_i, i] (causal, and inside the document that contains i: packed rows hold
+   whole runs of one segment id, so the allowed keys of a row are one interval).
+   Grouped-query attention: query head h reads kv head h / (H / Hkv).
+
+   Every product and reduction runs in fp32 (inputs may be fp32 or bf16; bf16 widens
+   exactly), the same arithmetic as `attention_reference` up to the order of sums. The
+   query axis is cut into blocks of BQ rows; a block's scores against the keys it can
+   see are formed, normalised and consumed while they are in cache, so no (T, T) tensor
+   exists, and key panels outside a row panel's interval are never computed. The
+   forward keeps each row's log-sum-exp; the backward recomputes P from it
+   (FlashAttention's scheme):
+       dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ⊙ (dP − δ) with δ_i = dO_i·O_i,
+       dQ = dS K / √D,  dK += dSᵀ Q / √D.
+   Parallel over (batch, head, block) forward and (batch, kv head) backward with
+   OpenMP; each task writes its own outputs, so results do not depend on the thread
+   count or the schedule. Written with GCC vector extensions (gcc or clang), so the
+   compiler maps the 16-float vectors to AVX-512, AVX2 or NEON. */
+
+#include "attention.h"
+
+/* ------------------------------------------------------------------ micro-kernels */
+
+/* C[m][0:NW] (+)= Σ_{k<K} A(m, k) · B[k][0:NW] for m < MR, A(m, k) = A[m·am + k·ak]. */
+static inline void panel(int K, const float *A, long am, long ak, const float *B, long ldb,
+                         float *C, long ldc, int acc)
+{
+    vf c0[MR], c1[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++) {
+        if (acc) {
+            c0[m] = vload(C + m * ldc);
+            c1[m] = vload(C + m * ldc + VL);
+        } else {
+            c0[m] = vsplat(0.0f);
+            c1[m] = vsplat(0.0f);
+        }
+    }
+    for (int k = 0; k < K; k++) {
+        const vf b0 = vload(B + k * ldb), b1 = vload(B + k * ldb + VL);
+        const float *a = A + k * ak;
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; m++) {
+            const float s = a[m * am];
+            c0[m] += s * b0;
+            c1[m] += s * b1;
+        }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++) {
+        vstore(C + m * ldc, c0[m]);
+        vstore(C + m * ldc + VL, c1[m]);
+    }
+}
+
+/* ------------------------------------------------------------------ packing */
+
+/* kv head (b, g) packed: Kt (Dp, Tp) for the scores, V (Tp, Dp) for P·V; with `bwd` also
+   K (Tp, Dp) for dQ and Vt (Dp, Tp) for dP. Columns beyond T and D stay zero. */
+static void pack_kv(const Shape *s, const Input *k, const Input *v, int b, int g, float *Kt, float *V,
+                    float *K, float *Vt)
+{
+    float row[1024];
+    for (int t = 0; t < s->T; t++) {
+        load_row(row, k->base, k->bf16, at(k, b, g, t), s->D, 1.0f);
+        for (int d = 0; d < s->D; d++) Kt[(long)d * s->Tp + t] = row[d];
+        if (K) memcpy(K + (long)t * s->Dp, row, s->D * sizeof(float));
+        load_row(V + (long)t * s->Dp, v->base, v->bf16, at(v, b, g, t), s->D, 1.0f);
+        if (Vt)
+            for (int d = 0; d < s->D; d++) Vt[(long)d * s->Tp + t] = V[(long)t * s->Dp + d];
+    }
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static int fwd_fp32(const Attn *a)
+{
+    const Shape s = a->s;
+    const long kv_size = (long)s.Dp * s.Tp;
+    float *kt_all = zalloc(sizeof(float) * kv_size * s.B * s.Hkv);
+    float *v_all = zalloc(sizeof(float) * kv_size * s.B * s.Hkv);
+    if (!kt_all || !v_all) { free(kt_all); free(v_all); return 2; }
+    const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D;
+    const float scale = 1.0f / sqrtf((float)D);
+    int status = 0;
+
+#pragma omp parallel num_threads(a->nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int bg = 0; bg < s.B * s.Hkv; bg++)
+            pack_kv(&s, &a->k, &a->v, bg / s.Hkv, bg % s.Hkv, kt_all + bg * kv_size, v_all + bg * kv_size, NULL, NULL);
+
+        float *Q = zalloc(sizeof(float) * s.BQ * s.Dp);
+        float *S = zalloc(sizeof(float) * s.BQ * s.Tp);
+        float *O = zalloc(sizeof(float) * s.BQ * s.Dp);
+        if (!Q || !S || !O) {
+#pragma omp atomic write
+            status = 2;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (long task = 0; task < (long)s.B * s.H * nblk; task++) {
+            if (status) continue;
+            const int blk = (int)(task % nblk), h = (int)(task / nblk % s.H), b = (int)(task / nblk / s.H);
+            const int g = h / rep, i0 = blk * s.BQ, rows = T - i0 < s.BQ ? T - i0 : s.BQ;
+            const int32_t *st = a->start + (long)b * T;
+            const float *Kt = kt_all + (long)(b * s.Hkv + g) * kv_size, *V = v_all + (long)(b * s.Hkv + g) * kv_size;
+            const int lo = st[i0] / NW * NW;
+            for (int r = 0; r < rows; r++)
+                load_row(Q + (long)r * s.Dp, a->q.base, a->q.bf16, at(&a->q, b, h, i0 + r), D, scale);
+            for (int r = rows; r < s.BQ; r++) memset(Q + (long)r * s.Dp, 0, sizeof(float) * s.Dp);
+            for (int m = 0; m < rows; m += MR) {
+                const int pr = rows - m < MR ? rows - m : MR;
+                int n0, n1;
+                panel_keys(st, i0 + m, pr, lo, &n0, &n1);
+                float *Sm = S + (long)m * s.Tp;
+                /* scores of the panel's rows against keys [lo + n0, lo + n1) */
+                for (int n = n0; n < n1; n += NW)
+                    panel(s.Dp, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Sm + n, s.Tp, 0);
+                /* softmax over each row's own interval; exp(s − max) unnormalised */
+                float inv[MR];
+                for (int r = 0; r < pr; r++) {
+                    const int i = i0 + m + r;
+                    float mx;
+                    const float l = softmax_row(Sm + (long)r * s.Tp, n0, n1, st[i] - lo, i + 1 - lo, &mx);
+                    a->lse[((long)b * s.H + h) * T + i] = mx + logf(l);
+                    inv[r] = 1.0f / l;
+                }
+                for (int r = pr; r < MR; r++) memset(Sm + (long)r * s.Tp + n0, 0, sizeof(float) * (n1 - n0));
+                /* O = P V over the panel's keys, then the softmax's normalisation */
+                for (int d = 0; d < s.Dp; d += NW)
+                    panel(n1 - n0, Sm + n0, s.Tp, 1, V + (long)(lo + n0) * s.Dp + d, s.Dp, O + (long)m * s.Dp + d, s.Dp, 0);
+                for (int r = 0; r < pr; r++) {
+                    float *o = a->out + (((long)b * s.H + h) * T + i0 + m + r) * D;
+                    for (int d = 0; d < D; d++) o[d] = O[(long)(m + r) * s.Dp + d] * inv[r];
+                }
+            }
+        }
+        free(Q);
+        free(S);
+        free(O);
+    }
+    free(kt_all);
+    free(v_all);
+    return status;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+static int bwd_fp32(const Attn *a)
+{
+    const Shape s = a->s;
+    const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D;
+    const float scale = 1.0f / sqrtf((float)D);
+    const long kv_size = (long)s.Dp * s.Tp;
+    int status = 0;
+
+#pragma omp parallel num_threads(a->nthreads)
+    {
+        float *Kt = zalloc(sizeof(float) * kv_size), *V = zalloc(sizeof(float) * kv_size);
+        float *K = zalloc(sizeof(float) * kv_size), *Vt = zalloc(sizeof(float) * kv_size);
+        float *dK = zalloc(sizeof(float) * kv_size), *dV = zalloc(sizeof(float) * kv_size);
+        float *Q = zalloc(sizeof(float) * s.BQ * s.Dp), *dO = zalloc(sizeof(float) * s.BQ * s.Dp);
+        float *dQ = zalloc(sizeof(float) * s.BQ * s.Dp);
+        float *P = zalloc(sizeof(float) * s.BQ * s.Tp), *dS = zalloc(sizeof(float) * s.BQ * s.Tp);
+        float *delta = zalloc(sizeof(float) * s.BQ);
+        if (!Kt || !V || !K || !Vt || !dK || !dV || !Q || !dO || !dQ || !P || !dS || !delta) {
+#pragma omp atomic write
+            status = 2;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int bg = 0; bg < s.B * s.Hkv; bg++) {
+            if (status) continue;
+            const int b = bg / s.Hkv, g = bg % s.Hkv;
+            const int32_t *st = a->start + (long)b * T;
+            pack_kv(&s, &a->k, &a->v, b, g, Kt, V, K, Vt);
+            memset(dK, 0, sizeof(float) * kv_size);
+            memset(dV, 0, sizeof(float) * kv_size);
+            for (int h = g * rep; h < (g + 1) * rep; h++) {
+                for (int blk = 0; blk < nblk; blk++) {
+                    const int i0 = blk * s.BQ, rows = T - i0 < s.BQ ? T - i0 : s.BQ;
+                    const int lo = st[i0] / NW * NW;
+                    const int hi = (int)round_up(i0 + rows - lo, NW); /* keys [lo, lo + hi) */
+                    for (int r = 0; r < s.BQ; r++) {
+                        float *qr = Q + (long)r * s.Dp, *dr = dO + (long)r * s.Dp;
+                        if (r >= rows) {
+                            memset(qr, 0, sizeof(float) * s.Dp);
+                            memset(dr, 0, sizeof(float) * s.Dp);
+                            delta[r] = 0.0f;
+                            continue;
+                        }
+                        const long row = ((long)b * s.H + h) * T + i0 + r;
+                        load_row(qr, a->q.base, a->q.bf16, at(&a->q, b, h, i0 + r), D, scale);
+                        load_row(dr, a->dout.base, a->dout.bf16, at(&a->dout, b, h, i0 + r), D, 1.0f);
+                        float dl = 0.0f;
+                        for (int d = 0; d < D; d++) dl += dr[d] * a->out[row * D + d];
+                        delta[r] = dl;
+                    }
+                    for (int m = 0; m < rows; m += MR) {
+                        const int pr = rows - m < MR ? rows - m : MR;
+                        float *Pm = P + (long)m * s.Tp, *dSm = dS + (long)m * s.Tp;
+                        int n0, n1;
+                        panel_keys(st, i0 + m, pr, lo, &n0, &n1);
+                        /* keys of the block outside the panel's [n0, n1) are zero for the key-panel products */
+                        zero_outside(Pm, dSm, s.Tp, MR, n0, n1, hi);
+                        for (int n = n0; n < n1; n += NW) {
+                            panel(s.Dp, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Pm + n, s.Tp, 0);
+                            panel(s.Dp, dO + (long)m * s.Dp, s.Dp, 1, Vt + lo + n, s.Tp, dSm + n, s.Tp, 0);
+                        }
+                        for (int r = 0; r < pr; r++) {
+                            const int i = i0 + m + r;
+                            grad_row(Pm + (long)r * s.Tp, dSm + (long)r * s.Tp, n0, n1, st[i] - lo, i + 1 - lo,
+                                     a->lse[((long)b * s.H + h) * T + i], delta[m + r]);
+                        }
+                        for (int r = pr; r < MR; r++) {
+                            memset(Pm + (long)r * s.Tp + n0, 0, sizeof(float) * (n1 - n0));
+                            memset(dSm + (long)r * s.Tp + n0, 0, sizeof(float) * (n1 - n0));
+                        }
+                        /* dQ = dS K (its √D below, with the output) */
+                        for (int d = 0; d < s.Dp; d += NW)
+                            panel(n1 - n0, dSm + n0, s.Tp, 1, K + (long)(lo + n0) * s.Dp + d, s.Dp, dQ + (long)m * s.Dp + d, s.Dp, 0);
+                        for (int r = 0; r < pr; r++) {
+                            float *o = a->dq + (((long)b * s.H + h) * T + i0 + m + r) * D;
+                            for (int d = 0; d < D; d++) o[d] = dQ[(long)(m + r) * s.Dp + d] * scale;
+                        }
+                    }
+                    /* dK += dSᵀ Q (Q is scaled), dV += Pᵀ dO, by key panels; rows before a
+                       key's position contribute nothing (causal), so each panel starts there */
+                    for (int n = 0; n < hi; n += MR) {
+                        const int key = lo + n, r0 = key > i0 ? key - i0 : 0;
+                        if (r0 >= rows) break;
+                        for (int d = 0; d < s.Dp; d += NW) {
+                            panel(rows - r0, dS + (long)r0 * s.Tp + n, 1, s.Tp, Q + (long)r0 * s.Dp + d, s.Dp, dK + (long)key * s.Dp + d, s.Dp, 1);
+                            panel(rows - r0, P + (long)r0 * s.Tp + n, 1, s.Tp, dO + (long)r0 * s.Dp + d, s.Dp, dV + (long)key * s.Dp + d, s.Dp, 1);
+                        }
+                    }
+                }
+            }
+            for (int t = 0; t < T; t++) {
+                float *ok = a->dk + (((long)b * s.Hkv + g) * T + t) * D, *ov = a->dv + (((long)b * s.Hkv + g) * T + t) * D;
+                for (int d = 0; d < D; d++) {
+                    ok[d] = dK[(long)t * s.Dp + d];
+                    ov[d] = dV[(long)t * s.Dp + d];
+                }
+            }
+        }
+        free(Kt); free(V); free(K); free(Vt); free(dK); free(dV);
+        free(Q); free(dO); free(dQ); free(P); free(dS); free(delta);
+    }
+    return status;
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+/* mode 0: the fastest implementation this CPU has (AMX tiles where the build and the OS
+   allow them); mode 1: the portable fp32 one. Returns 0, 1 for arguments out of range,
+   2 when a buffer could not be allocated. */
+static int setup(Attn *a, int B, int H, int Hkv, int T, int D, int mode)
+{
+    if (B <= 0 || H <= 0 || Hkv <= 0 || T <= 0 || D <= 0 || D > 1024 || H % Hkv != 0) return 1;
+    const int amx = mode == 0 && amx_available();
+    const Shape s = {B, H, Hkv, T, D, (int)round_up(D, NW), (int)round_up(T, NW), block_rows(T, amx ? 32 : MR)};
+    a->s = s;
+    return 0;
+}
+
+int sanlab_attn_fwd(int B, int H, int Hkv, int T, int D,
+                    const void *q, int q_bf16, long qsb, long qsh, long qst,
+                    const void *k, int k_bf16, long ksb, long ksh, long kst,
+                    const void *v, int v_bf16, long vsb, long vsh, long vst,
+                    const int32_t *start, float *out, float *lse, int nthreads, int mode)
+{
+    Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
+              .start = start, .out = out, .lse = lse, .nthreads = nthreads};
+    if (setup(&a, B, H, Hkv, T, D, mode)) return 1;
+    return mode == 0 && amx_available() ? attn_fwd_amx(&a) : fwd_fp32(&a);
+}
+
+int sanlab_attn_bwd(int B, int H, int Hkv, int T, int D,
+                    const void *q, int q_bf16, long qsb, long qsh, long qst,
+                    const void *k, int k_bf16, long ksb, long ksh, long kst,
+                    const void *v, int v_bf16, long vsb, long vsh, long vst,
+                    const void *dout, int do_bf16, long dsb, long dsh, long dst,
+                    const int32_t *start, const float *out, const float *lse,
+                    float *dq, float *dk, float *dv, int nthreads, int mode)
+{
+    Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
+              .dout = {dout, do_bf16, dsb, dsh, dst}, .start = start, .out = (float *)out, .lse = (float *)lse,
+              .dq = dq, .dk = dk, .dv = dv, .nthreads = nthreads};
+    if (setup(&a, B, H, Hkv, T, D, mode)) return 1;
+    return mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
+}

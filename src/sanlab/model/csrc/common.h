@@ -1,0 +1,115 @@
+/* Shared by the compiled kernels: 16-float vectors (GCC vector extensions, mapped by
+   the compiler to AVX-512, AVX2 or NEON), exp, bf16 conversion, aligned buffers. */
+
+#ifndef SANLAB_COMMON_H
+#define SANLAB_COMMON_H
+
+#define _GNU_SOURCE /* posix_memalign, syscall */
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define VL 16                  /* floats per vector */
+#define NW (2 * VL)            /* columns per micro-kernel panel */
+#if defined(__AVX512F__)
+#define MR 8                   /* rows per micro-kernel panel: 16 accumulators in 32 zmm */
+#else
+#define MR 4                   /* 8 vectors of accumulators: 16 ymm on AVX2 */
+#endif
+
+typedef float vf __attribute__((vector_size(VL * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VL * sizeof(int32_t))));
+
+static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
+static inline vf vsplat(float a) { vf z = {0}; return z + a; }
+static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
+
+static inline float hmax(vf v)
+{
+    float m = v[0];
+    for (int i = 1; i < VL; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+static inline float hsum(vf v)
+{
+    float s = 0.0f;
+    for (int i = 0; i < VL; i++) s += v[i];
+    return s;
+}
+
+/* exp(x): 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 split in two constants, p the
+   Cephes degree-7 polynomial (about 1 ulp). Inputs below −87.3 (where exp(x) leaves
+   the normal range), −inf included, give 0. */
+static inline vf vexp(vf x)
+{
+    const vf lo = vsplat(-87.33654475f), hi = vsplat(88.3762626647949f);
+    vi under = x < lo;
+    x = vselect(under, lo, x);
+    x = vselect(x > hi, hi, x);
+    const vf magic = vsplat(12582912.0f); /* 1.5·2^23: adding it rounds to an integer */
+    vf t = x * 1.44269504088896341f + magic;
+    vf n = t - magic;
+    vf r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    vf p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + r + 1.0f;
+    vi e = ((vi)t - (vi)magic + 127) << 23;
+    return (vf)((vi)(p * (vf)e) & ~under);
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* row t of a (T, D) slice with row stride `ld` (elements), fp32 or bf16, times `scale`,
+   into dst[0:D] (dst[D:Dp] is left as it is: zero in zeroed buffers). */
+static inline void load_row(float *dst, const void *src, int bf16, long off, int D, float scale)
+{
+    if (bf16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(s[d]) * scale;
+    } else {
+        const float *s = (const float *)src + off;
+        for (int d = 0; d < D; d++) dst[d] = s[d] * scale;
+    }
+}
+
+static inline long round_up(long x, long m) { return (x + m - 1) / m * m; }
+
+static inline void *zalloc(size_t n)
+{
+    void *p = NULL;
+    n = round_up((long)n, 64);
+    if (posix_memalign(&p, 64, n) != 0) return NULL;
+    memset(p, 0, n);
+    return p;
+}
+
+/* fp32 -> bf16, rounding to nearest even (as torch's conversion; NaN stays a quiet NaN) */
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#endif
