@@ -66,24 +66,30 @@ static inline void zero_outside(float *x, float *y, long ld, int rows, int n0, i
     }
 }
 
-/* Row i of a block, its scores row[n0, n1) (keys relative to the block's first key), of
-   which [a, e) are allowed: the rest of [n0, n1) is set to −inf, the allowed ones to
-   exp(s − max). Returns the sum of the exponentials; *mx gets the max. */
+/* Row i of a block, its scores row[n0, n1) (keys relative to the block's first key; n0,
+   n1 multiples of NW), of which [a, e) are allowed: the rest of [n0, n1) is set to −inf,
+   the allowed ones to exp(s − max). Returns the sum of the exponentials; *mx gets the
+   max. (Two vectors a step: two independent chains for the max and the sum.) */
 static inline float softmax_row(float *row, int n0, int n1, int a, int e, float *mx)
 {
     for (int j = n0; j < a; j++) row[j] = -INFINITY;
     for (int j = e; j < n1; j++) row[j] = -INFINITY;
-    vf mv = vsplat(-INFINITY);
-    for (int j = n0; j < n1; j += VL) mv = vmax(mv, vload(row + j));
-    const float m = hmax(mv);
-    vf sv = vsplat(0.0f);
-    for (int j = n0; j < n1; j += VL) {
-        vf p = vexp(vload(row + j) - m);
-        vstore(row + j, p);
-        sv += p;
+    vf m0 = vsplat(-INFINITY), m1 = m0;
+    for (int j = n0; j < n1; j += 2 * VL) {
+        m0 = vmax(m0, vload(row + j));
+        m1 = vmax(m1, vload(row + j + VL));
+    }
+    const float m = hmax(vmax(m0, m1));
+    vf s0 = vsplat(0.0f), s1 = s0;
+    for (int j = n0; j < n1; j += 2 * VL) {
+        const vf p0 = vexp(vload(row + j) - m), p1 = vexp(vload(row + j + VL) - m);
+        vstore(row + j, p0);
+        vstore(row + j + VL, p1);
+        s0 += p0;
+        s1 += p1;
     }
     *mx = m;
-    return hsum(sv);
+    return hsum(s0 + s1);
 }
 
 /* The backward's pass over row i: p[n0, n1) holds the scores and ds[n0, n1) dP; p becomes
@@ -93,7 +99,7 @@ static inline void grad_row(float *p, float *ds, int n0, int n1, int a, int e, f
     for (int j = n0; j < a; j++) p[j] = -INFINITY;
     for (int j = e; j < n1; j++) p[j] = -INFINITY;
     for (int j = n0; j < n1; j += VL) {
-        vf pv = vexp(vload(p + j) - lse);
+        const vf pv = vexp(vload(p + j) - lse);
         vstore(p + j, pv);
         vstore(ds + j, pv * (vload(ds + j) - delta));
     }

@@ -152,38 +152,45 @@ static inline int terms(Term *t, const uint16_t *ah, const uint16_t *al, long ld
 
 /* ------------------------------------------------------------------ packing */
 
+/* Transpose of 32-bit words: x (rows × cols, ld_x words a row; rows a multiple of 16) ->
+   xt (cols × rows, ld_t words a row), of which the first `valid` rows of x are written
+   (xt's columns [valid, rows) are left alone). A gather per 16 words. */
+static void transpose_words(const void *x, long ld_x, int rows, int valid, int cols, void *xt, long ld_t)
+{
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                           _mm512_set1_epi32((int)ld_x));
+    (void)rows;
+    for (int c = 0; c < cols; c++)
+        for (int r0 = 0; r0 < valid; r0 += 16) {
+            const __mmask16 m = valid - r0 >= 16 ? 0xffff : (__mmask16)((1u << (valid - r0)) - 1);
+            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
+                                                          (const uint32_t *)x + (long)r0 * ld_x + c, 4);
+            _mm512_mask_storeu_epi32((uint32_t *)xt + (long)c * ld_t + r0, m, w);
+        }
+}
+
 /* Rows t of a kv head (fp32, Dp wide, zero-padded) into tile operands:
    `kt`: as B of X·Kᵀ (k over d: pair-rows of d, keys as columns), (Dp/2, 2·Tp);
    `kp`: as B of Y·K (k over keys: pair-rows of keys, d as columns), (Tp/2, 2·Dp).
-   Either may be NULL; lo parts are written where the lo pointers are not NULL. */
-static void pack_operand(const Shape *s, const Input *x, int b, int g, float *row0, float *row1, uint16_t *kt_hi,
-                         uint16_t *kt_lo, uint16_t *kp_hi, uint16_t *kp_lo)
+   Either may be NULL; lo parts are written where the lo pointers are not NULL. `tmp_hi`,
+   `tmp_lo` (Tp × Dp each) hold the bf16 rows that `kt` is the word transpose of. */
+static void pack_operand(const Shape *s, const Input *x, int b, int g, float *row0, float *row1, uint16_t *tmp_hi,
+                         uint16_t *tmp_lo, uint16_t *kt_hi, uint16_t *kt_lo, uint16_t *kp_hi, uint16_t *kp_lo)
 {
-    uint32_t hi32[512], lo32[512];
     for (int t = 0; t < s->Tp; t += 2) {
         float *rows[2] = {row0, row1};
         for (int r = 0; r < 2; r++) {
             memset(rows[r], 0, sizeof(float) * s->Dp);
             if (t + r < s->T) load_row(rows[r], x->base, x->bf16, at(x, b, g, t + r), s->D, 1.0f);
+            if (kt_hi)
+                split_row(rows[r], tmp_hi + (long)(t + r) * s->Dp, kt_lo ? tmp_lo + (long)(t + r) * s->Dp : NULL, s->Dp);
         }
         if (kp_hi) split_pair(row0, row1, kp_hi + (long)t * s->Dp, kp_lo ? kp_lo + (long)t * s->Dp : NULL, 0, s->Dp);
-        if (!kt_hi) continue;
-        for (int r = 0; r < 2; r++) {
-            /* d-pairs of one key: 32-bit words of its bf16 row, transposed into column t + r */
-            split_row(rows[r], (uint16_t *)hi32, (uint16_t *)lo32, s->Dp);
-            for (int p = 0; p < s->Dp / 2; p++) {
-                ((uint32_t *)kt_hi)[(long)p * s->Tp + t + r] = hi32[p];
-                if (kt_lo) ((uint32_t *)kt_lo)[(long)p * s->Tp + t + r] = lo32[p];
-            }
-        }
     }
-}
-
-/* rows [0, n) of a (n, Dp) bf16 matrix -> its transpose (Dp, ld) in columns [0, n) */
-static void transpose16(const uint16_t *x, int n, int Dp, uint16_t *xt, int ld)
-{
-    for (int r = 0; r < n; r++)
-        for (int d = 0; d < Dp; d++) xt[(long)d * ld + r] = x[(long)r * Dp + d];
+    if (kt_hi) { /* a key's d-pairs are the 32-bit words of its bf16 row: their transpose */
+        transpose_words(tmp_hi, s->Dp / 2, s->Tp, s->Tp, s->Dp / 2, kt_hi, s->Tp);
+        if (kt_lo) transpose_words(tmp_lo, s->Dp / 2, s->Tp, s->Tp, s->Dp / 2, kt_lo, s->Tp);
+    }
 }
 
 /* rows [0, BQ) of a block: fp32 (scaled, zero beyond `rows`) and split into bf16 parts */
@@ -214,8 +221,9 @@ int attn_fwd_amx(const Attn *a)
     const float scale = 1.0f / sqrtf((float)D);
     const int split_q = !exact_bf16(&a->q, scale), split_k = !a->k.bf16, split_v = !a->v.bf16;
     const long kv = (long)s.Dp * s.Tp, nkv = (long)s.B * s.Hkv;
-    uint16_t *kt_hi = zalloc(2 * kv * nkv), *kt_lo = split_k ? zalloc(2 * kv * nkv) : NULL;
-    uint16_t *v_hi = zalloc(2 * kv * nkv), *v_lo = split_v ? zalloc(2 * kv * nkv) : NULL;
+    /* (written in full by pack_operand, padding included) */
+    uint16_t *kt_hi = amalloc(2 * kv * nkv), *kt_lo = split_k ? amalloc(2 * kv * nkv) : NULL;
+    uint16_t *v_hi = amalloc(2 * kv * nkv), *v_lo = split_v ? amalloc(2 * kv * nkv) : NULL;
     int status = (!kt_hi || !v_hi || (split_k && !kt_lo) || (split_v && !v_lo)) ? 2 : 0;
 
 #pragma omp parallel num_threads(a->nthreads)
@@ -225,7 +233,8 @@ int attn_fwd_amx(const Attn *a)
         float *O = zalloc(sizeof(float) * 16 * s.Dp);
         uint16_t *q_hi = zalloc(2L * s.BQ * s.Dp), *q_lo = zalloc(2L * s.BQ * s.Dp);
         uint16_t *p_hi = zalloc(2L * 16 * s.Tp), *p_lo = zalloc(2L * 16 * s.Tp);
-        if (!row0 || !row1 || !Q || !S || !O || !q_hi || !q_lo || !p_hi || !p_lo) {
+        uint16_t *tmp_hi = amalloc(2 * kv), *tmp_lo = amalloc(2 * kv);
+        if (!row0 || !row1 || !Q || !S || !O || !q_hi || !q_lo || !p_hi || !p_lo || !tmp_hi || !tmp_lo) {
 #pragma omp atomic write
             status = 2;
         }
@@ -233,12 +242,12 @@ int attn_fwd_amx(const Attn *a)
         if (!status) {
 #pragma omp for schedule(static)
             for (long bg = 0; bg < nkv; bg++)
-                pack_operand(&s, &a->k, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, kt_hi + bg * kv,
-                             kt_lo ? kt_lo + bg * kv : NULL, NULL, NULL);
+                pack_operand(&s, &a->k, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, tmp_hi, tmp_lo,
+                             kt_hi + bg * kv, kt_lo ? kt_lo + bg * kv : NULL, NULL, NULL);
 #pragma omp for schedule(static)
             for (long bg = 0; bg < nkv; bg++)
-                pack_operand(&s, &a->v, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, NULL, NULL, v_hi + bg * kv,
-                             v_lo ? v_lo + bg * kv : NULL);
+                pack_operand(&s, &a->v, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, NULL, NULL, NULL, NULL,
+                             v_hi + bg * kv, v_lo ? v_lo + bg * kv : NULL);
             tiles_on();
 #pragma omp for schedule(dynamic, 1)
             for (long task = 0; task < (long)s.B * s.H * nblk; task++) {
@@ -290,7 +299,7 @@ int attn_fwd_amx(const Attn *a)
             _tile_release();
         }
         free(row0); free(row1); free(Q); free(S); free(O);
-        free(q_hi); free(q_lo); free(p_hi); free(p_lo);
+        free(q_hi); free(q_lo); free(p_hi); free(p_lo); free(tmp_hi); free(tmp_lo);
     }
     free(kt_hi); free(kt_lo); free(v_hi); free(v_lo);
     return status;
@@ -305,31 +314,30 @@ int attn_bwd_amx(const Attn *a)
     const float scale = 1.0f / sqrtf((float)D);
     const int split_q = !exact_bf16(&a->q, scale), split_k = !a->k.bf16, split_v = !a->v.bf16;
     const int split_do = !a->dout.bf16;
-    const long kv = (long)s.Dp * s.Tp, blk_sz = (long)BQ * s.Tp;
+    const long kv = (long)s.Dp * s.Tp, blk = (long)BQ * s.Tp, pan = 16L * s.Tp, qd = (long)BQ * s.Dp;
     int status = 0;
 
 #pragma omp parallel num_threads(a->nthreads)
     {
-        float *row0 = zalloc(sizeof(float) * s.Dp), *row1 = zalloc(sizeof(float) * s.Dp);
-        /* per kv head: K as B of Q·Kᵀ and of dS·K, V as B of dO·Vᵀ; dKᵀ and dVᵀ */
-        uint16_t *kt_hi = zalloc(2 * kv), *kt_lo = zalloc(2 * kv), *kp_hi = zalloc(2 * kv), *kp_lo = zalloc(2 * kv);
-        uint16_t *vt_hi = zalloc(2 * kv), *vt_lo = zalloc(2 * kv);
-        float *dKt = zalloc(4 * kv), *dVt = zalloc(4 * kv);
-        /* per block: Q, dO (rows, fp32 and parts), Qᵀ, dOᵀ (parts), P and dS (fp32, and parts as
-           B operands), dS's parts as rows of one panel, dQ of one panel */
-        float *Q = zalloc(4L * BQ * s.Dp), *dO = zalloc(4L * BQ * s.Dp), *dQ = zalloc(4L * 16 * s.Dp);
-        uint16_t *q_hi = zalloc(2L * BQ * s.Dp), *q_lo = zalloc(2L * BQ * s.Dp);
-        uint16_t *do_hi = zalloc(2L * BQ * s.Dp), *do_lo = zalloc(2L * BQ * s.Dp);
-        uint16_t *qt_hi = zalloc(2L * BQ * s.Dp), *qt_lo = zalloc(2L * BQ * s.Dp);
-        uint16_t *dot_hi = zalloc(2L * BQ * s.Dp), *dot_lo = zalloc(2L * BQ * s.Dp);
-        float *P = zalloc(4 * blk_sz), *dS = zalloc(4 * blk_sz);
-        uint16_t *pp_hi = zalloc(2 * blk_sz), *pp_lo = zalloc(2 * blk_sz);
-        uint16_t *dsp_hi = zalloc(2 * blk_sz), *dsp_lo = zalloc(2 * blk_sz);
-        uint16_t *ds_hi = zalloc(2L * 16 * s.Tp), *ds_lo = zalloc(2L * 16 * s.Tp);
+        float *row0 = zalloc(4L * s.Dp), *row1 = zalloc(4L * s.Dp);
+        /* per kv head: K as B of Q·Kᵀ (kt) and of dS·K (kp), V as B of dO·Vᵀ (vt); dKᵀ, dVᵀ */
+        uint16_t *kt_hi = amalloc(2 * kv), *kt_lo = amalloc(2 * kv), *kp_hi = amalloc(2 * kv), *kp_lo = amalloc(2 * kv);
+        uint16_t *vt_hi = amalloc(2 * kv), *vt_lo = amalloc(2 * kv), *tmp_hi = amalloc(2 * kv), *tmp_lo = amalloc(2 * kv);
+        float *dKt = amalloc(4 * kv), *dVt = amalloc(4 * kv);
+        /* per block: Q and dO as fp32 rows, their parts as rows and transposed (A of the
+           key-side products); P and dS as parts with pairs of rows interleaved (B of the
+           key-side products) */
+        float *Q = zalloc(4 * qd), *dO = zalloc(4 * qd), *Qt = zalloc(4 * qd), *dOt = zalloc(4 * qd);
+        uint16_t *q_hi = zalloc(2 * qd), *q_lo = zalloc(2 * qd), *do_hi = zalloc(2 * qd), *do_lo = zalloc(2 * qd);
+        uint16_t *qt_hi = zalloc(2 * qd), *qt_lo = zalloc(2 * qd), *dot_hi = zalloc(2 * qd), *dot_lo = zalloc(2 * qd);
+        uint16_t *pp_hi = zalloc(2 * blk), *pp_lo = zalloc(2 * blk), *dsp_hi = zalloc(2 * blk), *dsp_lo = zalloc(2 * blk);
+        /* per panel of 16 rows: P and dS in fp32, dS's parts as rows (A of dQ), dQ */
+        float *P = zalloc(4 * pan), *dS = zalloc(4 * pan), *dQ = zalloc(4L * 16 * s.Dp);
+        uint16_t *ds_hi = zalloc(2 * pan), *ds_lo = zalloc(2 * pan);
         float *delta = zalloc(4L * BQ);
-        if (!row0 || !row1 || !kt_hi || !kt_lo || !kp_hi || !kp_lo || !vt_hi || !vt_lo || !dKt || !dVt || !Q || !dO ||
-            !dQ || !q_hi || !q_lo || !do_hi || !do_lo || !qt_hi || !qt_lo || !dot_hi || !dot_lo || !P || !dS ||
-            !pp_hi || !pp_lo || !dsp_hi || !dsp_lo || !ds_hi || !ds_lo || !delta) {
+        if (!row0 || !row1 || !kt_hi || !kt_lo || !kp_hi || !kp_lo || !vt_hi || !vt_lo || !tmp_hi || !tmp_lo || !dKt ||
+            !dVt || !Q || !dO || !Qt || !dOt || !q_hi || !q_lo || !do_hi || !do_lo || !qt_hi || !qt_lo || !dot_hi ||
+            !dot_lo || !pp_hi || !pp_lo || !dsp_hi || !dsp_lo || !P || !dS || !dQ || !ds_hi || !ds_lo || !delta) {
 #pragma omp atomic write
             status = 2;
         }
@@ -340,58 +348,68 @@ int attn_bwd_amx(const Attn *a)
             for (int bg = 0; bg < s.B * s.Hkv; bg++) {
                 const int b = bg / s.Hkv, g = bg % s.Hkv;
                 const int32_t *st = a->start + (long)b * T;
-                pack_operand(&s, &a->k, b, g, row0, row1, kt_hi, split_k ? kt_lo : NULL, kp_hi, split_k ? kp_lo : NULL);
-                pack_operand(&s, &a->v, b, g, row0, row1, vt_hi, split_v ? vt_lo : NULL, NULL, NULL);
+                pack_operand(&s, &a->k, b, g, row0, row1, tmp_hi, tmp_lo, kt_hi, split_k ? kt_lo : NULL, kp_hi,
+                             split_k ? kp_lo : NULL);
+                pack_operand(&s, &a->v, b, g, row0, row1, tmp_hi, tmp_lo, vt_hi, split_v ? vt_lo : NULL, NULL, NULL);
                 memset(dKt, 0, 4 * kv);
                 memset(dVt, 0, 4 * kv);
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
-                    for (int blk = 0; blk < nblk; blk++) {
-                        const int i0 = blk * BQ, rows = T - i0 < BQ ? T - i0 : BQ;
+                    for (int bl = 0; bl < nblk; bl++) {
+                        const int i0 = bl * BQ, rows = T - i0 < BQ ? T - i0 : BQ, rows32 = (int)round_up(rows, 32);
                         const int lo = st[i0] / NW * NW;
                         const int hi = (int)round_up(i0 + rows - lo, NW); /* keys [lo, lo + hi) */
                         load_block(&s, &a->q, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
                         load_block(&s, &a->dout, b, h, i0, rows, 1.0f, dO, do_hi, split_do ? do_lo : NULL);
-                        transpose16(q_hi, BQ, s.Dp, qt_hi, BQ);
-                        if (split_q) transpose16(q_lo, BQ, s.Dp, qt_lo, BQ);
-                        transpose16(do_hi, BQ, s.Dp, dot_hi, BQ);
-                        if (split_do) transpose16(do_lo, BQ, s.Dp, dot_lo, BQ);
+                        transpose_words(Q, s.Dp, BQ, BQ, s.Dp, Qt, BQ);
+                        transpose_words(dO, s.Dp, BQ, BQ, s.Dp, dOt, BQ);
+                        for (int d = 0; d < s.Dp; d++) {
+                            split_row(Qt + (long)d * BQ, qt_hi + (long)d * BQ, split_q ? qt_lo + (long)d * BQ : NULL, BQ);
+                            split_row(dOt + (long)d * BQ, dot_hi + (long)d * BQ, split_do ? dot_lo + (long)d * BQ : NULL, BQ);
+                        }
                         for (int r = 0; r < rows; r++) {
                             const float *o = a->out + (((long)b * s.H + h) * T + i0 + r) * D, *d_ = dO + (long)r * s.Dp;
                             float dl = 0.0f;
                             for (int d = 0; d < D; d++) dl += d_[d] * o[d];
                             delta[r] = dl;
                         }
-                        for (int r = rows; r < BQ; r++) { /* (the last block: rows the key products read) */
-                            memset(P + (long)r * s.Tp, 0, 4L * hi);
-                            memset(dS + (long)r * s.Tp, 0, 4L * hi);
-                        }
                         for (int m = 0; m < rows; m += 16) {
                             const int pr = rows - m < 16 ? rows - m : 16;
-                            float *Pm = P + (long)m * s.Tp, *dSm = dS + (long)m * s.Tp;
                             int n0, n1;
                             panel_keys(st, i0 + m, pr, lo, &n0, &n1);
-                            zero_outside(Pm, dSm, s.Tp, 16, n0, n1, hi);
                             Term t[3];
+                            /* S = Q Kᵀ and dP = dO Vᵀ for the panel's keys */
                             for (int n = n0; n < n1; n += 32) {
                                 const long kofs = 2L * (lo + n);
                                 int nt = terms(t, q_hi + (long)m * s.Dp, split_q ? q_lo + (long)m * s.Dp : NULL, s.Dp,
                                                kt_hi + kofs, split_k ? kt_lo + kofs : NULL, 2L * s.Tp);
-                                tile_16x32(nt, t, s.Dp / 32, Pm + n, s.Tp, 0);
+                                tile_16x32(nt, t, s.Dp / 32, P + n, s.Tp, 0);
                                 nt = terms(t, do_hi + (long)m * s.Dp, split_do ? do_lo + (long)m * s.Dp : NULL, s.Dp,
                                            vt_hi + kofs, split_v ? vt_lo + kofs : NULL, 2L * s.Tp);
-                                tile_16x32(nt, t, s.Dp / 32, dSm + n, s.Tp, 0);
+                                tile_16x32(nt, t, s.Dp / 32, dS + n, s.Tp, 0);
                             }
-                            for (int r = 0; r < 16; r++) {
-                                float *pr_ = Pm + (long)r * s.Tp, *dr = dSm + (long)r * s.Tp;
-                                if (r < pr) {
-                                    const int i = i0 + m + r;
-                                    grad_row(pr_, dr, n0, n1, st[i] - lo, i + 1 - lo, a->lse[((long)b * s.H + h) * T + i],
-                                             delta[m + r]);
-                                } else {
-                                    memset(pr_ + n0, 0, 4L * (n1 - n0));
-                                    memset(dr + n0, 0, 4L * (n1 - n0));
+                            /* P, dS = P ⊙ (dP − δ), then their parts: dS's as rows, both as
+                               pair-rows of the block (zero outside [n0, n1) up to the block's keys) */
+                            for (int r = 0; r < 16; r += 2) {
+                                for (int u = r; u < r + 2; u++) {
+                                    float *pu = P + (long)u * s.Tp, *du = dS + (long)u * s.Tp;
+                                    if (u < pr) {
+                                        const int i = i0 + m + u;
+                                        grad_row(pu, du, n0, n1, st[i] - lo, i + 1 - lo,
+                                                 a->lse[((long)b * s.H + h) * T + i], delta[m + u]);
+                                    } else {
+                                        memset(pu + n0, 0, 4L * (n1 - n0));
+                                        memset(du + n0, 0, 4L * (n1 - n0));
+                                    }
+                                    split_row(du + n0, ds_hi + (long)u * s.Tp + n0, ds_lo + (long)u * s.Tp + n0, n1 - n0);
                                 }
-                                split_row(dr + n0, ds_hi + (long)r * s.Tp + n0, ds_lo + (long)r * s.Tp + n0, n1 - n0);
+                                const long o = (long)(m + r) * s.Tp; /* pair-row (m + r) / 2 */
+                                split_pair(P + (long)r * s.Tp, P + (long)(r + 1) * s.Tp, pp_hi + o, pp_lo + o, n0, n1);
+                                split_pair(dS + (long)r * s.Tp, dS + (long)(r + 1) * s.Tp, dsp_hi + o, dsp_lo + o, n0, n1);
+                                uint16_t *pairs[4] = {pp_hi + o, pp_lo + o, dsp_hi + o, dsp_lo + o};
+                                for (int w = 0; w < 4; w++) {
+                                    memset(pairs[w], 0, 4L * n0);
+                                    if (hi > n1) memset(pairs[w] + 2L * n1, 0, 4L * (hi - n1));
+                                }
                             }
                             /* dQ = dS K over the panel's keys (its √D with the output) */
                             for (int d = 0; d < s.Dp; d += 32) {
@@ -405,11 +423,10 @@ int attn_bwd_amx(const Attn *a)
                                 for (int d = 0; d < D; d++) o[d] = dQ[(long)r * s.Dp + d] * scale;
                             }
                         }
-                        /* P and dS as B operands over rows (pairs of rows interleaved) */
-                        for (int r = 0; r < BQ; r += 2) {
+                        for (int r = (int)round_up(rows, 16); r < rows32; r += 2) { /* (pairs the products read) */
                             const long o = (long)r * s.Tp;
-                            split_pair(P + o, P + o + s.Tp, pp_hi + o, pp_lo + o, 0, hi);
-                            split_pair(dS + o, dS + o + s.Tp, dsp_hi + o, dsp_lo + o, 0, hi);
+                            memset(pp_hi + o, 0, 4L * hi); memset(pp_lo + o, 0, 4L * hi);
+                            memset(dsp_hi + o, 0, 4L * hi); memset(dsp_lo + o, 0, 4L * hi);
                         }
                         /* dKᵀ += Qᵀ dS, dVᵀ += dOᵀ P by key panels of 32; rows before a key's
                            position contribute nothing (causal), so a panel's rows start there */
@@ -422,28 +439,24 @@ int attn_bwd_amx(const Attn *a)
                                 const long aofs = (long)d * BQ + r0;
                                 int nt = terms(t, qt_hi + aofs, split_q ? qt_lo + aofs : NULL, BQ, dsp_hi + bofs,
                                                dsp_lo + bofs, 2L * s.Tp);
-                                tile_16x32(nt, t, (BQ - r0) / 32, dKt + (long)d * s.Tp + key, s.Tp, 1);
+                                tile_16x32(nt, t, (rows32 - r0) / 32, dKt + (long)d * s.Tp + key, s.Tp, 1);
                                 nt = terms(t, dot_hi + aofs, split_do ? dot_lo + aofs : NULL, BQ, pp_hi + bofs,
                                            pp_lo + bofs, 2L * s.Tp);
-                                tile_16x32(nt, t, (BQ - r0) / 32, dVt + (long)d * s.Tp + key, s.Tp, 1);
+                                tile_16x32(nt, t, (rows32 - r0) / 32, dVt + (long)d * s.Tp + key, s.Tp, 1);
                             }
                         }
                     }
                 }
-                for (int t = 0; t < T; t++) {
-                    float *ok = a->dk + (((long)b * s.Hkv + g) * T + t) * D, *ov = a->dv + (((long)b * s.Hkv + g) * T + t) * D;
-                    for (int d = 0; d < D; d++) {
-                        ok[d] = dKt[(long)d * s.Tp + t];
-                        ov[d] = dVt[(long)d * s.Tp + t];
-                    }
-                }
+                transpose_words(dKt, s.Tp, s.Dp, D, T, a->dk + (long)bg * T * D, D);
+                transpose_words(dVt, s.Tp, s.Dp, D, T, a->dv + (long)bg * T * D, D);
             }
             _tile_release();
         }
         free(row0); free(row1); free(kt_hi); free(kt_lo); free(kp_hi); free(kp_lo); free(vt_hi); free(vt_lo);
-        free(dKt); free(dVt); free(Q); free(dO); free(dQ); free(q_hi); free(q_lo); free(do_hi); free(do_lo);
-        free(qt_hi); free(qt_lo); free(dot_hi); free(dot_lo); free(P); free(dS); free(pp_hi); free(pp_lo);
-        free(dsp_hi); free(dsp_lo); free(ds_hi); free(ds_lo); free(delta);
+        free(tmp_hi); free(tmp_lo); free(dKt); free(dVt); free(Q); free(dO); free(Qt); free(dOt);
+        free(q_hi); free(q_lo); free(do_hi); free(do_lo); free(qt_hi); free(qt_lo); free(dot_hi); free(dot_lo);
+        free(pp_hi); free(pp_lo); free(dsp_hi); free(dsp_lo); free(P); free(dS); free(dQ); free(ds_hi); free(ds_lo);
+        free(delta);
     }
     return status;
 }

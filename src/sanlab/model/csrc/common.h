@@ -29,6 +29,12 @@ static inline vf vload(const float *p) { vf v; memcpy(&v, p, sizeof v); return v
 static inline void vstore(float *p, vf v) { memcpy(p, &v, sizeof v); }
 static inline vf vsplat(float a) { vf z = {0}; return z + a; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
+static inline float hmax(vf v) { return _mm512_reduce_max_ps((__m512)v); }
+static inline float hsum(vf v) { return _mm512_reduce_add_ps((__m512)v); }
+#else
 static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
 
 static inline float hmax(vf v)
@@ -44,19 +50,18 @@ static inline float hsum(vf v)
     for (int i = 0; i < VL; i++) s += v[i];
     return s;
 }
+#endif
 
-/* exp(x): 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 split in two constants, p the
-   Cephes degree-7 polynomial (about 1 ulp). Inputs below −87.3 (where exp(x) leaves
-   the normal range), −inf included, give 0. */
+/* exp(x) for x ≤ 88: 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 with ln 2 split in
+   two constants, p the Cephes polynomial (about 1 ulp). x below −87.3 (where exp(x)
+   leaves the normal range), −inf included, gives 0; NaN stays NaN. Those lanes are
+   computed on garbage and then zeroed, which costs one compare instead of two clamps. */
 static inline vf vexp(vf x)
 {
-    const vf lo = vsplat(-87.33654475f), hi = vsplat(88.3762626647949f);
-    vi under = x < lo;
-    x = vselect(under, lo, x);
-    x = vselect(x > hi, hi, x);
-    const vf magic = vsplat(12582912.0f); /* 1.5·2^23: adding it rounds to an integer */
-    vf t = x * 1.44269504088896341f + magic;
-    vf n = t - magic;
+    const vi under = x < -87.33654475f;
+    const vf magic = vsplat(12582912.0f + 127.0f); /* 1.5·2^23 (+ the exponent bias): adding it rounds to an integer */
+    const vf t = x * 1.44269504088896341f + magic;
+    const vf n = t - magic;
     vf r = x - n * 0.693359375f;
     r = r + n * 2.12194440e-4f;
     vf p = vsplat(1.9875691500e-4f);
@@ -66,7 +71,7 @@ static inline vf vexp(vf x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
-    vi e = ((vi)t - (vi)magic + 127) << 23;
+    const vi e = ((vi)t - (vi)vsplat(12582912.0f)) << 23; /* (n + 127) << 23: 2^n */
     return (vf)((vi)(p * (vf)e) & ~under);
 }
 
@@ -92,6 +97,13 @@ static inline void load_row(float *dst, const void *src, int bf16, long off, int
 }
 
 static inline long round_up(long x, long m) { return (x + m - 1) / m * m; }
+
+/* n bytes aligned to a cache line, uninitialised (for buffers written in full) */
+static inline void *amalloc(size_t n)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 64, (size_t)round_up((long)n, 64)) == 0 ? p : NULL;
+}
 
 static inline void *zalloc(size_t n)
 {
