@@ -39,7 +39,46 @@ def rms_norm_reference(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch
 
 def rms_norm(x32: torch.Tensor, gain: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """`rms_norm_reference(x32, gain, eps)` written in `out_dtype` (x32 at least fp32)."""
+    if (_native_ready(x32) and x32.dtype == gain.dtype == torch.float32 and x32.is_contiguous()
+            and out_dtype in _FUSED_DTYPES):
+        return _NativeRMSNorm.apply(x32, gain, eps, out_dtype)
     return _RMSNorm.apply(x32, gain, eps, out_dtype)
+
+
+def _native_ready(x: torch.Tensor) -> bool:
+    """Whether the compiled kernels may run on x: a CPU tensor, eager mode (inductor
+    compiles the plain formulas instead), and the library built here."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and native.available()
+
+
+class _NativeRMSNorm(torch.autograd.Function):
+    """`_RMSNorm` by the compiled kernel (`csrc/norms.c`): one pass each way (rows of d
+    values stay in cache between the reduction and the write); dγ summed in fixed chunks
+    of rows, so it does not depend on the thread count."""
+
+    @staticmethod
+    def forward(ctx, x, gain, eps, out_dtype):  # type: ignore[override]
+        d = x.shape[-1]
+        out = torch.empty(x.shape, dtype=out_dtype)
+        r = torch.empty(x.shape[:-1], dtype=torch.float32)
+        gain = gain.contiguous()
+        _native_call(native.library().sanlab_rms_norm_fwd, x.numel() // d, d, x.data_ptr(), gain.data_ptr(), eps,
+                     out.data_ptr(), int(out_dtype == torch.bfloat16), r.data_ptr(), torch.get_num_threads())
+        ctx.save_for_backward(x, gain, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, gain, r = ctx.saved_tensors
+        d = x.shape[-1]
+        if dy.dtype not in _FUSED_DTYPES or not dy.is_contiguous():
+            dy = dy.float().contiguous()
+        dx = torch.empty_like(x)
+        dgain = torch.empty(d, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        _native_call(native.library().sanlab_rms_norm_bwd, x.numel() // d, d, x.data_ptr(), gain.data_ptr(),
+                     r.data_ptr(), dy.data_ptr(), int(dy.dtype == torch.bfloat16), dx.data_ptr(),
+                     None if dgain is None else dgain.data_ptr(), torch.get_num_threads())
+        return dx, dgain, None, None
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -593,6 +632,9 @@ def gated_residual_reference(x: torch.Tensor, h: torch.Tensor, g: torch.Tensor) 
 
 
 def gated_residual(x: torch.Tensor, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    if (_native_ready(h) and x.dtype == g.dtype == torch.float32 and h.dtype in _FUSED_DTYPES
+            and h.is_contiguous() and g.numel() == 1):
+        return _NativeGatedResidual.apply(x, h, g)
     return _GatedResidual.apply(x, h, g)
 
 
@@ -616,6 +658,30 @@ class _GatedResidual(torch.autograd.Function):
         rows = (-1, h.shape[-1])  # (row-wise: a flat bf16 dot product is ~10x slower on the CPU)
         dg = (1 - s) * torch.linalg.vecdot(dh.reshape(rows), h.reshape(rows)).sum(dtype=s.dtype)
         return dy, dh, dg
+
+
+
+
+class _NativeGatedResidual(torch.autograd.Function):
+    """`_GatedResidual` with the backward by the compiled kernel (`csrc/norms.c`): dh and
+    the gate's Σ dy⊙h in one pass (summed in fp32 from the unrounded σ·dy, in fixed chunks)."""
+
+    @staticmethod
+    def forward(ctx, x, h, g):  # type: ignore[override]
+        s = torch.sigmoid(g)
+        ctx.save_for_backward(h, s)
+        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)))
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        h, s = ctx.saved_tensors
+        if dy.dtype != torch.float32 or not dy.is_contiguous():
+            dy = dy.float().contiguous()
+        dh = torch.empty(h.shape, dtype=h.dtype)
+        dg = torch.empty((), dtype=torch.float32)
+        _native_call(native.library().sanlab_gated_residual_bwd, h.numel(), h.shape[-1], dy.data_ptr(), h.data_ptr(),
+                     int(h.dtype == torch.bfloat16), float(s), dh.data_ptr(), dg.data_ptr(), torch.get_num_threads())
+        return dy, dh, dg.reshape(s.shape).to(s.dtype)
 
 
 

@@ -1,7 +1,7 @@
 """Compiled CPU kernels: C sources in `csrc/`, built on first use and loaded with ctypes.
 
-The fused attention kernel (`csrc/attention.c`) and the QK-norm + RoPE kernel
-(`csrc/norm_rope.c`) are plain C with GCC vector extensions and OpenMP: they include
+The fused attention kernel (`csrc/attention.c`, `csrc/attention_amx.c`), QK-norm + RoPE
+(`csrc/norm_rope.c`), RMS norm and the gated residual's backward (`csrc/norms.c`) are plain C with GCC vector extensions and OpenMP: they include
 only the C library, so the library builds with the system C compiler in about a second
 (`cc -O3 -march=native -fopenmp`), without PyTorch's headers, ninja or a Python build
 step, and a missing compiler costs speed, never correctness (`sanlab.model.kernels`
@@ -155,6 +155,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sanlab_norm_rope_fwd.restype = I
     lib.sanlab_norm_rope_bwd.argtypes = [I] * 4 + tensor + [P, P] + tables + [P, L, L, L, P, I, P, I]
     lib.sanlab_norm_rope_bwd.restype = I
+    lib.sanlab_rms_norm_fwd.argtypes = [L, I, P, P, F, P, I, P, I]
+    lib.sanlab_rms_norm_fwd.restype = I
+    lib.sanlab_rms_norm_bwd.argtypes = [L, I, P, P, P, P, I, P, P, I]
+    lib.sanlab_rms_norm_bwd.restype = I
+    lib.sanlab_gated_residual_bwd.argtypes = [L, I, P, P, I, F, P, P, I]
+    lib.sanlab_gated_residual_bwd.restype = I
 
 
 def library() -> ctypes.CDLL:

@@ -193,9 +193,7 @@ static int bwd_fp32(const Attn *a)
                         const long row = ((long)b * s.H + h) * T + i0 + r;
                         load_row(qr, a->q.base, a->q.bf16, at(&a->q, b, h, i0 + r), D, scale);
                         load_row(dr, a->dout.base, a->dout.bf16, at(&a->dout, b, h, i0 + r), D, 1.0f);
-                        float dl = 0.0f;
-                        for (int d = 0; d < D; d++) dl += dr[d] * a->out[row * D + d];
-                        delta[r] = dl;
+                        delta[r] = dot_f32(dr, a->out + row * D, D);
                     }
                     for (int m = 0; m < rows; m += MR) {
                         const int pr = rows - m < MR ? rows - m : MR;

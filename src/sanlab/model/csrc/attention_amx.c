@@ -367,10 +367,7 @@ int attn_bwd_amx(const Attn *a)
                             split_row(dOt + (long)d * BQ, dot_hi + (long)d * BQ, split_do ? dot_lo + (long)d * BQ : NULL, BQ);
                         }
                         for (int r = 0; r < rows; r++) {
-                            const float *o = a->out + (((long)b * s.H + h) * T + i0 + r) * D, *d_ = dO + (long)r * s.Dp;
-                            float dl = 0.0f;
-                            for (int d = 0; d < D; d++) dl += d_[d] * o[d];
-                            delta[r] = dl;
+                            delta[r] = dot_f32(dO + (long)r * s.Dp, a->out + (((long)b * s.H + h) * T + i0 + r) * D, D);
                         }
                         for (int m = 0; m < rows; m += 16) {
                             const int pr = rows - m < 16 ? rows - m : 16;

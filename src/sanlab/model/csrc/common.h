@@ -83,19 +83,6 @@ static inline float bf16_to_f32(uint16_t h)
     return f;
 }
 
-/* row t of a (T, D) slice with row stride `ld` (elements), fp32 or bf16, times `scale`,
-   into dst[0:D] (dst[D:Dp] is left as it is: zero in zeroed buffers). */
-static inline void load_row(float *dst, const void *src, int bf16, long off, int D, float scale)
-{
-    if (bf16) {
-        const uint16_t *s = (const uint16_t *)src + off;
-        for (int d = 0; d < D; d++) dst[d] = bf16_to_f32(s[d]) * scale;
-    } else {
-        const float *s = (const float *)src + off;
-        for (int d = 0; d < D; d++) dst[d] = s[d] * scale;
-    }
-}
-
 static inline long round_up(long x, long m) { return (x + m - 1) / m * m; }
 
 /* n bytes aligned to a cache line, uninitialised (for buffers written in full) */
@@ -112,6 +99,53 @@ static inline void *zalloc(size_t n)
     if (posix_memalign(&p, 64, n) != 0) return NULL;
     memset(p, 0, n);
     return p;
+}
+
+/* 16 bf16 <-> 16 fp32 (the store rounds to nearest even, NaN stays a quiet NaN) */
+typedef uint16_t vh __attribute__((vector_size(VL * sizeof(uint16_t))));
+
+static inline vf vload_bf16(const uint16_t *p)
+{
+    vh h;
+    memcpy(&h, p, sizeof h);
+    return (vf)(__builtin_convertvector(h, vi) << 16);
+}
+
+static inline void vstore_bf16(uint16_t *p, vf x)
+{
+    vi u = (vi)x;
+    const vi nan = (u & 0x7fffffff) > 0x7f800000;
+    u = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+    u = (u & ~nan) | (((vi)x >> 16 | 0x40) & nan);
+    const vh h = __builtin_convertvector(u & 0xffff, vh);
+    memcpy(p, &h, sizeof h);
+}
+
+/* Σ a[i]·b[i] over n fp32 values, vector accumulators then the tail (fixed order) */
+static inline float dot_f32(const float *a, const float *b, int n)
+{
+    vf acc = vsplat(0.0f);
+    int i = 0;
+    for (; i + VL <= n; i += VL) acc += vload(a + i) * vload(b + i);
+    float s = hsum(acc);
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* element `off` onward of a fp32 or bf16 array: D values times `scale` into dst[0:D)
+   (dst[D:Dp] is left as it is: zero in zeroed buffers) */
+static inline void load_row(float *dst, const void *src, int bf16, long off, int D, float scale)
+{
+    int d = 0;
+    if (bf16) {
+        const uint16_t *s = (const uint16_t *)src + off;
+        for (; d + VL <= D; d += VL) vstore(dst + d, vload_bf16(s + d) * scale);
+        for (; d < D; d++) dst[d] = bf16_to_f32(s[d]) * scale;
+    } else {
+        const float *s = (const float *)src + off;
+        for (; d + VL <= D; d += VL) vstore(dst + d, vload(s + d) * scale);
+        for (; d < D; d++) dst[d] = s[d] * scale;
+    }
 }
 
 /* fp32 -> bf16, rounding to nearest even (as torch's conversion; NaN stays a quiet NaN) */

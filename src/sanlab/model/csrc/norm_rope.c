@@ -13,6 +13,26 @@
 #include "common.h"
 
 #define CHUNK_ROWS 64 /* (b, t) rows per chunk of dγ's partial sums */
+#define MAX_D 1024
+
+/* The rotation of one head row,
+   n1 = n[0, half), n2 = n[half, D), with the (b, t) row's gained tables
+   gc1 = γ₁c, gs2 = γ₂s, gc2 = γ₂c, gs1 = γ₁s: y₁ = n₁·gc1 − n₂·gs2, y₂ = n₂·gc2 + n₁·gs1 */
+static inline void rotate(float *y, const float *n, float r, const float *gc1, const float *gs2, const float *gc2,
+                          const float *gs1, int half)
+{
+    int d = 0;
+    for (; d + VL <= half; d += VL) {
+        const vf n1 = vload(n + d) * r, n2 = vload(n + half + d) * r;
+        vstore(y + d, n1 * vload(gc1 + d) - n2 * vload(gs2 + d));
+        vstore(y + half + d, n2 * vload(gc2 + d) + n1 * vload(gs1 + d));
+    }
+    for (; d < half; d++) {
+        const float n1 = n[d] * r, n2 = n[half + d] * r;
+        y[d] = n1 * gc1[d] - n2 * gs2[d];
+        y[half + d] = n2 * gc2[d] + n1 * gs1[d];
+    }
+}
 
 /* x row (b, t, head) at x[b·sb + t·st + head·sh]; tables row (b, t) at c[b·csb + t·cst]. */
 int sanlab_norm_rope_fwd(int B, int T, int h, int D,
@@ -21,25 +41,25 @@ int sanlab_norm_rope_fwd(int B, int T, int h, int D,
                          const float *c, const float *s, long csb, long cst,
                          float *out, float *r, int nthreads)
 {
-    if (D % 2 != 0 || D > 4096) return 1;
+    if (D % 2 != 0 || D > MAX_D) return 1;
     const int half = D / 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (long bt = 0; bt < (long)B * T; bt++) {
         const int b = (int)(bt / T), t = (int)(bt % T);
         const float *cr = c + b * csb + t * cst, *sr = s + b * csb + t * cst;
-        float n[4096];
+        float n[MAX_D], tab[2 * MAX_D]; /* the row's gained tables: γ₁c, γ₂s, γ₂c, γ₁s */
+        float *gc1 = tab, *gs2 = tab + half, *gc2 = tab + D, *gs1 = tab + D + half;
+        for (int d = 0; d < half; d++) {
+            gc1[d] = gain[d] * cr[d];
+            gs2[d] = gain[d + half] * sr[d];
+            gc2[d] = gain[d + half] * cr[d];
+            gs1[d] = gain[d] * sr[d];
+        }
         for (int j = 0; j < h; j++) {
             load_row(n, x, x_bf16, b * xsb + t * xst + j * xsh, D, 1.0f);
-            float ss = 0.0f;
-            for (int d = 0; d < D; d++) ss += n[d] * n[d];
-            const float rr = 1.0f / sqrtf(ss / D + eps);
+            const float rr = 1.0f / sqrtf(dot_f32(n, n, D) / D + eps);
             r[bt * h + j] = rr;
-            float *y = out + (((long)b * h + j) * T + t) * D;
-            for (int d = 0; d < half; d++) {
-                const float n1 = n[d] * rr, n2 = n[d + half] * rr;
-                y[d] = n1 * (gain[d] * cr[d]) - n2 * (gain[d + half] * sr[d]);
-                y[d + half] = n2 * (gain[d + half] * cr[d]) + n1 * (gain[d] * sr[d]);
-            }
+            rotate(out + (((long)b * h + j) * T + t) * D, n, rr, gc1, gs2, gc2, gs1, half);
         }
     }
     return 0;
@@ -54,14 +74,14 @@ int sanlab_norm_rope_bwd(int B, int T, int h, int D,
                          const float *dy, long dsb, long dsh, long dst,
                          void *dx, int dx_bf16, float *dgain, int nthreads)
 {
-    if (D % 2 != 0 || D > 4096) return 1;
+    if (D % 2 != 0 || D > MAX_D) return 1;
     const int half = D / 2;
     const long rows = (long)B * T, nchunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;
     float *partial = dgain ? zalloc(sizeof(float) * nchunks * D) : NULL;
     if (dgain && !partial) return 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (long chunk = 0; chunk < nchunks; chunk++) {
-        float n[4096], u[4096];
+        float n[MAX_D], u[MAX_D], y[MAX_D];
         float *acc = partial ? partial + chunk * D : NULL;
         const long end = (chunk + 1) * CHUNK_ROWS < rows ? (chunk + 1) * CHUNK_ROWS : rows;
         for (long bt = chunk * CHUNK_ROWS; bt < end; bt++) {
@@ -69,27 +89,35 @@ int sanlab_norm_rope_bwd(int B, int T, int h, int D,
             const float *cr = c + b * csb + t * cst, *sr = s + b * csb + t * cst;
             for (int j = 0; j < h; j++) {
                 const float rr = r[bt * h + j];
-                load_row(n, x, x_bf16, b * xsb + t * xst + j * xsh, D, rr);
+                load_row(n, x, x_bf16, b * xsb + t * xst + j * xsh, D, rr); /* n = x·r */
                 const float *g = dy + b * dsb + j * dsh + t * dst;
-                for (int d = 0; d < half; d++) {
+                /* u = RoPE⁻¹(dy) = (dy₁c + dy₂s, dy₂c − dy₁s) */
+                int d = 0;
+                for (; d + VL <= half; d += VL) {
+                    const vf g1 = vload(g + d), g2 = vload(g + half + d), cv = vload(cr + d), sv = vload(sr + d);
+                    vstore(u + d, g1 * cv + g2 * sv);
+                    vstore(u + half + d, g2 * cv - g1 * sv);
+                }
+                for (; d < half; d++) {
                     u[d] = g[d] * cr[d] + g[d + half] * sr[d];
                     u[d + half] = g[d + half] * cr[d] - g[d] * sr[d];
                 }
-                if (acc)
-                    for (int d = 0; d < D; d++) acc[d] += n[d] * u[d];
-                float dot = 0.0f;
-                for (int d = 0; d < D; d++) {
-                    u[d] *= gain[d]; /* dn */
-                    dot += u[d] * n[d];
+                if (acc) {
+                    for (d = 0; d + VL <= D; d += VL) vstore(acc + d, vload(acc + d) + vload(n + d) * vload(u + d));
+                    for (; d < D; d++) acc[d] += n[d] * u[d];
                 }
-                const float coef = dot / D;
+                for (d = 0; d + VL <= D; d += VL) vstore(u + d, vload(u + d) * vload(gain + d)); /* dn */
+                for (; d < D; d++) u[d] *= gain[d];
+                const float coef = dot_f32(u, n, D) / D;
+                for (d = 0; d + VL <= D; d += VL) vstore(y + d, (vload(u + d) - vload(n + d) * coef) * rr);
+                for (; d < D; d++) y[d] = (u[d] - n[d] * coef) * rr;
                 const long o = (bt * h + j) * D;
                 if (dx_bf16) {
                     uint16_t *dst16 = (uint16_t *)dx + o;
-                    for (int d = 0; d < D; d++) dst16[d] = f32_to_bf16(rr * (u[d] - n[d] * coef));
+                    for (d = 0; d + VL <= D; d += VL) vstore_bf16(dst16 + d, vload(y + d));
+                    for (; d < D; d++) dst16[d] = f32_to_bf16(y[d]);
                 } else {
-                    float *dst32 = (float *)dx + o;
-                    for (int d = 0; d < D; d++) dst32[d] = rr * (u[d] - n[d] * coef);
+                    memcpy((float *)dx + o, y, sizeof(float) * D);
                 }
             }
         }

@@ -1,0 +1,154 @@
+/* RMS norm and the gated residual's backward (sanlab.model.kernels._RMSNorm and
+   _GatedResidual), one pass over the activations each way.
+
+   RMS norm over rows of d values: r = (mean(x²) + eps)^-½, y = x·r·γ; backward
+   dx = r·(dy⊙γ) − x·r³·⟨dy⊙γ, x⟩/d, dγ = Σ_rows r·(dy ⊙ x).
+   Gated residual y = x + σ·h (σ = sigmoid(g), one scalar): dh = σ·dy, dg = σ(1 − σ)·Σ dy⊙h.
+   fp32 arithmetic; the norm's output and dh may be written in bf16 (rounded to nearest
+   even). Sums over rows (dγ, dg) add fixed chunks of rows, then the chunks in order, so
+   they do not depend on the thread count. */
+
+#include "common.h"
+
+#define CHUNK_ROWS 64
+
+/* row of d values, fp32 or bf16, into dst (fp32) */
+static inline void widen(float *dst, const void *src, int bf16, long off, int d)
+{
+    if (!bf16) {
+        memcpy(dst, (const float *)src + off, sizeof(float) * d);
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src + off;
+    int j = 0;
+    for (; j + VL <= d; j += VL) vstore(dst + j, vload_bf16(s + j));
+    for (; j < d; j++) dst[j] = bf16_to_f32(s[j]);
+}
+
+/* y[0, d) = x·a·b (b a vector), written as fp32 or bf16 */
+static inline void scaled_store(void *out, int bf16, long off, const float *x, float a, const float *b, int d)
+{
+    int j = 0;
+    if (bf16) {
+        uint16_t *o = (uint16_t *)out + off;
+        for (; j + VL <= d; j += VL) vstore_bf16(o + j, vload(x + j) * a * vload(b + j));
+        for (; j < d; j++) o[j] = f32_to_bf16(x[j] * a * b[j]);
+    } else {
+        float *o = (float *)out + off;
+        for (; j + VL <= d; j += VL) vstore(o + j, vload(x + j) * a * vload(b + j));
+        for (; j < d; j++) o[j] = x[j] * a * b[j];
+    }
+}
+
+/* x (n, d) fp32 contiguous; out (n, d) fp32 or bf16; r (n) fp32 */
+int sanlab_rms_norm_fwd(long n, int d, const float *x, const float *gain, float eps, void *out, int out_bf16,
+                        float *r, int nthreads)
+{
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long i = 0; i < n; i++) {
+        const float *xi = x + i * d;
+        const float ri = 1.0f / sqrtf(dot_f32(xi, xi, d) / d + eps);
+        r[i] = ri;
+        scaled_store(out, out_bf16, i * d, xi, ri, gain, d);
+    }
+    return 0;
+}
+
+/* dy (n, d) fp32 or bf16 contiguous; dx (n, d) fp32; dgain (d) or NULL */
+int sanlab_rms_norm_bwd(long n, int d, const float *x, const float *gain, const float *r, const void *dy, int dy_bf16,
+                        float *dx, float *dgain, int nthreads)
+{
+    const long nchunks = (n + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    float *partial = dgain ? zalloc(sizeof(float) * nchunks * d) : NULL;
+    if (dgain && !partial) return 2;
+    int status = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *g = amalloc(sizeof(float) * d); /* dy ⊙ γ */
+        if (!g) {
+#pragma omp atomic write
+            status = 2;
+        }
+#pragma omp barrier
+#pragma omp for schedule(static)
+        for (long c = 0; c < nchunks; c++) {
+            if (status) continue;
+            float *acc = partial ? partial + c * d : NULL;
+            const long end = (c + 1) * CHUNK_ROWS < n ? (c + 1) * CHUNK_ROWS : n;
+            for (long i = c * CHUNK_ROWS; i < end; i++) {
+                const float *xi = x + i * d;
+                float *dxi = dx + i * d;
+                const float ri = r[i];
+                widen(dxi, dy, dy_bf16, i * d, d); /* dx holds dy until the last loop */
+                int j = 0;
+                for (; j + VL <= d; j += VL) vstore(g + j, vload(dxi + j) * vload(gain + j));
+                for (; j < d; j++) g[j] = dxi[j] * gain[j];
+                if (acc) {
+                    for (j = 0; j + VL <= d; j += VL) vstore(acc + j, vload(acc + j) + vload(dxi + j) * vload(xi + j) * ri);
+                    for (; j < d; j++) acc[j] += dxi[j] * xi[j] * ri;
+                }
+                const float coef = -ri * ri * ri * dot_f32(g, xi, d) / d;
+                for (j = 0; j + VL <= d; j += VL) vstore(dxi + j, vload(g + j) * ri + vload(xi + j) * coef);
+                for (; j < d; j++) dxi[j] = g[j] * ri + xi[j] * coef;
+            }
+        }
+        free(g);
+    }
+    if (dgain) {
+        for (int j = 0; j < d; j++) dgain[j] = 0.0f;
+        for (long c = 0; c < nchunks; c++)
+            for (int j = 0; j < d; j++) dgain[j] += partial[c * d + j];
+        free(partial);
+    }
+    return status;
+}
+
+/* dy (count) fp32; h (count) fp32 or bf16; dh written in h's dtype; *dg = σ(1 − σ)·Σ dy⊙h,
+   summed over fixed chunks of CHUNK_ROWS·d values */
+int sanlab_gated_residual_bwd(long count, int d, const float *dy, const void *h, int h_bf16, float sigma, void *dh,
+                              float *dg, int nthreads)
+{
+    const long span = (long)CHUNK_ROWS * d, nchunks = (count + span - 1) / span;
+    float *partial = zalloc(sizeof(float) * (nchunks > 0 ? nchunks : 1));
+    if (!partial) return 2;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (long c = 0; c < nchunks; c++) {
+        const long lo = c * span, hi = lo + span < count ? lo + span : count;
+        vf acc = vsplat(0.0f);
+        long j = lo;
+        float s = 0.0f;
+        if (h_bf16) {
+            const uint16_t *hh = (const uint16_t *)h;
+            uint16_t *o = (uint16_t *)dh;
+            for (; j + VL <= hi; j += VL) {
+                const vf g = vload(dy + j);
+                acc += g * vload_bf16(hh + j);
+                vstore_bf16(o + j, g * sigma);
+            }
+            s = hsum(acc);
+            for (; j < hi; j++) {
+                s += dy[j] * bf16_to_f32(hh[j]);
+                o[j] = f32_to_bf16(sigma * dy[j]);
+            }
+        } else {
+            const float *hh = (const float *)h;
+            float *o = (float *)dh;
+            for (; j + VL <= hi; j += VL) {
+                const vf g = vload(dy + j);
+                acc += g * vload(hh + j);
+                vstore(o + j, g * sigma);
+            }
+            s = hsum(acc);
+            for (; j < hi; j++) {
+                s += dy[j] * hh[j];
+                o[j] = sigma * dy[j];
+            }
+        }
+        partial[c] = s;
+    }
+    float total = 0.0f;
+    for (long c = 0; c < nchunks; c++) total += partial[c];
+    free(partial);
+    *dg = sigma * (1.0f - sigma) * total;
+    return 0;
+}
