@@ -226,6 +226,15 @@ def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
     return 2 * b * h * tq * tk * dq + 2 * b * h * tq * tk * dv
 
 
+def _qkv_attention_flops(qkv_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    """`sanlab::qkv_attention` as SDPA on its q, k and v: (qkv, gq, gk, cos, sin, starts,
+    eps, heads, kv_heads, mode) with qkv (B, T, (H + 2·Hkv)·D)."""
+    heads, kv_heads = args[6], args[7]
+    b, t, w = qkv_shape
+    d = w // (heads + 2 * kv_heads)
+    return _sdpa_flops((b, heads, t, d), (b, kv_heads, t, d), (b, kv_heads, t, d))
+
+
 @dataclass(frozen=True)
 class MeasuredFlops:
     """What FlopCounterMode saw in one forward pass."""
@@ -249,7 +258,8 @@ def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **
     import sanlab.model.kernels  # noqa: F401 - registers sanlab::fused_attention
 
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,
-               torch.ops.sanlab.fused_attention: _sdpa_flops}
+               torch.ops.sanlab.fused_attention: _sdpa_flops,
+               torch.ops.sanlab.qkv_attention: _qkv_attention_flops}
     with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=mapping) as fc:
         model(tokens, *args, **kwargs)
     by_op = {str(op): int(n) for op, n in fc.get_flop_counts()["Global"].items()}

@@ -31,7 +31,7 @@ import threading
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-ABI_VERSION = 1  # sanlab_abi_version() of csrc/library.c; a mismatch means a stale build
+ABI_VERSION = 2  # sanlab_abi_version() of csrc/library.c; a mismatch means a stale build
 
 
 def sources() -> list[Path]:
@@ -146,9 +146,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sanlab_abi_version.argtypes, lib.sanlab_abi_version.restype = [], I
     lib.sanlab_openmp_threads.argtypes, lib.sanlab_openmp_threads.restype = [], I
     lib.sanlab_amx_available.argtypes, lib.sanlab_amx_available.restype = [], I
-    lib.sanlab_attn_fwd.argtypes = [I] * 5 + tensor * 3 + [P, P, P, I, I]
+    norm = [P, P, F, P, P, L, L]  # QK-norm: gains q, k, eps, cos, sin, their strides of b and t (NULLs: none)
+    lib.sanlab_attn_fwd.argtypes = [I] * 5 + tensor * 3 + [P] + norm + [P, P, P, P] + tensor + [I, I]
     lib.sanlab_attn_fwd.restype = I
-    lib.sanlab_attn_bwd.argtypes = [I] * 5 + tensor * 4 + [P, P, P, P, P, P, I, I]
+    lib.sanlab_attn_bwd.argtypes = [I] * 5 + tensor * 4 + [P] + norm + [P, P, P, P, P, P] + tensor * 3 + [I, I]
     lib.sanlab_attn_bwd.restype = I
     tables = [P, P, L, L]  # cos, sin, strides of b and t
     lib.sanlab_norm_rope_fwd.argtypes = [I] * 4 + tensor + [P, F] + tables + [P, P, I]

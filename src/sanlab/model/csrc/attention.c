@@ -59,15 +59,15 @@ static inline void panel(int K, const float *A, long am, long ak, const float *B
 
 /* kv head (b, g) packed: Kt (Dp, Tp) for the scores, V (Tp, Dp) for P·V; with `bwd` also
    K (Tp, Dp) for dQ and Vt (Dp, Tp) for dP. Columns beyond T and D stay zero. */
-static void pack_kv(const Shape *s, const Input *k, const Input *v, int b, int g, float *Kt, float *V,
-                    float *K, float *Vt)
+static void pack_kv(const Attn *a, int b, int g, int write_r, float *Kt, float *V, float *K, float *Vt)
 {
+    const Shape *s = &a->s;
     float row[1024];
     for (int t = 0; t < s->T; t++) {
-        load_row(row, k->base, k->bf16, at(k, b, g, t), s->D, 1.0f);
+        load_qk(a, 0, b, g, t, 1.0f, write_r, row);
         for (int d = 0; d < s->D; d++) Kt[(long)d * s->Tp + t] = row[d];
         if (K) memcpy(K + (long)t * s->Dp, row, s->D * sizeof(float));
-        load_row(V + (long)t * s->Dp, v->base, v->bf16, at(v, b, g, t), s->D, 1.0f);
+        load_row(V + (long)t * s->Dp, a->v.base, a->v.bf16, at(&a->v, b, g, t), s->D, 1.0f);
         if (Vt)
             for (int d = 0; d < s->D; d++) Vt[(long)d * s->Tp + t] = V[(long)t * s->Dp + d];
     }
@@ -90,7 +90,7 @@ static int fwd_fp32(const Attn *a)
     {
 #pragma omp for schedule(static)
         for (int bg = 0; bg < s.B * s.Hkv; bg++)
-            pack_kv(&s, &a->k, &a->v, bg / s.Hkv, bg % s.Hkv, kt_all + bg * kv_size, v_all + bg * kv_size, NULL, NULL);
+            pack_kv(a, bg / s.Hkv, bg % s.Hkv, 1, kt_all + bg * kv_size, v_all + bg * kv_size, NULL, NULL);
 
         float *Q = zalloc(sizeof(float) * s.BQ * s.Dp);
         float *S = zalloc(sizeof(float) * s.BQ * s.Tp);
@@ -108,7 +108,7 @@ static int fwd_fp32(const Attn *a)
             const float *Kt = kt_all + (long)(b * s.Hkv + g) * kv_size, *V = v_all + (long)(b * s.Hkv + g) * kv_size;
             const int lo = st[i0] / NW * NW;
             for (int r = 0; r < rows; r++)
-                load_row(Q + (long)r * s.Dp, a->q.base, a->q.bf16, at(&a->q, b, h, i0 + r), D, scale);
+                load_qk(a, 1, b, h, i0 + r, scale, 1, Q + (long)r * s.Dp);
             for (int r = rows; r < s.BQ; r++) memset(Q + (long)r * s.Dp, 0, sizeof(float) * s.Dp);
             for (int m = 0; m < rows; m += MR) {
                 const int pr = rows - m < MR ? rows - m : MR;
@@ -134,6 +134,7 @@ static int fwd_fp32(const Attn *a)
                 for (int r = 0; r < pr; r++) {
                     float *o = a->out + (((long)b * s.H + h) * T + i0 + m + r) * D;
                     for (int d = 0; d < D; d++) o[d] = O[(long)(m + r) * s.Dp + d] * inv[r];
+                    if (a->y.base) store_row(&a->y, b, h, i0 + m + r, o, D, 1.0f);
                 }
             }
         }
@@ -174,7 +175,12 @@ static int bwd_fp32(const Attn *a)
             if (status) continue;
             const int b = bg / s.Hkv, g = bg % s.Hkv;
             const int32_t *st = a->start + (long)b * T;
-            pack_kv(&s, &a->k, &a->v, b, g, Kt, V, K, Vt);
+            pack_kv(a, b, g, 0, Kt, V, K, Vt);
+            float *gq = a->norm ? a->norm->dgq + (long)bg * D : NULL, *gk = a->norm ? a->norm->dgk + (long)bg * D : NULL;
+            if (a->norm) {
+                memset(gq, 0, sizeof(float) * D);
+                memset(gk, 0, sizeof(float) * D);
+            }
             memset(dK, 0, sizeof(float) * kv_size);
             memset(dV, 0, sizeof(float) * kv_size);
             for (int h = g * rep; h < (g + 1) * rep; h++) {
@@ -191,7 +197,7 @@ static int bwd_fp32(const Attn *a)
                             continue;
                         }
                         const long row = ((long)b * s.H + h) * T + i0 + r;
-                        load_row(qr, a->q.base, a->q.bf16, at(&a->q, b, h, i0 + r), D, scale);
+                        load_qk(a, 1, b, h, i0 + r, scale, 0, qr);
                         load_row(dr, a->dout.base, a->dout.bf16, at(&a->dout, b, h, i0 + r), D, 1.0f);
                         delta[r] = dot_f32(dr, a->out + row * D, D);
                     }
@@ -219,8 +225,7 @@ static int bwd_fp32(const Attn *a)
                         for (int d = 0; d < s.Dp; d += NW)
                             panel(n1 - n0, dSm + n0, s.Tp, 1, K + (long)(lo + n0) * s.Dp + d, s.Dp, dQ + (long)m * s.Dp + d, s.Dp, 0);
                         for (int r = 0; r < pr; r++) {
-                            float *o = a->dq + (((long)b * s.H + h) * T + i0 + m + r) * D;
-                            for (int d = 0; d < D; d++) o[d] = dQ[(long)(m + r) * s.Dp + d] * scale;
+                            emit_qk_grad(a, 1, b, h, i0 + m + r, dQ + (long)(m + r) * s.Dp, scale, gq);
                         }
                     }
                     /* dK += dSᵀ Q (Q is scaled), dV += Pᵀ dO, by key panels; rows before a
@@ -236,11 +241,8 @@ static int bwd_fp32(const Attn *a)
                 }
             }
             for (int t = 0; t < T; t++) {
-                float *ok = a->dk + (((long)b * s.Hkv + g) * T + t) * D, *ov = a->dv + (((long)b * s.Hkv + g) * T + t) * D;
-                for (int d = 0; d < D; d++) {
-                    ok[d] = dK[(long)t * s.Dp + d];
-                    ov[d] = dV[(long)t * s.Dp + d];
-                }
+                emit_qk_grad(a, 0, b, g, t, dK + (long)t * s.Dp, 1.0f, gk);
+                store_row(&a->dv, b, g, t, dV + (long)t * s.Dp, D, 1.0f);
             }
         }
         free(Kt); free(V); free(K); free(Vt); free(dK); free(dV);
@@ -267,10 +269,16 @@ int sanlab_attn_fwd(int B, int H, int Hkv, int T, int D,
                     const void *q, int q_bf16, long qsb, long qsh, long qst,
                     const void *k, int k_bf16, long ksb, long ksh, long kst,
                     const void *v, int v_bf16, long vsb, long vsh, long vst,
-                    const int32_t *start, float *out, float *lse, int nthreads, int mode)
+                    const int32_t *start,
+                    const float *gq, const float *gk, float eps, const float *cos, const float *sin, long csb, long cst,
+                    float *rq, float *rk,
+                    float *out, float *lse, void *y, int y_bf16, long ysb, long ysh, long yst,
+                    int nthreads, int mode)
 {
+    QKNorm nm = {gq, gk, eps, cos, sin, csb, cst, rq, rk, NULL, NULL};
     Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
-              .start = start, .out = out, .lse = lse, .nthreads = nthreads};
+              .start = start, .norm = gq ? &nm : NULL, .out = out, .lse = lse, .y = {y, y_bf16, ysb, ysh, yst},
+              .nthreads = nthreads};
     if (setup(&a, B, H, Hkv, T, D, mode)) return 1;
     return mode == 0 && amx_available() ? attn_fwd_amx(&a) : fwd_fp32(&a);
 }
@@ -280,12 +288,37 @@ int sanlab_attn_bwd(int B, int H, int Hkv, int T, int D,
                     const void *k, int k_bf16, long ksb, long ksh, long kst,
                     const void *v, int v_bf16, long vsb, long vsh, long vst,
                     const void *dout, int do_bf16, long dsb, long dsh, long dst,
-                    const int32_t *start, const float *out, const float *lse,
-                    float *dq, float *dk, float *dv, int nthreads, int mode)
+                    const int32_t *start,
+                    const float *gq, const float *gk, float eps, const float *cos, const float *sin, long csb, long cst,
+                    const float *rq, const float *rk, float *dgq, float *dgk,
+                    const float *out, const float *lse,
+                    void *dq, int dq_bf16, long dqsb, long dqsh, long dqst,
+                    void *dk, int dk_bf16, long dksb, long dksh, long dkst,
+                    void *dv, int dv_bf16, long dvsb, long dvsh, long dvst,
+                    int nthreads, int mode)
 {
+    const long parts = (long)B * Hkv * D;
+    QKNorm nm = {gq, gk, eps, cos, sin, csb, cst, (float *)rq, (float *)rk, NULL, NULL};
+    if (gq) { /* dγ per kv-head task, summed below in task order */
+        nm.dgq = zalloc(sizeof(float) * parts);
+        nm.dgk = zalloc(sizeof(float) * parts);
+        if (!nm.dgq || !nm.dgk) { free(nm.dgq); free(nm.dgk); return 2; }
+    }
     Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
-              .dout = {dout, do_bf16, dsb, dsh, dst}, .start = start, .out = (float *)out, .lse = (float *)lse,
-              .dq = dq, .dk = dk, .dv = dv, .nthreads = nthreads};
-    if (setup(&a, B, H, Hkv, T, D, mode)) return 1;
-    return mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
+              .dout = {dout, do_bf16, dsb, dsh, dst}, .start = start, .norm = gq ? &nm : NULL, .out = (float *)out,
+              .lse = (float *)lse, .dq = {dq, dq_bf16, dqsb, dqsh, dqst}, .dk = {dk, dk_bf16, dksb, dksh, dkst},
+              .dv = {dv, dv_bf16, dvsb, dvsh, dvst}, .nthreads = nthreads};
+    int status = setup(&a, B, H, Hkv, T, D, mode);
+    if (!status) status = mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
+    if (gq && !status) {
+        for (int d = 0; d < D; d++) dgq[d] = dgk[d] = 0.0f;
+        for (long bg = 0; bg < (long)B * Hkv; bg++)
+            for (int d = 0; d < D; d++) {
+                dgq[d] += nm.dgq[bg * D + d];
+                dgk[d] += nm.dgk[bg * D + d];
+            }
+    }
+    free(nm.dgq);
+    free(nm.dgk);
+    return status;
 }

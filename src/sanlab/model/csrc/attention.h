@@ -16,20 +16,143 @@ typedef struct {
 
 static inline long at(const Input *x, int b, int h, int t) { return b * x->sb + h * x->sh + t * x->st; }
 
+/* A strided 4-D output, written as fp32 or bf16: element (b, h, t, d) at
+   base[b·sb + h·sh + t·st + d]. */
+typedef struct {
+    void *base;
+    int bf16;
+    long sb, sh, st;
+} Output;
+
 typedef struct {
     int B, H, Hkv, T, D, Dp, Tp, BQ;
 } Shape;
 
+/* The per-head QK-norm then RoPE, applied to q and k rows as they are read (the fused
+   QKV path: q, k are the raw projections): per (b, t, head) row x, r = (mean(x²) + eps)^-½
+   and x -> RoPE(x·r ⊙ γ), rotate-half with the row's tables c, s (D/2 each). */
+typedef struct {
+    const float *gq, *gk;   /* gains (D) */
+    float eps;
+    const float *cos, *sin; /* row (b, t) at cos[b·csb + t·cst] */
+    long csb, cst;
+    float *rq, *rk;         /* r per row, (B, T, H) and (B, T, Hkv): written forward, read backward */
+    float *dgq, *dgk;       /* backward: dγ per kv-head task, (B·Hkv, D) each */
+} QKNorm;
+
 /* One call's arguments: inputs (dout only in the backward), each row's first visible key
-   `start` (B, T), and the outputs: out (B, H, T, D) fp32 and lse (B, H, T) forward;
-   dq (B, H, T, D), dk, dv (B, Hkv, T, D) fp32 backward. */
+   `start` (B, T), the QK-norm (NULL: q and k are used as given), and the outputs:
+   forward, out (B, H, T, D) fp32 (kept for the backward), lse (B, H, T) and y (the
+   output as the caller wants it; base NULL for none); backward, dq, dk, dv. */
 typedef struct {
     Shape s;
     Input q, k, v, dout;
     const int32_t *start;
-    float *out, *lse, *dq, *dk, *dv;
+    const QKNorm *norm;
+    float *out, *lse;
+    Output y, dq, dk, dv;
     int nthreads;
 } Attn;
+
+static inline long at_out(const Output *o, int b, int h, int t) { return b * o->sb + h * o->sh + t * o->st; }
+
+/* n values of src times mul into output row (b, h, t) */
+static inline void store_row(const Output *o, int b, int h, int t, const float *src, int n, float mul)
+{
+    const long off = at_out(o, b, h, t);
+    int d = 0;
+    if (o->bf16) {
+        uint16_t *dst = (uint16_t *)o->base + off;
+        for (; d + VL <= n; d += VL) vstore_bf16(dst + d, vload(src + d) * mul);
+        for (; d < n; d++) dst[d] = f32_to_bf16(src[d] * mul);
+    } else {
+        float *dst = (float *)o->base + off;
+        for (; d + VL <= n; d += VL) vstore(dst + d, vload(src + d) * mul);
+        for (; d < n; d++) dst[d] = src[d] * mul;
+    }
+}
+
+/* The RoPE tables of row (b, t) */
+static inline void tables(const QKNorm *nm, int b, int t, const float **c, const float **sn)
+{
+    *c = nm->cos + b * nm->csb + t * nm->cst;
+    *sn = nm->sin + b * nm->csb + t * nm->cst;
+}
+
+/* Row (b, head, t) of q (is_q) or k into dst[0, D), times `scale`: as given, or through
+   the QK-norm (its r is written forward, read backward: `write_r`). */
+static inline void load_qk(const Attn *a, int is_q, int b, int head, int t, float scale, int write_r, float *dst)
+{
+    const Input *x = is_q ? &a->q : &a->k;
+    const int D = a->s.D;
+    const QKNorm *nm = a->norm;
+    if (!nm) {
+        load_row(dst, x->base, x->bf16, at(x, b, head, t), D, scale);
+        return;
+    }
+    load_row(dst, x->base, x->bf16, at(x, b, head, t), D, 1.0f);
+    const int nh = is_q ? a->s.H : a->s.Hkv, half = D / 2;
+    float *rs = (is_q ? nm->rq : nm->rk) + ((long)b * a->s.T + t) * nh + head;
+    if (write_r) *rs = 1.0f / sqrtf(dot_f32(dst, dst, D) / D + nm->eps);
+    const float r = *rs * scale, *g = is_q ? nm->gq : nm->gk;
+    const float *c, *sn;
+    tables(nm, b, t, &c, &sn);
+    int d = 0;
+    for (; d + VL <= half; d += VL) {
+        const vf n1 = vload(dst + d) * r * vload(g + d), n2 = vload(dst + half + d) * r * vload(g + half + d);
+        const vf cv = vload(c + d), sv = vload(sn + d);
+        vstore(dst + d, n1 * cv - n2 * sv);
+        vstore(dst + half + d, n2 * cv + n1 * sv);
+    }
+    for (; d < half; d++) {
+        const float n1 = dst[d] * r * g[d], n2 = dst[d + half] * r * g[d + half];
+        dst[d] = n1 * c[d] - n2 * sn[d];
+        dst[d + half] = n2 * c[d] + n1 * sn[d];
+    }
+}
+
+/* The gradient of row (b, head, t) of q or k, given w.r.t. what attention read (after the
+   QK-norm), in grad[0, D) (clobbered), times mul, written to `o`. With the QK-norm it first
+   goes through the norm's backward: u = RoPE⁻¹(grad), dγ += n ⊙ u (into acc),
+   dx = r·(γ⊙u − n·⟨γ⊙u, n⟩/D) with n = x·r the raw row normalised. */
+static inline void emit_qk_grad(const Attn *a, int is_q, int b, int head, int t, float *grad, float mul, float *acc)
+{
+    const Output *o = is_q ? &a->dq : &a->dk;
+    const QKNorm *nm = a->norm;
+    const int D = a->s.D;
+    if (!nm) {
+        store_row(o, b, head, t, grad, D, mul);
+        return;
+    }
+    const Input *x = is_q ? &a->q : &a->k;
+    const int nh = is_q ? a->s.H : a->s.Hkv, half = D / 2;
+    const float r = (is_q ? nm->rq : nm->rk)[((long)b * a->s.T + t) * nh + head], *g = is_q ? nm->gq : nm->gk;
+    const float *c, *sn;
+    tables(nm, b, t, &c, &sn);
+    float n[1024];
+    load_row(n, x->base, x->bf16, at(x, b, head, t), D, r);
+    int d = 0;
+    for (; d + VL <= half; d += VL) {
+        const vf g1 = vload(grad + d) * mul, g2 = vload(grad + half + d) * mul, cv = vload(c + d), sv = vload(sn + d);
+        const vf u1 = g1 * cv + g2 * sv, u2 = g2 * cv - g1 * sv;
+        vstore(acc + d, vload(acc + d) + vload(n + d) * u1);
+        vstore(acc + half + d, vload(acc + half + d) + vload(n + half + d) * u2);
+        vstore(grad + d, u1 * vload(g + d));
+        vstore(grad + half + d, u2 * vload(g + half + d));
+    }
+    for (; d < half; d++) {
+        const float g1 = grad[d] * mul, g2 = grad[d + half] * mul;
+        const float u1 = g1 * c[d] + g2 * sn[d], u2 = g2 * c[d] - g1 * sn[d];
+        acc[d] += n[d] * u1;
+        acc[d + half] += n[d + half] * u2;
+        grad[d] = u1 * g[d];
+        grad[d + half] = u2 * g[d + half];
+    }
+    const float dot = dot_f32(grad, n, D) / D;
+    for (d = 0; d + VL <= D; d += VL) vstore(grad + d, (vload(grad + d) - vload(n + d) * dot) * r);
+    for (; d < D; d++) grad[d] = r * (grad[d] - n[d] * dot);
+    store_row(o, b, head, t, grad, D, 1.0f);
+}
 
 /* rows per query block: the block's scores (BQ × T fp32) within ~256 KB (L2), a multiple
    of `unit` (the row panel) */

@@ -62,15 +62,95 @@ static void tiles_on(void)
 
 /* ------------------------------------------------------------------ bf16 conversion */
 
-/* 32 fp32 values -> their bf16 parts hi = bf16(x), lo = bf16(x − hi) (32 each). */
-static inline void split32(const float *x, __m512i *hi, __m512i *lo)
+/* 32 fp32 values (a, then b) -> their bf16 parts hi = bf16(x), lo = bf16(x − hi). */
+static inline void split2(__m512 a, __m512 b, __m512i *hi, __m512i *lo)
 {
-    const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
     const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
     const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
     const __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
     *hi = h;
     *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+}
+
+static inline void split32(const float *x, __m512i *hi, __m512i *lo)
+{
+    split2(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16), hi, lo);
+}
+
+/* the pair-row interleave of two rows' 32 bf16 values: out[2j + r] = x_r[j] */
+static inline void store_pairs(uint16_t *out, __m512i x0, __m512i x1)
+{
+    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                           39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+    _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x0, first, x1));
+    _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi16(x0, second, x1));
+}
+
+/* lanes j0 + [0, 16) inside [a, e) */
+static inline __mmask16 allowed(int j0, int a, int e)
+{
+    const __m512i j = _mm512_add_epi32(_mm512_set1_epi32(j0), _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5,
+                                                                                4, 3, 2, 1, 0));
+    return _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(a)) & _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(e));
+}
+
+/* The forward's pass over one row of scores s[n0, n1) with [a, e) allowed: the max of the
+   allowed ones (*mx), then p = exp(s − max) (0 outside [a, e)) written only as its bf16
+   parts hi, lo; returns Σ p. (The max needs its own pass; everything else is one.) */
+static inline float softmax_split(const float *s, int n0, int n1, int a, int e, float *mx, uint16_t *hi, uint16_t *lo)
+{
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int j = n0; j < n1; j += 16) m = _mm512_mask_max_ps(m, allowed(j, a, e), m, _mm512_loadu_ps(s + j));
+    const float mv = _mm512_reduce_max_ps(m);
+    vf acc = vsplat(0.0f);
+    for (int j = n0; j < n1; j += 32) {
+        const __m512 p0 = _mm512_maskz_mov_ps(allowed(j, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + j) - mv));
+        const __m512 p1 = _mm512_maskz_mov_ps(allowed(j + 16, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + j + 16) - mv));
+        acc += (vf)p0 + (vf)p1;
+        __m512i h, l;
+        split2(p0, p1, &h, &l);
+        _mm512_storeu_si512(hi + j, h);
+        _mm512_storeu_si512(lo + j, l);
+    }
+    *mx = mv;
+    return hsum(acc);
+}
+
+/* One row's P = exp(s − lse) (0 outside [a, e)) and dS = P ⊙ (dP − δ) for 32 columns at j */
+static inline void grad32(const float *s, const float *dp, int j, int a, int e, float lse, float delta, __m512 p[2],
+                          __m512 ds[2])
+{
+    for (int u = 0; u < 2; u++) {
+        const int jj = j + 16 * u;
+        p[u] = _mm512_maskz_mov_ps(allowed(jj, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + jj) - lse));
+        ds[u] = _mm512_mul_ps(p[u], _mm512_sub_ps(_mm512_loadu_ps(dp + jj), _mm512_set1_ps(delta)));
+    }
+}
+
+/* The backward's pass over rows r and r + 1 of a panel, scores s and dP dp (fp32, stride
+   ld) over [n0, n1): P and dS formed and written only as bf16 parts, dS's as rows
+   (ds_hi/lo, stride ld) and both as one pair-row (pp, dsp). Row u's allowed keys are
+   [a[u], e[u]) (empty for a padding row), its log-sum-exp lse[u] and δ delta[u]. */
+static inline void grad_pair(const float *s, const float *dp, long ld, int n0, int n1, const int a[2], const int e[2],
+                             const float lse[2], const float delta[2], uint16_t *ds_hi, uint16_t *ds_lo,
+                             uint16_t *pp_hi, uint16_t *pp_lo, uint16_t *dsp_hi, uint16_t *dsp_lo)
+{
+    for (int j = n0; j < n1; j += 32) {
+        __m512i ph[2], pl[2], dh[2], dl[2];
+        for (int u = 0; u < 2; u++) {
+            __m512 p[2], ds[2];
+            grad32(s + u * ld, dp + u * ld, j, a[u], e[u], lse[u], delta[u], p, ds);
+            split2(p[0], p[1], &ph[u], &pl[u]);
+            split2(ds[0], ds[1], &dh[u], &dl[u]);
+            _mm512_storeu_si512(ds_hi + u * ld + j, dh[u]);
+            _mm512_storeu_si512(ds_lo + u * ld + j, dl[u]);
+        }
+        store_pairs(pp_hi + 2 * j, ph[0], ph[1]);
+        store_pairs(pp_lo + 2 * j, pl[0], pl[1]);
+        store_pairs(dsp_hi + 2 * j, dh[0], dh[1]);
+        store_pairs(dsp_lo + 2 * j, dl[0], dl[1]);
+    }
 }
 
 /* x[0, n) (n a multiple of 32) -> hi[0, n), and lo[0, n) unless lo is NULL */
@@ -88,19 +168,12 @@ static inline void split_row(const float *x, uint16_t *hi, uint16_t *lo, int n)
    out[2j + r] = part(x_r[j]) for j in [n0, n1): a pair-row of a tile's B operand. */
 static inline void split_pair(const float *x0, const float *x1, uint16_t *hi, uint16_t *lo, int n0, int n1)
 {
-    const __m512i first = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                           39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
     for (int j = n0; j < n1; j += 32) {
         __m512i h0, l0, h1, l1;
         split32(x0 + j, &h0, &l0);
         split32(x1 + j, &h1, &l1);
-        _mm512_storeu_si512(hi + 2 * j, _mm512_permutex2var_epi16(h0, first, h1));
-        _mm512_storeu_si512(hi + 2 * j + 32, _mm512_permutex2var_epi16(h0, second, h1));
-        if (lo) {
-            _mm512_storeu_si512(lo + 2 * j, _mm512_permutex2var_epi16(l0, first, l1));
-            _mm512_storeu_si512(lo + 2 * j + 32, _mm512_permutex2var_epi16(l0, second, l1));
-        }
+        store_pairs(hi + 2 * j, h0, h1);
+        if (lo) store_pairs(lo + 2 * j, l0, l1);
     }
 }
 
@@ -174,14 +247,21 @@ static void transpose_words(const void *x, long ld_x, int rows, int valid, int c
    `kp`: as B of Y·K (k over keys: pair-rows of keys, d as columns), (Tp/2, 2·Dp).
    Either may be NULL; lo parts are written where the lo pointers are not NULL. `tmp_hi`,
    `tmp_lo` (Tp × Dp each) hold the bf16 rows that `kt` is the word transpose of. */
-static void pack_operand(const Shape *s, const Input *x, int b, int g, float *row0, float *row1, uint16_t *tmp_hi,
+static void pack_operand(const Attn *a, int is_k, int write_r, int b, int g, float *row0, float *row1, uint16_t *tmp_hi,
                          uint16_t *tmp_lo, uint16_t *kt_hi, uint16_t *kt_lo, uint16_t *kp_hi, uint16_t *kp_lo)
 {
+    const Shape *s = &a->s;
     for (int t = 0; t < s->Tp; t += 2) {
         float *rows[2] = {row0, row1};
         for (int r = 0; r < 2; r++) {
             memset(rows[r], 0, sizeof(float) * s->Dp);
-            if (t + r < s->T) load_row(rows[r], x->base, x->bf16, at(x, b, g, t + r), s->D, 1.0f);
+            if (t + r >= s->T) continue;
+            if (is_k)
+                load_qk(a, 0, b, g, t + r, 1.0f, write_r, rows[r]);
+            else
+                load_row(rows[r], a->v.base, a->v.bf16, at(&a->v, b, g, t + r), s->D, 1.0f);
+        }
+        for (int r = 0; r < 2; r++) {
             if (kt_hi)
                 split_row(rows[r], tmp_hi + (long)(t + r) * s->Dp, kt_lo ? tmp_lo + (long)(t + r) * s->Dp : NULL, s->Dp);
         }
@@ -193,14 +273,19 @@ static void pack_operand(const Shape *s, const Input *x, int b, int g, float *ro
     }
 }
 
-/* rows [0, BQ) of a block: fp32 (scaled, zero beyond `rows`) and split into bf16 parts */
-static void load_block(const Shape *s, const Input *x, int b, int h, int i0, int rows, float scale, float *f32,
+/* rows [0, BQ) of a block of q (through load_qk, times scale) or of dout: fp32 (zero
+   beyond `rows`) and split into bf16 parts */
+static void load_block(const Attn *a, int is_q, int write_r, int b, int h, int i0, int rows, float scale, float *f32,
                        uint16_t *hi, uint16_t *lo)
 {
+    const Shape *s = &a->s;
     for (int r = 0; r < s->BQ; r++) {
         float *row = f32 + (long)r * s->Dp;
         memset(row, 0, sizeof(float) * s->Dp);
-        if (r < rows) load_row(row, x->base, x->bf16, at(x, b, h, i0 + r), s->D, scale);
+        if (r < rows && is_q)
+            load_qk(a, 1, b, h, i0 + r, scale, write_r, row);
+        else if (r < rows)
+            load_row(row, a->dout.base, a->dout.bf16, at(&a->dout, b, h, i0 + r), s->D, scale);
         split_row(row, hi + (long)r * s->Dp, lo ? lo + (long)r * s->Dp : NULL, s->Dp);
     }
 }
@@ -219,7 +304,7 @@ int attn_fwd_amx(const Attn *a)
     const Shape s = a->s;
     const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D;
     const float scale = 1.0f / sqrtf((float)D);
-    const int split_q = !exact_bf16(&a->q, scale), split_k = !a->k.bf16, split_v = !a->v.bf16;
+    const int split_q = a->norm || !exact_bf16(&a->q, scale), split_k = a->norm || !a->k.bf16, split_v = !a->v.bf16;
     const long kv = (long)s.Dp * s.Tp, nkv = (long)s.B * s.Hkv;
     /* (written in full by pack_operand, padding included) */
     uint16_t *kt_hi = amalloc(2 * kv * nkv), *kt_lo = split_k ? amalloc(2 * kv * nkv) : NULL;
@@ -242,11 +327,11 @@ int attn_fwd_amx(const Attn *a)
         if (!status) {
 #pragma omp for schedule(static)
             for (long bg = 0; bg < nkv; bg++)
-                pack_operand(&s, &a->k, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, tmp_hi, tmp_lo,
+                pack_operand(a, 1, 1, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, tmp_hi, tmp_lo,
                              kt_hi + bg * kv, kt_lo ? kt_lo + bg * kv : NULL, NULL, NULL);
 #pragma omp for schedule(static)
             for (long bg = 0; bg < nkv; bg++)
-                pack_operand(&s, &a->v, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, NULL, NULL, NULL, NULL,
+                pack_operand(a, 0, 0, (int)(bg / s.Hkv), (int)(bg % s.Hkv), row0, row1, NULL, NULL, NULL, NULL,
                              v_hi + bg * kv, v_lo ? v_lo + bg * kv : NULL);
             tiles_on();
 #pragma omp for schedule(dynamic, 1)
@@ -256,7 +341,7 @@ int attn_fwd_amx(const Attn *a)
                 const int i0 = blk * s.BQ, rows = T - i0 < s.BQ ? T - i0 : s.BQ;
                 const int32_t *st = a->start + (long)b * T;
                 const int lo = st[i0] / NW * NW;
-                load_block(&s, &a->q, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
+                load_block(a, 1, 1, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
                 for (int m = 0; m < rows; m += 16) {
                     const int pr = rows - m < 16 ? rows - m : 16;
                     int n0, n1;
@@ -270,18 +355,15 @@ int attn_fwd_amx(const Attn *a)
                         tile_16x32(nt, t, s.Dp / 32, S + n, s.Tp, 0);
                     }
                     float inv[16];
-                    for (int r = 0; r < 16; r++) {
-                        float *row = S + (long)r * s.Tp;
-                        if (r < pr) {
-                            const int i = i0 + m + r;
-                            float mx;
-                            const float l = softmax_row(row, n0, n1, st[i] - lo, i + 1 - lo, &mx);
+                    for (int r = 0; r < 16; r++) { /* (a padding row: nothing allowed, P = 0) */
+                        const int i = i0 + m + r, ok = r < pr;
+                        float mx;
+                        const float l = softmax_split(S + (long)r * s.Tp, n0, n1, ok ? st[i] - lo : n1, ok ? i + 1 - lo : n1,
+                                                      &mx, p_hi + (long)r * s.Tp, p_lo + (long)r * s.Tp);
+                        if (ok) {
                             a->lse[((long)b * s.H + h) * T + i] = mx + logf(l);
                             inv[r] = 1.0f / l;
-                        } else {
-                            memset(row + n0, 0, sizeof(float) * (n1 - n0));
                         }
-                        split_row(row + n0, p_hi + (long)r * s.Tp + n0, p_lo + (long)r * s.Tp + n0, n1 - n0);
                     }
                     /* O = P V over the panel's keys (P always split: it is fp32) */
                     for (int d = 0; d < s.Dp; d += 32) {
@@ -293,6 +375,7 @@ int attn_fwd_amx(const Attn *a)
                     for (int r = 0; r < pr; r++) {
                         float *o = a->out + (((long)b * s.H + h) * T + i0 + m + r) * D;
                         for (int d = 0; d < D; d++) o[d] = O[(long)r * s.Dp + d] * inv[r];
+                        if (a->y.base) store_row(&a->y, b, h, i0 + m + r, o, D, 1.0f);
                     }
                 }
             }
@@ -312,7 +395,7 @@ int attn_bwd_amx(const Attn *a)
     const Shape s = a->s;
     const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D, BQ = s.BQ;
     const float scale = 1.0f / sqrtf((float)D);
-    const int split_q = !exact_bf16(&a->q, scale), split_k = !a->k.bf16, split_v = !a->v.bf16;
+    const int split_q = a->norm || !exact_bf16(&a->q, scale), split_k = a->norm || !a->k.bf16, split_v = !a->v.bf16;
     const int split_do = !a->dout.bf16;
     const long kv = (long)s.Dp * s.Tp, blk = (long)BQ * s.Tp, pan = 16L * s.Tp, qd = (long)BQ * s.Dp;
     int status = 0;
@@ -323,7 +406,7 @@ int attn_bwd_amx(const Attn *a)
         /* per kv head: K as B of Q·Kᵀ (kt) and of dS·K (kp), V as B of dO·Vᵀ (vt); dKᵀ, dVᵀ */
         uint16_t *kt_hi = amalloc(2 * kv), *kt_lo = amalloc(2 * kv), *kp_hi = amalloc(2 * kv), *kp_lo = amalloc(2 * kv);
         uint16_t *vt_hi = amalloc(2 * kv), *vt_lo = amalloc(2 * kv), *tmp_hi = amalloc(2 * kv), *tmp_lo = amalloc(2 * kv);
-        float *dKt = amalloc(4 * kv), *dVt = amalloc(4 * kv);
+        float *dKt = amalloc(4 * kv), *dVt = amalloc(4 * kv), *rowsT = amalloc(4 * kv);
         /* per block: Q and dO as fp32 rows, their parts as rows and transposed (A of the
            key-side products); P and dS as parts with pairs of rows interleaved (B of the
            key-side products) */
@@ -335,7 +418,7 @@ int attn_bwd_amx(const Attn *a)
         float *P = zalloc(4 * pan), *dS = zalloc(4 * pan), *dQ = zalloc(4L * 16 * s.Dp);
         uint16_t *ds_hi = zalloc(2 * pan), *ds_lo = zalloc(2 * pan);
         float *delta = zalloc(4L * BQ);
-        if (!row0 || !row1 || !kt_hi || !kt_lo || !kp_hi || !kp_lo || !vt_hi || !vt_lo || !tmp_hi || !tmp_lo || !dKt ||
+        if (!row0 || !row1 || !kt_hi || !kt_lo || !kp_hi || !kp_lo || !vt_hi || !vt_lo || !tmp_hi || !tmp_lo || !dKt || !rowsT ||
             !dVt || !Q || !dO || !Qt || !dOt || !q_hi || !q_lo || !do_hi || !do_lo || !qt_hi || !qt_lo || !dot_hi ||
             !dot_lo || !pp_hi || !pp_lo || !dsp_hi || !dsp_lo || !P || !dS || !dQ || !ds_hi || !ds_lo || !delta) {
 #pragma omp atomic write
@@ -348,9 +431,14 @@ int attn_bwd_amx(const Attn *a)
             for (int bg = 0; bg < s.B * s.Hkv; bg++) {
                 const int b = bg / s.Hkv, g = bg % s.Hkv;
                 const int32_t *st = a->start + (long)b * T;
-                pack_operand(&s, &a->k, b, g, row0, row1, tmp_hi, tmp_lo, kt_hi, split_k ? kt_lo : NULL, kp_hi,
+                pack_operand(a, 1, 0, b, g, row0, row1, tmp_hi, tmp_lo, kt_hi, split_k ? kt_lo : NULL, kp_hi,
                              split_k ? kp_lo : NULL);
-                pack_operand(&s, &a->v, b, g, row0, row1, tmp_hi, tmp_lo, vt_hi, split_v ? vt_lo : NULL, NULL, NULL);
+                pack_operand(a, 0, 0, b, g, row0, row1, tmp_hi, tmp_lo, vt_hi, split_v ? vt_lo : NULL, NULL, NULL);
+                float *gq = a->norm ? a->norm->dgq + (long)bg * D : NULL, *gk = a->norm ? a->norm->dgk + (long)bg * D : NULL;
+                if (a->norm) {
+                    memset(gq, 0, sizeof(float) * D);
+                    memset(gk, 0, sizeof(float) * D);
+                }
                 memset(dKt, 0, 4 * kv);
                 memset(dVt, 0, 4 * kv);
                 for (int h = g * rep; h < (g + 1) * rep; h++) {
@@ -358,8 +446,8 @@ int attn_bwd_amx(const Attn *a)
                         const int i0 = bl * BQ, rows = T - i0 < BQ ? T - i0 : BQ, rows32 = (int)round_up(rows, 32);
                         const int lo = st[i0] / NW * NW;
                         const int hi = (int)round_up(i0 + rows - lo, NW); /* keys [lo, lo + hi) */
-                        load_block(&s, &a->q, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
-                        load_block(&s, &a->dout, b, h, i0, rows, 1.0f, dO, do_hi, split_do ? do_lo : NULL);
+                        load_block(a, 1, 0, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
+                        load_block(a, 0, 0, b, h, i0, rows, 1.0f, dO, do_hi, split_do ? do_lo : NULL);
                         transpose_words(Q, s.Dp, BQ, BQ, s.Dp, Qt, BQ);
                         transpose_words(dO, s.Dp, BQ, BQ, s.Dp, dOt, BQ);
                         for (int d = 0; d < s.Dp; d++) {
@@ -387,21 +475,19 @@ int attn_bwd_amx(const Attn *a)
                             /* P, dS = P ⊙ (dP − δ), then their parts: dS's as rows, both as
                                pair-rows of the block (zero outside [n0, n1) up to the block's keys) */
                             for (int r = 0; r < 16; r += 2) {
-                                for (int u = r; u < r + 2; u++) {
-                                    float *pu = P + (long)u * s.Tp, *du = dS + (long)u * s.Tp;
-                                    if (u < pr) {
-                                        const int i = i0 + m + u;
-                                        grad_row(pu, du, n0, n1, st[i] - lo, i + 1 - lo,
-                                                 a->lse[((long)b * s.H + h) * T + i], delta[m + u]);
-                                    } else {
-                                        memset(pu + n0, 0, 4L * (n1 - n0));
-                                        memset(du + n0, 0, 4L * (n1 - n0));
-                                    }
-                                    split_row(du + n0, ds_hi + (long)u * s.Tp + n0, ds_lo + (long)u * s.Tp + n0, n1 - n0);
+                                int al[2], el[2];
+                                float ls[2], dl[2];
+                                for (int u = 0; u < 2; u++) { /* (a padding row: nothing allowed, P = 0) */
+                                    const int i = i0 + m + r + u, ok = r + u < pr;
+                                    al[u] = ok ? st[i] - lo : n1;
+                                    el[u] = ok ? i + 1 - lo : n1;
+                                    ls[u] = ok ? a->lse[((long)b * s.H + h) * T + i] : 0.0f;
+                                    dl[u] = ok ? delta[m + r + u] : 0.0f;
                                 }
                                 const long o = (long)(m + r) * s.Tp; /* pair-row (m + r) / 2 */
-                                split_pair(P + (long)r * s.Tp, P + (long)(r + 1) * s.Tp, pp_hi + o, pp_lo + o, n0, n1);
-                                split_pair(dS + (long)r * s.Tp, dS + (long)(r + 1) * s.Tp, dsp_hi + o, dsp_lo + o, n0, n1);
+                                grad_pair(P + (long)r * s.Tp, dS + (long)r * s.Tp, s.Tp, n0, n1, al, el, ls, dl,
+                                          ds_hi + (long)r * s.Tp, ds_lo + (long)r * s.Tp, pp_hi + o, pp_lo + o,
+                                          dsp_hi + o, dsp_lo + o);
                                 uint16_t *pairs[4] = {pp_hi + o, pp_lo + o, dsp_hi + o, dsp_lo + o};
                                 for (int w = 0; w < 4; w++) {
                                     memset(pairs[w], 0, 4L * n0);
@@ -416,8 +502,7 @@ int attn_bwd_amx(const Attn *a)
                                 tile_16x32(nt, t, (n1 - n0) / 32, dQ + d, s.Dp, 0);
                             }
                             for (int r = 0; r < pr; r++) {
-                                float *o = a->dq + (((long)b * s.H + h) * T + i0 + m + r) * D;
-                                for (int d = 0; d < D; d++) o[d] = dQ[(long)r * s.Dp + d] * scale;
+                                emit_qk_grad(a, 1, b, h, i0 + m + r, dQ + (long)r * s.Dp, scale, gq);
                             }
                         }
                         for (int r = (int)round_up(rows, 16); r < rows32; r += 2) { /* (pairs the products read) */
@@ -444,13 +529,15 @@ int attn_bwd_amx(const Attn *a)
                         }
                     }
                 }
-                transpose_words(dKt, s.Tp, s.Dp, D, T, a->dk + (long)bg * T * D, D);
-                transpose_words(dVt, s.Tp, s.Dp, D, T, a->dv + (long)bg * T * D, D);
+                transpose_words(dKt, s.Tp, s.Dp, s.Dp, T, rowsT, s.Dp);
+                for (int t = 0; t < T; t++) emit_qk_grad(a, 0, b, g, t, rowsT + (long)t * s.Dp, 1.0f, gk);
+                transpose_words(dVt, s.Tp, s.Dp, s.Dp, T, rowsT, s.Dp);
+                for (int t = 0; t < T; t++) store_row(&a->dv, b, g, t, rowsT + (long)t * s.Dp, D, 1.0f);
             }
             _tile_release();
         }
         free(row0); free(row1); free(kt_hi); free(kt_lo); free(kp_hi); free(kp_lo); free(vt_hi); free(vt_lo);
-        free(tmp_hi); free(tmp_lo); free(dKt); free(dVt); free(Q); free(dO); free(Qt); free(dOt);
+        free(tmp_hi); free(tmp_lo); free(dKt); free(dVt); free(rowsT); free(Q); free(dO); free(Qt); free(dOt);
         free(q_hi); free(q_lo); free(do_hi); free(do_lo); free(qt_hi); free(qt_lo); free(dot_hi); free(dot_lo);
         free(pp_hi); free(pp_lo); free(dsp_hi); free(dsp_lo); free(P); free(dS); free(dQ); free(ds_hi); free(ds_lo);
         free(delta);

@@ -3,7 +3,7 @@
 #include "common.h"
 
 /* The interface version (sanlab.model.native.ABI_VERSION checks it against a stale build). */
-int sanlab_abi_version(void) { return 1; }
+int sanlab_abi_version(void) { return 2; }
 
 /* Threads an OpenMP build may use (0: built without OpenMP, one thread). */
 int sanlab_openmp_threads(void)
