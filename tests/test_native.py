@@ -272,3 +272,254 @@ def test_a_run_records_its_attention_kernel(train_data_dir, tmp_path):
     device = json.loads((out / "meta.json").read_text())["device"]
     amx = native.library().sanlab_amx_available() and device["precision"] == "bf16"
     assert device["attention"] == ("fused/amx" if amx else "fused/portable")
+
+
+def _qkv_reference(qkv, gq, gk, eps, seg, H, Hkv, dy):  # noqa: ANN001, ANN202
+    """SoftmaxAttention's path written out in fp64: split, per-head QK-norm then RoPE
+    (`norm_rope_reference`, positions restarting per document), attention, heads merged."""
+    from sanlab.model.layers import rope_tables
+
+    B, T, W = qkv.shape
+    D = W // (H + 2 * Hkv)
+    leaves = [t.detach().double().requires_grad_() for t in (qkv, gq, gk)]
+    x, g1, g2 = leaves
+    cos, sin = rope_tables(segment_positions(seg), D, 10000.0)
+    c, s = cos[..., :D // 2].double(), sin[..., :D // 2].double()
+    q, k, v = x.split([H * D, Hkv * D, Hkv * D], dim=-1)
+    q = kernels.norm_rope_reference(q.reshape(B, T, H, D), g1, eps, c, s).transpose(1, 2)
+    k = kernels.norm_rope_reference(k.reshape(B, T, Hkv, D), g2, eps, c, s).transpose(1, 2)
+    allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
+    y = kernels.attention_reference(q, k, v.reshape(B, T, Hkv, D).transpose(1, 2), allowed).double()
+    y = y.transpose(1, 2).reshape(B, T, H * D)
+    y.backward(dy.double())
+    return y.detach(), [t.grad for t in leaves]
+
+
+def _qkv_case(B, H, Hkv, T, D, dtype, seed=0):  # noqa: ANN001, ANN202
+    from sanlab.model.layers import rope_tables
+
+    g = torch.Generator().manual_seed(seed)
+    seg = _documents(B, T, seed=seed + 7)
+    qkv = torch.randn(B, T, (H + 2 * Hkv) * D, generator=g).to(dtype)
+    gq, gk = 1 + 0.3 * torch.randn(D, generator=g), 1 + 0.3 * torch.randn(D, generator=g)
+    cos, sin = rope_tables(segment_positions(seg), D, 10000.0)
+    dy = torch.randn(B, T, H * D, generator=g).to(dtype)
+    return seg, qkv, gq, gk, cos, sin, dy
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,H,Hkv,T,D", [(2, 4, 2, 37, 32), (2, 8, 4, 150, 32), (1, 4, 1, 70, 64), (2, 2, 2, 33, 16)])
+def test_qkv_attention_matches_norm_rope_then_attention(B, H, Hkv, T, D, mode):
+    """`qkv_attention` (QK-norm and RoPE inside the kernel) against the composite formula
+    in fp64: the output and the gradients of the QKV product and of both gains."""
+    seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.float32, seed=T)
+    ref, (dqkv, dgq, dgk) = _qkv_reference(qkv, gq, gk, 1e-6, seg, H, Hkv, dy)
+    leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
+    y, out, lse, rq, rk = kernels.qkv_attention(leaves[0], leaves[1], leaves[2], cos, sin, _starts(seg), 1e-6, H, Hkv,
+                                                mode)
+    assert y.shape == (B, T, H * D) and rq.shape == (B, T, H) and rk.shape == (B, T, Hkv)
+    y.backward(dy)
+    assert _rel(y, ref) < TOL[mode]
+    for got, want in zip((t.grad for t in leaves), (dqkv, dgq, dgk)):
+        assert _rel(got, want) < 2 * TOL[mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qkv_attention_in_bf16(mode):
+    """Under autocast the QKV product is bf16: y and dQKV come back in bf16, as close to
+    the fp64 formula (on the same bf16 inputs) as their bf16 rounding allows, the gains'
+    gradients in fp32 at the kernel's own accuracy."""
+    B, H, Hkv, T, D = 2, 4, 2, 80, 32
+    seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.bfloat16, seed=1)
+    ref, (dqkv, dgq, dgk) = _qkv_reference(qkv.float(), gq, gk, 1e-6, seg, H, Hkv, dy.float())
+    leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
+    y, out, *_ = kernels.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)
+    y.backward(dy)
+    assert y.dtype == leaves[0].grad.dtype == torch.bfloat16
+    assert _rel(out.transpose(1, 2).reshape(B, T, H * D), ref) < TOL[mode]
+    assert _rel(y, ref) < 4e-3 and _rel(leaves[0].grad, dqkv) < 4e-3  # (bf16: 2⁻⁹ relative a value)
+    assert _rel(leaves[1].grad, dgq) < 2 * TOL[mode] and _rel(leaves[2].grad, dgk) < 2 * TOL[mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qkv_attention_does_not_depend_on_the_thread_count(mode):
+    B, H, Hkv, T, D = 3, 4, 2, 120, 32
+    seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.bfloat16, seed=2)
+    threads, results = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
+            y = kernels.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)[0]
+            y.backward(dy)
+            results.append([y, *(t.grad for t in leaves)])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+def test_the_model_trains_the_same_with_the_fused_kernels(bf16, monkeypatch):
+    """A whole LM (softmax attention with QK-norm, so `qkv_attention`; and the compiled
+    norms) against SDPA with the PyTorch kernels (none compiled): loss and every
+    parameter's gradient, on packed rows. fp32: to fp32 rounding; bf16 autocast: no
+    further from the fp32 result than SDPA's own bf16 run."""
+    from sanlab.config import ModelConfig
+    from sanlab.model.lm import LM
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96, ffn=True)
+    tokens = torch.randint(0, 96, (2, 40))
+    seg = torch.tensor([[0] * 15 + [1] * 25, [0] * 40])
+    models = {b: LM(cfg.model_copy(update={"attn_backend": b})) for b in ("fused", "sdpa")}
+    models["sdpa"].load_state_dict(models["fused"].state_dict())
+    for m in models.values():
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if p.ndim < 2:
+                    p.add_(0.3 * torch.sin(torch.arange(p.numel(), dtype=torch.float32)).reshape(p.shape))
+
+    def run(backend: str, autocast: bool) -> tuple[float, dict[str, torch.Tensor]]:
+        model = models[backend]
+        model.zero_grad()
+        with monkeypatch.context() as m:
+            if backend == "sdpa":  # the PyTorch kernels throughout
+                m.setattr(native, "available", lambda: False)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(tokens, seg, tokens.roll(-1, 1), torch.ones_like(tokens, dtype=torch.bool), 1e-4)[0]
+            loss.backward()
+        return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    ref_loss, ref = run("sdpa", False)
+    loss, grads = run("fused", bf16)
+    g = torch.cat([grads[n].flatten() for n in sorted(grads)])
+    g_ref = torch.cat([ref[n].flatten() for n in sorted(ref)])
+    if not bf16:
+        assert abs(loss - ref_loss) < 1e-5 and _rel(g, g_ref) < 1e-5
+    else:
+        sdpa_loss, sdpa = run("sdpa", True)
+        g_sdpa = torch.cat([sdpa[n].flatten() for n in sorted(sdpa)])
+        assert abs(loss - ref_loss) <= 1.25 * abs(sdpa_loss - ref_loss) + 1e-4
+        assert _rel(g, g_ref) <= 1.25 * _rel(g_sdpa, g_ref), (_rel(g, g_ref), _rel(g_sdpa, g_ref))
+
+
+def test_fp32_runs_keep_fp32_arithmetic_unless_told_otherwise(monkeypatch):
+    """As PyTorch's fp32 matmuls: an fp32 computation gets the portable fp32 products
+    unless `torch.set_float32_matmul_precision` allows less; a bf16 (autocast) one may use
+    the split bf16 products. FUSED_AMX = False or SANLAB_AMX=0 turns those off."""
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert kernels.fused_products(low_precision=False) == 1
+        assert kernels.fused_products(low_precision=True) == 0
+        torch.set_float32_matmul_precision("high")
+        assert kernels.fused_products(low_precision=False) == 0
+        monkeypatch.setenv("SANLAB_AMX", "0")
+        assert kernels.fused_products(low_precision=True) == 1
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_native_rms_norm_matches_the_formula(out_dtype):
+    """The compiled RMS norm (a row width that is not a multiple of the vector: 96 + 5):
+    output in the requested dtype, x's and the gain's gradients against fp64 autograd
+    through `rms_norm_reference`; from a bf16 gradient as the next matmul hands it over."""
+    torch.manual_seed(0)
+    x = (3 * torch.randn(4, 37, 101)).requires_grad_()
+    w = (0.3 * torch.randn(101)).requires_grad_()
+    y = kernels.rms_norm(x, 1 + w, 1e-6, out_dtype)
+    assert type(y.grad_fn).__name__.startswith("_NativeRMSNorm") and y.dtype == out_dtype
+    dy = torch.randn(y.shape).to(out_dtype)
+    y.backward(dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = kernels.rms_norm_reference(x64, 1 + w64, 1e-6)
+    ref.backward(dy.double())
+    assert _rel(y, ref) < (1e-6 if out_dtype == torch.float32 else 4e-3)
+    assert _rel(x.grad, x64.grad) < 1e-6 and _rel(w.grad, w64.grad) < 1e-6
+
+
+@pytest.mark.parametrize("h_dtype", [torch.float32, torch.bfloat16])
+def test_native_gated_residual_matches_the_formula(h_dtype):
+    """x + σ(g)·h with the compiled backward: dx = dy, dh (in h's dtype), and the gate's
+    gradient against fp64 autograd through `gated_residual_reference`."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 29, 70, requires_grad=True)
+    h = torch.randn(3, 29, 70).to(h_dtype).requires_grad_()
+    g = torch.tensor(0.7, requires_grad=True)
+    y = kernels.gated_residual(x, h, g)
+    assert "Native" in type(y.grad_fn).__name__ and y.dtype == torch.float32
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    leaves = [t.detach().double().requires_grad_() for t in (x, h, g)]
+    ref = kernels.gated_residual_reference(*leaves)
+    ref.backward(dy.double())
+    assert _rel(y, ref) < 1e-6
+    assert torch.equal(x.grad, dy) and h.grad.dtype == h_dtype
+    assert _rel(h.grad, leaves[1].grad) < (1e-6 if h_dtype == torch.float32 else 4e-3)
+    assert _rel(g.grad, leaves[2].grad) < 1e-5
+
+
+def test_native_norms_do_not_depend_on_the_thread_count():
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 300, 64), torch.randn(64)
+    h, g, dy = torch.randn(5, 300, 64).bfloat16(), torch.tensor(0.2), torch.randn(5, 300, 64)
+    threads, results = torch.get_num_threads(), []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            leaves = [t.clone().requires_grad_() for t in (x, w, h, g)]
+            y = kernels.rms_norm(leaves[0], leaves[1], 1e-6, torch.bfloat16)
+            (y.float() * dy).sum().backward()
+            kernels.gated_residual(leaves[0].detach(), leaves[2], leaves[3]).backward(dy)
+            results.append([y, *(t.grad for t in leaves)])
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", ["random", "unit", "cancelling"])
+def test_fused_attention_is_at_least_as_accurate_as_sdpa_under_autocast(case, mode):
+    """The explicit kernel's precision cases (test_model.py) for the fused kernel: bf16
+    inputs under autocast, output and gradients against fp64, each within SDPA's error
+    ("cancelling": V one vector plus 1% noise, so dS = P ⊙ (dP − δ) cancels; dQ and dK
+    must stay within 5%, where SDPA's are ~30% off)."""
+    from sanlab.config import ModelConfig
+    from sanlab.model.layers import attend, build_context
+
+    torch.manual_seed(0)
+    B, H, Hkv, T, D = 2, 8, 4, 64, 32
+    q = (torch.randn(B, H, T, D) * 2).bfloat16()
+    k, v = (torch.randn(B, Hkv, T, D) * 2).bfloat16(), torch.randn(B, Hkv, T, D).bfloat16()
+    if case == "cancelling":
+        v = (3 * torch.randn(B, Hkv, 1, D) + 0.03 * torch.randn(B, Hkv, T, D)).bfloat16()
+    if case == "unit":
+        q, k = (q.float() / 2).bfloat16(), (k.float() / 2).bfloat16()
+    dout = torch.randn(B, H, T, D).bfloat16()
+    seg = torch.tensor([[0] * 40 + [1] * 24, [0] * 64])
+    cfg = ModelConfig(d_model=H * D, n_layers=1, n_heads=H, n_kv_heads=Hkv, vocab_size=64)
+
+    def run(backend: str, dtype: torch.dtype) -> list[torch.Tensor]:
+        ctx = build_context(cfg.model_copy(update={"attn_backend": backend}), seg, seg)
+        leaves = [t.to(dtype).clone().requires_grad_() for t in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            out = attend(*leaves, ctx)
+        out.backward(dout.to(dtype))
+        return [t.double() for t in (out.detach(), *(leaf.grad for leaf in leaves))]
+
+    exact = run("sdpa", torch.float64)
+
+    def errors(backend: str) -> list[float]:
+        return [_rel(a, b) for a, b in zip(run(backend, torch.bfloat16), exact)]
+
+    kernels.FUSED_AMX = mode == 0
+    try:
+        fused, sdpa = errors("fused"), errors("sdpa")
+    finally:
+        kernels.FUSED_AMX = True
+    assert all(e <= 1.25 * s for e, s in zip(fused, sdpa)), (fused, sdpa)
+    if case == "cancelling":
+        assert fused[1] < 0.05 and fused[2] < 0.05, fused
