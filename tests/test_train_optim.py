@@ -262,3 +262,20 @@ def test_global_grad_norm_clip() -> None:
     clipped = torch.sqrt(sum((p.grad**2).sum() for p in params)).item()
     assert clipped == pytest.approx(1.0, rel=1e-4)
     assert clip_grad_norm(params, 0.0) == pytest.approx(clipped, rel=1e-5)  # 0 = report only
+
+
+def test_a_module_without_declared_roles_is_routed_by_name_and_shape() -> None:
+    """The fallback for modules that declare no roles (not LM): `embed.weight` is the
+    embedding, other 2-D parameters are matrices, the rest gains or gates."""
+
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(10, 4)
+            self.proj = nn.Linear(4, 4, bias=False)
+            self.gain = nn.Parameter(torch.ones(4))
+
+    names = {g: {n for n, _ in members} for g, members in route(Plain()).items()}
+    assert names["embedding"] == {"embed.weight"}
+    assert names["matrix"] == {"proj.weight"}
+    assert names["gain_or_gate"] == {"gain"}

@@ -197,6 +197,18 @@ def library() -> ctypes.CDLL:
         return lib
 
 
+def identity() -> str:
+    """The compiled kernels here, for keys of cached measurements (a study's speed.json):
+    a hash of their sources and whether the attention's products run on AMX, or
+    "unavailable". Builds the library if it is not built yet."""
+    try:
+        lib = library()
+    except NativeUnavailable:
+        return "unavailable"
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in sorted(CSRC.glob("*.[ch]")))).hexdigest()[:12]
+    return f"{digest}-{'amx' if lib.sanlab_amx_available() else 'portable'}"
+
+
 def available() -> bool:
     try:
         library()

@@ -16,7 +16,7 @@ distinct arm shape on this machine instead:
 
 Results are cached in the study dir (`speed.json`) under a key of everything that
 changes the step's cost (model, batch split, seq_len, precision, device, threads,
-versions), so a second `study plan` or `study run` does not time them again. Arms
+versions, the compiled kernels), so a second `study plan` or `study run` does not time them again. Arms
 whose step would be too large to time here (a GPU-scale spec planned on a laptop) are
 left to the FLOP-scaled estimate, and the plan says so.
 """
@@ -46,11 +46,12 @@ def local_threads(runner: Any) -> int:
 
 def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> str:
     """What decides a step's cost: model, rows and their split, seq_len, precision,
-    device, threads, how many runs share the machine and the software versions (not
-    LR, seed or length)."""
+    device, threads, how many runs share the machine, the software versions and, on the
+    CPU, the compiled kernels (not LR, seed or length)."""
     import torch
 
     from sanlab import __version__
+    from sanlab.model import native
 
     t = cfg["train"]
     parts = {"model": cfg["model"], "seq_len": cfg["data"]["seq_len"], "batch_rows": t["batch_rows"],
@@ -59,7 +60,8 @@ def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> st
              "freeze": t.get("freeze"), "optimizer": cfg["optim"]["name"],
              "ns_precision": cfg["optim"].get("ns_precision"), "threads": threads,
              "side_by_side": side_by_side,
-             "versions": [__version__, torch.__version__]}
+             "versions": [__version__, torch.__version__],
+             "kernels": native.identity() if t.get("device") != "cuda" else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
