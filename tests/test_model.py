@@ -175,7 +175,7 @@ def test_attention_kernels_agree():
         g_ref = torch.cat([ref_grads[n].flatten() for n in sorted(grads)])
         return float((logits - ref_logits).abs().max()), float((g - g_ref).norm() / g_ref.norm())
 
-    explicit, sdpa = errors("explicit"), errors("sdpa")
+    explicit, sdpa = errs["explicit"], errs["sdpa"]
     assert explicit[0] < 1e-2 and explicit[1] < 5e-2
     assert explicit[0] <= 1.5 * sdpa[0] and explicit[1] <= 1.5 * sdpa[1], (explicit, sdpa)
 
@@ -837,37 +837,29 @@ def test_model_forward_with_targets_is_the_training_loss():
                                tokens, seg, 1e-3)
 
 
-@pytest.mark.parametrize("case", ["random", "unit", "cancelling"])
-@pytest.mark.parametrize("keep", ["fp32", "bf16"])
-def test_explicit_kernel_keeps_scores_in_fp32_under_autocast(monkeypatch, keep, case):
-    """Under bf16 autocast the explicit kernel must not round the scores to bf16 before the
-    softmax (that doubles the error at realistic score sizes): its output and gradients
-    are as accurate as SDPA's (relative error of the whole tensor, against fp64), also
-    when the memory bound makes it keep the probabilities in bf16. "cancelling": the
-    values V_j are one vector plus 1% noise, so dP_ij = dO_i·V_j is nearly δ_i for every
-    key and dS = P ⊙ (dP − δ) is a small difference of large numbers; dP and δ are fp32,
-    so dQ and dK must stay within 5% (measured 0.3%, where SDPA's are 30% off). "unit":
-    unit-scale q and k (bench_attention's inputs), where SDPA's dQ is at its most
-    accurate (a bf16 dP − δ passed the other cases but had 1.4x SDPA's dQ error here)."""
+def attention_errors_under_autocast(case: str, backends: tuple[str, ...]) -> dict[str, list[float]]:
+    """Each backend's relative error (whole tensor, against fp64) of the output and the
+    q, k, v gradients, with bf16 inputs under autocast, on two packed rows (GQA 8/4, D 32).
+    case "random": q and k at twice unit scale (|q·k|/√D up to ~20, where bf16 steps are
+    0.125); "unit": unit-scale q and k (bench_attention's inputs); "cancelling": the values
+    V_j are one vector plus 1% noise, so dS = P ⊙ (dP − δ) is a small difference of large
+    numbers."""
     from sanlab.model.layers import attend, build_context
-
-    if keep == "bf16":  # 2·8·64·128/2 = 65,536 probabilities: only bf16 fits
-        monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", 3 * 65536)
 
     torch.manual_seed(0)
     B, H, Hkv, T, D = 2, 8, 4, 64, 32
-    q = (torch.randn(B, H, T, D) * 2).bfloat16()  # |q·k|/√D up to ~20, where bf16 steps are 0.125
+    q = (torch.randn(B, H, T, D) * 2).bfloat16()
     k, v = (torch.randn(B, Hkv, T, D) * 2).bfloat16(), torch.randn(B, Hkv, T, D).bfloat16()
     if case == "cancelling":
         v = (3 * torch.randn(B, Hkv, 1, D) + 0.03 * torch.randn(B, Hkv, T, D)).bfloat16()
     if case == "unit":
         q, k = (q.float() / 2).bfloat16(), (k.float() / 2).bfloat16()
     dout = torch.randn(B, H, T, D).bfloat16()
-    tokens = torch.zeros(B, T, dtype=torch.long)
     seg = torch.tensor([[0] * 40 + [1] * 24, [0] * 64])
+    cfg = tiny(d_model=H * D, n_heads=H, n_kv_heads=Hkv)
 
     def run(backend: str, dtype: torch.dtype) -> list[torch.Tensor]:
-        ctx = build_context(tiny(attn_backend=backend), tokens, seg)
+        ctx = build_context(cfg.model_copy(update={"attn_backend": backend}), seg, seg)
         leaves = [t.to(dtype).clone().requires_grad_() for t in (q, k, v)]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
             out = attend(*leaves, ctx)
@@ -875,11 +867,23 @@ def test_explicit_kernel_keeps_scores_in_fp32_under_autocast(monkeypatch, keep, 
         return [t.double() for t in (out.detach(), *(leaf.grad for leaf in leaves))]
 
     exact = run("sdpa", torch.float64)
+    return {b: [float((x - e).norm() / e.norm()) for x, e in zip(run(b, torch.bfloat16), exact)] for b in backends}
 
-    def errors(backend: str) -> list[float]:
-        return [float((a - b).norm() / b.norm()) for a, b in zip(run(backend, torch.bfloat16), exact)]
 
-    explicit, sdpa = errors("explicit"), errors("sdpa")
+@pytest.mark.parametrize("case", ["random", "unit", "cancelling"])
+@pytest.mark.parametrize("keep", ["fp32", "bf16"])
+def test_explicit_kernel_keeps_scores_in_fp32_under_autocast(monkeypatch, keep, case):
+    """Under bf16 autocast the explicit kernel must not round the scores to bf16 before the
+    softmax (that doubles the error at realistic score sizes): its output and gradients
+    are as accurate as SDPA's (relative error of the whole tensor, against fp64), also
+    when the memory bound makes it keep the probabilities in bf16. "cancelling": dP and δ
+    are fp32, so dQ and dK must stay within 5% (measured 0.3%, where SDPA's are 30% off).
+    "unit": where SDPA's dQ is at its most accurate (a bf16 dP − δ passed the other cases
+    but had 1.4x SDPA's dQ error here)."""
+    if keep == "bf16":  # 2·8·64·128/2 = 65,536 probabilities: only bf16 fits
+        monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", 3 * 65536)
+    errs = attention_errors_under_autocast(case, ("explicit", "sdpa"))
+    explicit, sdpa = errs["explicit"], errs["sdpa"]
     assert all(e <= 1.25 * s for e, s in zip(explicit, sdpa)), (explicit, sdpa)
     if case == "cancelling":
         assert explicit[1] < 0.05 and explicit[2] < 0.05, explicit

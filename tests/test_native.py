@@ -487,39 +487,14 @@ def test_fused_attention_is_at_least_as_accurate_as_sdpa_under_autocast(case, mo
     inputs under autocast, output and gradients against fp64, each within SDPA's error
     ("cancelling": V one vector plus 1% noise, so dS = P ⊙ (dP − δ) cancels; dQ and dK
     must stay within 5%, where SDPA's are ~30% off)."""
-    from sanlab.config import ModelConfig
-    from sanlab.model.layers import attend, build_context
-
-    torch.manual_seed(0)
-    B, H, Hkv, T, D = 2, 8, 4, 64, 32
-    q = (torch.randn(B, H, T, D) * 2).bfloat16()
-    k, v = (torch.randn(B, Hkv, T, D) * 2).bfloat16(), torch.randn(B, Hkv, T, D).bfloat16()
-    if case == "cancelling":
-        v = (3 * torch.randn(B, Hkv, 1, D) + 0.03 * torch.randn(B, Hkv, T, D)).bfloat16()
-    if case == "unit":
-        q, k = (q.float() / 2).bfloat16(), (k.float() / 2).bfloat16()
-    dout = torch.randn(B, H, T, D).bfloat16()
-    seg = torch.tensor([[0] * 40 + [1] * 24, [0] * 64])
-    cfg = ModelConfig(d_model=H * D, n_layers=1, n_heads=H, n_kv_heads=Hkv, vocab_size=64)
-
-    def run(backend: str, dtype: torch.dtype) -> list[torch.Tensor]:
-        ctx = build_context(cfg.model_copy(update={"attn_backend": backend}), seg, seg)
-        leaves = [t.to(dtype).clone().requires_grad_() for t in (q, k, v)]
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
-            out = attend(*leaves, ctx)
-        out.backward(dout.to(dtype))
-        return [t.double() for t in (out.detach(), *(leaf.grad for leaf in leaves))]
-
-    exact = run("sdpa", torch.float64)
-
-    def errors(backend: str) -> list[float]:
-        return [_rel(a, b) for a, b in zip(run(backend, torch.bfloat16), exact)]
+    from test_model import attention_errors_under_autocast
 
     kernels.FUSED_AMX = mode == 0
     try:
-        fused, sdpa = errors("fused"), errors("sdpa")
+        errs = attention_errors_under_autocast(case, ("fused", "sdpa"))
     finally:
         kernels.FUSED_AMX = True
+    fused, sdpa = errs["fused"], errs["sdpa"]
     assert all(e <= 1.25 * s for e, s in zip(fused, sdpa)), (fused, sdpa)
     if case == "cancelling":
         assert fused[1] < 0.05 and fused[2] < 0.05, fused

@@ -802,15 +802,10 @@ class _GatedResidual(torch.autograd.Function):
 
 
 
-class _NativeGatedResidual(torch.autograd.Function):
-    """`_GatedResidual` with the backward by the compiled kernel (`csrc/norms.c`): dh and
-    the gate's Σ dy⊙h in one pass (summed in fp32 from the unrounded σ·dy, in fixed chunks)."""
-
-    @staticmethod
-    def forward(ctx, x, h, g):  # type: ignore[override]
-        s = torch.sigmoid(g)
-        ctx.save_for_backward(h, s)
-        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)))
+class _NativeGatedResidual(_GatedResidual):
+    """`_GatedResidual` (its forward) with the backward by the compiled kernel
+    (`csrc/norms.c`): dh and the gate's Σ dy⊙h in one pass (summed in fp32 from the
+    unrounded σ·dy, in fixed chunks)."""
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
