@@ -498,3 +498,25 @@ def test_fused_attention_is_at_least_as_accurate_as_sdpa_under_autocast(case, mo
     assert all(e <= 1.25 * s for e, s in zip(fused, sdpa)), (fused, sdpa)
     if case == "cancelling":
         assert fused[1] < 0.05 and fused[2] < 0.05, fused
+
+
+def test_capturing_the_pattern_leaves_the_fused_model_unchanged():
+    """With a pattern hook attached, softmax attention materialises A through the explicit
+    kernel instead of `qkv_attention`: the logits agree to fp32 rounding, and the captured
+    rows are distributions that never cross a document."""
+    from sanlab.config import ModelConfig
+    from sanlab.model.hooks import capture
+    from sanlab.model.lm import LM
+
+    torch.manual_seed(0)
+    model = LM(ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=96))
+    tokens = torch.randint(0, 96, (2, 30))
+    seg = torch.tensor([[0] * 12 + [1] * 18, [0] * 30])
+    fused = model(tokens, seg)
+    with capture(model, ["blocks.*.attn.pattern"]) as got:
+        hooked = model(tokens, seg)
+    torch.testing.assert_close(fused, hooked, rtol=1e-5, atol=1e-5)
+    pattern = got["blocks.1.attn.pattern"]
+    assert pattern.shape == (2, 4, 30, 30)
+    torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 4, 30))
+    assert pattern[0, :, 12:, :12].abs().max() == 0
