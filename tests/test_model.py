@@ -175,7 +175,7 @@ def test_attention_kernels_agree():
         g_ref = torch.cat([ref_grads[n].flatten() for n in sorted(grads)])
         return float((logits - ref_logits).abs().max()), float((g - g_ref).norm() / g_ref.norm())
 
-    explicit, sdpa = errs["explicit"], errs["sdpa"]
+    explicit, sdpa = errors("explicit"), errors("sdpa")
     assert explicit[0] < 1e-2 and explicit[1] < 5e-2
     assert explicit[0] <= 1.5 * sdpa[0] and explicit[1] <= 1.5 * sdpa[1], (explicit, sdpa)
 
