@@ -520,3 +520,25 @@ def test_capturing_the_pattern_leaves_the_fused_model_unchanged():
     assert pattern.shape == (2, 4, 30, 30)
     torch.testing.assert_close(pattern.sum(-1), torch.ones(2, 4, 30))
     assert pattern[0, :, 12:, :12].abs().max() == 0
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"], ids=["avx2", "sse2"])
+def test_the_kernels_built_for_other_x86_cpus(march, tmp_path, monkeypatch):
+    """The same sources built for an AVX2 CPU and for plain x86-64 (narrower vectors, other
+    panel sizes: a buffer sized for AVX-512's once overflowed only there) and run on this
+    one: the portable kernels against fp64 for the shapes that exercise every edge."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 targets")
+    target = tmp_path / f"kernels-{march}.so"
+    error = native.compile_library(native.compiler(), (f"-march={march}", "-fopenmp"), target)
+    assert error is None, error
+    monkeypatch.setattr(native, "_lib", native.load(target))
+    assert native.library().sanlab_amx_available() == 0  # (no AMX in such a build)
+    for shape in [(2, 8, 4, 256, 32), (2, 4, 2, 37, 32), (1, 4, 1, 100, 64), (3, 2, 2, 130, 16), (1, 2, 1, 300, 128)]:
+        test_fused_attention_matches_the_formula(*shape, mode=1)
+    test_qkv_attention_matches_norm_rope_then_attention(2, 4, 2, 37, 32, mode=1)
+    test_native_norm_rope_matches_the_formula(torch.bfloat16)
+    test_native_rms_norm_matches_the_formula(torch.bfloat16)
+    test_native_gated_residual_matches_the_formula(torch.bfloat16)

@@ -105,11 +105,28 @@ def _writable(d: Path) -> bool:
         return False
 
 
+def compile_library(cc: str, flags: tuple[str, ...], target: Path) -> str | None:
+    """Compile the kernels with `flags` (besides BASE_FLAGS) into `target`, atomically (a
+    temporary name in its folder, then a rename, so concurrent builds cannot tear it).
+    Returns None, or the compiler's first error line."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".sanlab-kernels-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *BASE_FLAGS, *flags, "-o", tmp, *map(str, sources()), "-lm"],
+                              capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        Path(tmp).unlink(missing_ok=True)
+        return str(e)
+    if proc.returncode != 0:
+        Path(tmp).unlink(missing_ok=True)
+        return next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
+    os.replace(tmp, target)
+    return None
+
+
 def _build(cc: str) -> Path:
-    """The library for this source, compiler and CPU: from the cache, or compiled into it
-    (a temporary name, then an atomic rename, so concurrent builds cannot tear it)."""
-    files = sources()
-    source = b"\0".join(f.name.encode() + b"\0" + f.read_bytes() for f in [*files, *sorted(CSRC.glob("*.h"))])
+    """The library for this source, compiler and CPU: from the cache, or compiled into it."""
+    source = b"\0".join(f.name.encode() + b"\0" + f.read_bytes() for f in [*sources(), *sorted(CSRC.glob("*.h"))])
     version = _compiler_version(cc)
     d = cache_dir()
     if not _writable(d):
@@ -122,22 +139,23 @@ def _build(cc: str) -> Path:
         target = d / f"sanlab-kernels-{key}.so"
         if target.exists():
             return target
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".sanlab-kernels-", suffix=".so")
-        os.close(fd)
-        cmd = [cc, *BASE_FLAGS, *flags, "-o", tmp, *map(str, files), "-lm"]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        except (OSError, subprocess.SubprocessError) as e:
-            proc = None
-            errors.append(f"{' '.join(flags) or 'no flags'}: {e}")
-        if proc is not None and proc.returncode == 0:
-            os.replace(tmp, target)
+        error = compile_library(cc, flags, target)
+        if error is None:
             return target
-        if proc is not None:
-            first = next((ln for ln in proc.stderr.splitlines() if "error" in ln), proc.stderr.strip()[:200])
-            errors.append(f"{' '.join(flags) or 'no flags'}: {first}")
-        Path(tmp).unlink(missing_ok=True)
+        errors.append(f"{' '.join(flags) or 'no flags'}: {error}")
     raise NativeUnavailable(f"{cc} could not build the kernels in {CSRC} ({'; '.join(errors)})")
+
+
+def load(path: Path) -> ctypes.CDLL:
+    """A built library, its functions declared (the ABI checked)."""
+    import torch  # noqa: F401 - loaded first, so the library's OpenMP is torch's runtime
+
+    lib = ctypes.CDLL(str(path))
+    _declare(lib)
+    if lib.sanlab_abi_version() != ABI_VERSION:
+        raise NativeUnavailable(f"the built kernels report ABI {lib.sanlab_abi_version()}, expected {ABI_VERSION}")
+    lib.sanlab_amx_available()  # settles (and requests) the AMX tile state on this thread, once
+    return lib
 
 
 def _declare(lib: ctypes.CDLL) -> None:
@@ -179,14 +197,7 @@ def library() -> ctypes.CDLL:
             cc = compiler()
             if cc is None:
                 raise NativeUnavailable("no C compiler found (set CC, or install gcc or clang)")
-            import torch  # noqa: F401 - loaded first, so the library's OpenMP is torch's runtime
-
-            lib = ctypes.CDLL(str(_build(cc)))
-            _declare(lib)
-            lib.sanlab_amx_available()  # settles (and requests) the AMX tile state on this thread, once
-            if lib.sanlab_abi_version() != ABI_VERSION:
-                raise NativeUnavailable(f"the built kernels report ABI {lib.sanlab_abi_version()}, "
-                                        f"expected {ABI_VERSION}")
+            lib = load(_build(cc))
         except NativeUnavailable as e:
             _error = str(e)
             raise

@@ -17,20 +17,22 @@
    Parallel over (batch, head, block) forward and (batch, kv head) backward with
    OpenMP; each task writes its own outputs, so results do not depend on the thread
    count or the schedule. Written with GCC vector extensions (gcc or clang), so the
-   compiler maps the 16-float vectors to AVX-512, AVX2 or NEON. */
+   vectors are the target's native width (common.h): AVX-512, AVX2 or NEON. */
 
 #include "attention.h"
 
 /* ------------------------------------------------------------------ micro-kernels */
 
-/* C[m][0:NW] (+)= Σ_{k<K} A(m, k) · B[k][0:NW] for m < MR, A(m, k) = A[m·am + k·ak]. */
-static inline void panel(int K, const float *A, long am, long ak, const float *B, long ldb,
-                         float *C, long ldc, int acc)
+/* C[m][0:NW] (+)= Σ_{k<K} A(m, k) · B[k][0:NW] for m < MR, A(m, k) = A[m·am + k·ak];
+   only C's first `mr` rows are read and written (the others are computed from whatever
+   A holds there and dropped). */
+static inline void panel_rows(int mr, int K, const float *A, long am, long ak, const float *B, long ldb,
+                              float *C, long ldc, int acc)
 {
     vf c0[MR], c1[MR];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; m++) {
-        if (acc) {
+        if (acc && m < mr) {
             c0[m] = vload(C + m * ldc);
             c1[m] = vload(C + m * ldc + VL);
         } else {
@@ -50,9 +52,17 @@ static inline void panel(int K, const float *A, long am, long ak, const float *B
     }
 #pragma GCC unroll 8
     for (int m = 0; m < MR; m++) {
-        vstore(C + m * ldc, c0[m]);
-        vstore(C + m * ldc + VL, c1[m]);
+        if (m < mr) {
+            vstore(C + m * ldc, c0[m]);
+            vstore(C + m * ldc + VL, c1[m]);
+        }
     }
+}
+
+static inline void panel(int K, const float *A, long am, long ak, const float *B, long ldb, float *C, long ldc,
+                         int acc)
+{
+    panel_rows(MR, K, A, am, ak, B, ldb, C, ldc, acc);
 }
 
 /* ------------------------------------------------------------------ packing */
@@ -164,7 +174,8 @@ static int bwd_fp32(const Attn *a)
         float *dK = zalloc(sizeof(float) * kv_size), *dV = zalloc(sizeof(float) * kv_size);
         float *Q = zalloc(sizeof(float) * s.BQ * s.Dp), *dO = zalloc(sizeof(float) * s.BQ * s.Dp);
         float *dQ = zalloc(sizeof(float) * s.BQ * s.Dp);
-        float *P = zalloc(sizeof(float) * s.BQ * s.Tp), *dS = zalloc(sizeof(float) * s.BQ * s.Tp);
+        /* (MR floats of slack: a last key panel reads up to MR − 1 columns past the block's keys) */
+        float *P = zalloc(sizeof(float) * (s.BQ * s.Tp + MR)), *dS = zalloc(sizeof(float) * (s.BQ * s.Tp + MR));
         float *delta = zalloc(sizeof(float) * s.BQ);
         if (!Kt || !V || !K || !Vt || !dK || !dV || !Q || !dO || !dQ || !P || !dS || !delta) {
 #pragma omp atomic write
@@ -231,11 +242,11 @@ static int bwd_fp32(const Attn *a)
                     /* dK += dSᵀ Q (Q is scaled), dV += Pᵀ dO, by key panels; rows before a
                        key's position contribute nothing (causal), so each panel starts there */
                     for (int n = 0; n < hi; n += MR) {
-                        const int key = lo + n, r0 = key > i0 ? key - i0 : 0;
+                        const int key = lo + n, r0 = key > i0 ? key - i0 : 0, mr = hi - n < MR ? hi - n : MR;
                         if (r0 >= rows) break;
-                        for (int d = 0; d < s.Dp; d += NW) {
-                            panel(rows - r0, dS + (long)r0 * s.Tp + n, 1, s.Tp, Q + (long)r0 * s.Dp + d, s.Dp, dK + (long)key * s.Dp + d, s.Dp, 1);
-                            panel(rows - r0, P + (long)r0 * s.Tp + n, 1, s.Tp, dO + (long)r0 * s.Dp + d, s.Dp, dV + (long)key * s.Dp + d, s.Dp, 1);
+                        for (int d = 0; d < s.Dp; d += NW) { /* (a last panel of mr < MR keys where MR does not divide NW) */
+                            panel_rows(mr, rows - r0, dS + (long)r0 * s.Tp + n, 1, s.Tp, Q + (long)r0 * s.Dp + d, s.Dp, dK + (long)key * s.Dp + d, s.Dp, 1);
+                            panel_rows(mr, rows - r0, P + (long)r0 * s.Tp + n, 1, s.Tp, dO + (long)r0 * s.Dp + d, s.Dp, dV + (long)key * s.Dp + d, s.Dp, 1);
                         }
                     }
                 }

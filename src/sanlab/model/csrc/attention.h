@@ -159,8 +159,8 @@ static inline void emit_qk_grad(const Attn *a, int is_q, int b, int head, int t,
 static inline int block_rows(int T, int unit)
 {
     long bq = (256L * 1024 / 4) / round_up(T, NW);
-    bq = bq / unit * unit;
     if (bq > 64) bq = 64;
+    bq = bq / unit * unit;
     if (bq < unit) bq = unit;
     return (int)bq;
 }
