@@ -245,6 +245,9 @@ def test_the_build_is_cached_and_a_broken_compiler_is_one_line(tmp_path, monkeyp
                             env={**env, "SANLAB_KERNEL_CACHE": str(tmp_path / "other"), "CC": "false"})
     assert "torch.Size([1, 8, 64])" in broken.stdout
     assert "could not build the kernels" in broken.stdout and "false" in broken.stdout
+    missing = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, check=True,
+                             env={**env, "SANLAB_KERNEL_CACHE": str(tmp_path / "third"), "CC": "/nowhere/cc"})
+    assert "torch.Size([1, 8, 64])" in missing.stdout and "CC=/nowhere/cc is not a program" in missing.stdout
     off = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, check=True,
                          env={**env, "SANLAB_NATIVE": "0"})
     assert "turned off by SANLAB_NATIVE=0" in off.stdout
@@ -391,6 +394,10 @@ def test_the_model_trains_the_same_with_the_fused_kernels(bf16, monkeypatch):
             loss.backward()
         return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
 
+    from sanlab.accounting import measure_forward_flops
+
+    # softmax attention takes the one-op path (QK-norm and RoPE inside), not norm_rope + attend
+    assert set(measure_forward_flops(models["fused"], tokens, seg).by_op) == {"aten.mm", "sanlab.qkv_attention"}
     ref_loss, ref = run("sdpa", False)
     loss, grads = run("fused", bf16)
     g = torch.cat([grads[n].flatten() for n in sorted(grads)])

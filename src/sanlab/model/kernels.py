@@ -665,11 +665,13 @@ def _native_call(fn, *args) -> None:  # noqa: ANN001
         raise RuntimeError(f"{fn.__name__}: the kernel refused its arguments (status {status})")
 
 
-def fused_supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> bool:
-    """Whether the fused kernel takes these inputs: CPU tensors in fp32 or bf16, a head
-    dim up to 1024, and documents that are runs of their segment id (`ctx.row_starts`)."""
-    return (q.device.type == "cpu" and all(t.dtype in _FUSED_DTYPES for t in (q, k, v))
-            and q.shape[-1] <= 1024 and ctx.row_starts is not None)
+def fused_supported(ctx: AttentionContext, head_dim: int, *tensors: torch.Tensor) -> bool:
+    """Whether the fused kernel takes these inputs: its backend, CPU tensors in fp32 or
+    bf16 with the last dim contiguous, a head dim up to 1024, and documents that are runs
+    of their segment id (`ctx.row_starts`)."""
+    return (ctx.backend == "fused" and head_dim <= 1024
+            and all(t.device.type == "cpu" and t.dtype in _FUSED_DTYPES for t in tensors)
+            and ctx.row_starts is not None)
 
 
 def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
@@ -677,31 +679,19 @@ def _fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionCont
     return fused_attention(q, k, v, ctx.row_starts, _fused_mode(q, k, v))[0]
 
 
-def attend_qkv(qkv: torch.Tensor, heads: int, kv_heads: int, gq: torch.Tensor, gk: torch.Tensor, eps: float,
-               ctx: AttentionContext, pattern_hook: HookPoint | None = None) -> torch.Tensor:
-    """Softmax attention from the QKV product with the per-head QK-norm then RoPE on q and
-    k: (B, T, (H + 2·Hkv)·D) -> (B, T, H·D), the heads merged, in v's dtype (what W_o reads).
-
-    gq, gk: the QK-norms' gains (D,); eps their epsilon. The fused kernel does it all in one
-    op (`qkv_attention`) where it runs (its backend, CPU inputs in fp32 or bf16, packed
-    documents, no pattern hook); otherwise `norm_rope` on q and k, then `attend`.
-    """
-    B, T, W = qkv.shape
-    D = W // (heads + 2 * kv_heads)
-    hooked = pattern_hook is not None and pattern_hook.active
-    if (ctx.backend == "fused" and not hooked and qkv.device.type == "cpu" and qkv.dtype in _FUSED_DTYPES
-            and qkv.stride(-1) == 1 and D % 2 == 0 and D <= 1024 and gq.dtype == gk.dtype == torch.float32
-            and ctx.cos.dtype == torch.float32 and ctx.row_starts is not None):
-        cos, sin = ctx.cos.contiguous(), ctx.sin.contiguous()
-        return qkv_attention(qkv, gq.contiguous(), gk.contiguous(), cos, sin, ctx.row_starts, eps, heads, kv_heads,
-                             _fused_mode(qkv))[0]
-    q, k, v = qkv.split([heads * D, kv_heads * D, kv_heads * D], dim=-1)
-    half = D // 2
-    c, s = ctx.cos[..., :half], ctx.sin[..., :half]
-    q = norm_rope(q.view(B, T, heads, D), gq, eps, c, s)
-    k = norm_rope(k.view(B, T, kv_heads, D), gk, eps, c, s)
-    y = attend(q.transpose(1, 2), k.transpose(1, 2), v.view(B, T, kv_heads, D).transpose(1, 2), ctx, pattern_hook)
-    return y.transpose(1, 2).reshape(B, T, heads * D)
+def fused_qkv_attention(qkv: torch.Tensor, heads: int, kv_heads: int, gq: torch.Tensor, gk: torch.Tensor, eps: float,
+                        ctx: AttentionContext, pattern_hook: HookPoint | None = None) -> torch.Tensor | None:
+    """Softmax attention from the QKV product with the per-head QK-norm (gains gq, gk; eps)
+    then RoPE on q and k, in one op (`qkv_attention`): (B, T, (H + 2·Hkv)·D) -> (B, T, H·D),
+    the heads merged, in qkv's dtype (what W_o reads). None where the fused kernel does not
+    take it (`fused_supported`, fp32 gains, an even head dim, no pattern hook to feed):
+    the caller then runs `norm_rope` and `attend`, the same function in several ops."""
+    D = qkv.shape[-1] // (heads + 2 * kv_heads)
+    if ((pattern_hook is not None and pattern_hook.active) or D % 2 or qkv.stride(-1) != 1
+            or not fused_supported(ctx, D, qkv) or not gq.dtype == gk.dtype == ctx.cos.dtype == torch.float32):
+        return None
+    return qkv_attention(qkv, gq.contiguous(), gk.contiguous(), ctx.cos.contiguous(), ctx.sin.contiguous(),
+                         ctx.row_starts, eps, heads, kv_heads, _fused_mode(qkv))[0]
 
 
 def _explicit(
@@ -746,7 +736,7 @@ def attend(
         return _explicit(q, k, v, ctx, pattern_hook)
     backend = ctx.backend
     if backend == "fused":
-        if fused_supported(q, k, v, ctx):
+        if fused_supported(ctx, q.shape[-1], q, k, v):
             return _fused(q, k, v, ctx)
         # fp64 (property tests), fp16, or segment ids that repeat after another id
         low = v.dtype if v.dtype.itemsize == 2 else None

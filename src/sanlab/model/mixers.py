@@ -31,7 +31,7 @@ from torch import nn
 
 from sanlab.config import ModelConfig, StrictModel, validate
 from sanlab.errors import ConfigError
-from sanlab.model.kernels import attend, attend_qkv, norm_rope, silu_gate
+from sanlab.model.kernels import attend, fused_qkv_attention, norm_rope, silu_gate
 from sanlab.model.layers import AttentionContext, HookPoint, RMSNorm, apply_rope, make_norm, upcast
 
 # What a parameter is, for the optimizer routing (sanlab.train.optim) and the spectra:
@@ -273,11 +273,12 @@ class SoftmaxAttention(SequenceMixer):
             # u is read and cast once, and dL/du is a single fp32-accumulated matmul.
             qkv = F.linear(u, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight]))
             if self.q_norm is not None and self.k_norm is not None and self.q_norm.eps == self.k_norm.eps:
-                # QK-norm, RoPE and attention from the product in one kernel where it can run
+                # QK-norm, RoPE and attention from the product in one kernel where it runs
                 g32 = torch.promote_types(qkv.dtype, torch.float32)
-                y = attend_qkv(qkv, H, Hkv, self.q_norm.gain(g32), self.k_norm.gain(g32), self.q_norm.eps, ctx,
-                               self.pattern)
-                return self.wo(y)
+                y = fused_qkv_attention(qkv, H, Hkv, self.q_norm.gain(g32), self.k_norm.gain(g32), self.q_norm.eps,
+                                        ctx, self.pattern)
+                if y is not None:
+                    return self.wo(y)
             q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
         else:
             qk = F.linear(src, torch.cat([self.wq.weight, self.wk.weight]))

@@ -162,7 +162,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     I, L, P, F = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
     tensor = [P, I, L, L, L]  # data, is_bf16, three strides in elements (the last dim contiguous)
     lib.sanlab_abi_version.argtypes, lib.sanlab_abi_version.restype = [], I
-    lib.sanlab_openmp_threads.argtypes, lib.sanlab_openmp_threads.restype = [], I
     lib.sanlab_amx_available.argtypes, lib.sanlab_amx_available.restype = [], I
     norm = [P, P, F, P, P, L, L]  # QK-norm: gains q, k, eps, cos, sin, their strides of b and t (NULLs: none)
     lib.sanlab_attn_fwd.argtypes = [I] * 5 + tensor * 3 + [P] + norm + [P, P, P, P] + tensor + [I, I]
@@ -186,6 +185,8 @@ def library() -> ctypes.CDLL:
     """The compiled kernels, built on the first call (cached on disk and in the process).
     Raises `NativeUnavailable` with the reason if they cannot be used here."""
     global _lib, _error
+    if _lib is not None:  # (every norm and attention call asks: no lock once loaded)
+        return _lib
     with _lock:
         if _lib is not None:
             return _lib
@@ -196,7 +197,8 @@ def library() -> ctypes.CDLL:
                 raise NativeUnavailable("turned off by SANLAB_NATIVE=0")
             cc = compiler()
             if cc is None:
-                raise NativeUnavailable("no C compiler found (set CC, or install gcc or clang)")
+                raise NativeUnavailable(f"CC={os.environ['CC']} is not a program on the PATH" if os.environ.get("CC")
+                                        else "no C compiler found (set CC, or install gcc or clang)")
             lib = load(_build(cc))
         except NativeUnavailable as e:
             _error = str(e)
@@ -234,10 +236,3 @@ def unavailable_reason() -> str | None:
         return None
     except NativeUnavailable as e:
         return str(e)
-
-
-def reset() -> None:
-    """Forget the loaded library and any error (tests)."""
-    global _lib, _error
-    with _lock:
-        _lib, _error = None, None

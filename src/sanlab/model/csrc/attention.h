@@ -61,15 +61,8 @@ static inline void store_row(const Output *o, int b, int h, int t, const float *
 {
     const long off = at_out(o, b, h, t);
     int d = 0;
-    if (o->bf16) {
-        uint16_t *dst = (uint16_t *)o->base + off;
-        for (; d + VL <= n; d += VL) vstore_bf16(dst + d, vload(src + d) * mul);
-        for (; d < n; d++) dst[d] = f32_to_bf16(src[d] * mul);
-    } else {
-        float *dst = (float *)o->base + off;
-        for (; d + VL <= n; d += VL) vstore(dst + d, vload(src + d) * mul);
-        for (; d < n; d++) dst[d] = src[d] * mul;
-    }
+    for (; d + VL <= n; d += VL) putv(o->base, o->bf16, off + d, vload(src + d) * mul);
+    for (; d < n; d++) put1(o->base, o->bf16, off + d, src[d] * mul);
 }
 
 /* The RoPE tables of row (b, t) */

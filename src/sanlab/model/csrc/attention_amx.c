@@ -223,6 +223,19 @@ static inline int terms(Term *t, const uint16_t *ah, const uint16_t *al, long ld
     return n;
 }
 
+/* A panel's scores (or dP): C[16][n0, n1) fp32 (row stride Tp) = A (16 rows of Dp, parts
+   ah and al) times Bᵀ, B the keys from key0 on as pair-rows of d (parts bh and bl). */
+static void panel_scores(const uint16_t *ah, const uint16_t *al, int Dp, const uint16_t *bh, const uint16_t *bl,
+                         long Tp, int key0, int n0, int n1, float *c)
+{
+    Term t[3];
+    for (int n = n0; n < n1; n += 32) {
+        const long ofs = 2L * (key0 + n);
+        const int nt = terms(t, ah, al, Dp, bh + ofs, bl ? bl + ofs : NULL, 2L * Tp);
+        tile_16x32(nt, t, Dp / 32, c + n, Tp, 0);
+    }
+}
+
 /* ------------------------------------------------------------------ packing */
 
 /* Transpose of 32-bit words: x (rows × cols, ld_x words a row; rows a multiple of 16) ->
@@ -348,12 +361,8 @@ int attn_fwd_amx(const Attn *a)
                     panel_keys(st, i0 + m, pr, lo, &n0, &n1);
                     Term t[3];
                     /* S = Q Kᵀ for the panel's 16 rows and keys [lo + n0, lo + n1) */
-                    for (int n = n0; n < n1; n += 32) {
-                        const long kofs = bg * kv + 2L * (lo + n);
-                        const int nt = terms(t, q_hi + (long)m * s.Dp, split_q ? q_lo + (long)m * s.Dp : NULL, s.Dp,
-                                             kt_hi + kofs, kt_lo ? kt_lo + kofs : NULL, 2L * s.Tp);
-                        tile_16x32(nt, t, s.Dp / 32, S + n, s.Tp, 0);
-                    }
+                    panel_scores(q_hi + (long)m * s.Dp, split_q ? q_lo + (long)m * s.Dp : NULL, s.Dp, kt_hi + bg * kv,
+                                 kt_lo ? kt_lo + bg * kv : NULL, s.Tp, lo, n0, n1, S);
                     float inv[16];
                     for (int r = 0; r < 16; r++) { /* (a padding row: nothing allowed, P = 0) */
                         const int i = i0 + m + r, ok = r < pr;
@@ -463,15 +472,10 @@ int attn_bwd_amx(const Attn *a)
                             panel_keys(st, i0 + m, pr, lo, &n0, &n1);
                             Term t[3];
                             /* S = Q Kᵀ and dP = dO Vᵀ for the panel's keys */
-                            for (int n = n0; n < n1; n += 32) {
-                                const long kofs = 2L * (lo + n);
-                                int nt = terms(t, q_hi + (long)m * s.Dp, split_q ? q_lo + (long)m * s.Dp : NULL, s.Dp,
-                                               kt_hi + kofs, split_k ? kt_lo + kofs : NULL, 2L * s.Tp);
-                                tile_16x32(nt, t, s.Dp / 32, P + n, s.Tp, 0);
-                                nt = terms(t, do_hi + (long)m * s.Dp, split_do ? do_lo + (long)m * s.Dp : NULL, s.Dp,
-                                           vt_hi + kofs, split_v ? vt_lo + kofs : NULL, 2L * s.Tp);
-                                tile_16x32(nt, t, s.Dp / 32, dS + n, s.Tp, 0);
-                            }
+                            panel_scores(q_hi + (long)m * s.Dp, split_q ? q_lo + (long)m * s.Dp : NULL, s.Dp, kt_hi,
+                                         split_k ? kt_lo : NULL, s.Tp, lo, n0, n1, P);
+                            panel_scores(do_hi + (long)m * s.Dp, split_do ? do_lo + (long)m * s.Dp : NULL, s.Dp, vt_hi,
+                                         split_v ? vt_lo : NULL, s.Tp, lo, n0, n1, dS);
                             /* P, dS = P ⊙ (dP − δ), then their parts: dS's as rows, both as
                                pair-rows of the block (zero outside [n0, n1) up to the block's keys) */
                             for (int r = 0; r < 16; r += 2) {

@@ -142,22 +142,6 @@ static inline float dot_f32(const float *a, const float *b, int n)
     return s;
 }
 
-/* element `off` onward of a fp32 or bf16 array: D values times `scale` into dst[0:D)
-   (dst[D:Dp] is left as it is: zero in zeroed buffers) */
-static inline void load_row(float *dst, const void *src, int bf16, long off, int D, float scale)
-{
-    int d = 0;
-    if (bf16) {
-        const uint16_t *s = (const uint16_t *)src + off;
-        for (; d + VL <= D; d += VL) vstore(dst + d, vload_bf16(s + d) * scale);
-        for (; d < D; d++) dst[d] = bf16_to_f32(s[d]) * scale;
-    } else {
-        const float *s = (const float *)src + off;
-        for (; d + VL <= D; d += VL) vstore(dst + d, vload(s + d) * scale);
-        for (; d < D; d++) dst[d] = s[d] * scale;
-    }
-}
-
 /* fp32 -> bf16, rounding to nearest even (as torch's conversion; NaN stays a quiet NaN) */
 static inline uint16_t f32_to_bf16(float f)
 {
@@ -166,6 +150,44 @@ static inline uint16_t f32_to_bf16(float f)
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
+}
+
+/* Element j of an fp32 or bf16 array (`bf16` says which), read as fp32 or written from
+   it: one value, or VL of them. (Loops that branch on `bf16` inside are unswitched by the
+   compiler: the flag does not change within a loop.) */
+static inline float get1(const void *p, int bf16, long j)
+{
+    return bf16 ? bf16_to_f32(((const uint16_t *)p)[j]) : ((const float *)p)[j];
+}
+
+static inline vf getv(const void *p, int bf16, long j)
+{
+    return bf16 ? vload_bf16((const uint16_t *)p + j) : vload((const float *)p + j);
+}
+
+static inline void put1(void *p, int bf16, long j, float x)
+{
+    if (bf16)
+        ((uint16_t *)p)[j] = f32_to_bf16(x);
+    else
+        ((float *)p)[j] = x;
+}
+
+static inline void putv(void *p, int bf16, long j, vf x)
+{
+    if (bf16)
+        vstore_bf16((uint16_t *)p + j, x);
+    else
+        vstore((float *)p + j, x);
+}
+
+/* D values of an fp32 or bf16 array from element `off`, times `scale`, into dst[0:D)
+   (dst[D:Dp] is left as it is: zero in zeroed buffers) */
+static inline void load_row(float *dst, const void *src, int bf16, long off, int D, float scale)
+{
+    int d = 0;
+    for (; d + VL <= D; d += VL) vstore(dst + d, getv(src, bf16, off + d) * scale);
+    for (; d < D; d++) dst[d] = get1(src, bf16, off + d) * scale;
 }
 
 #endif

@@ -112,13 +112,8 @@ int sanlab_norm_rope_bwd(int B, int T, int h, int D,
                 for (d = 0; d + VL <= D; d += VL) vstore(y + d, (vload(u + d) - vload(n + d) * coef) * rr);
                 for (; d < D; d++) y[d] = (u[d] - n[d] * coef) * rr;
                 const long o = (bt * h + j) * D;
-                if (dx_bf16) {
-                    uint16_t *dst16 = (uint16_t *)dx + o;
-                    for (d = 0; d + VL <= D; d += VL) vstore_bf16(dst16 + d, vload(y + d));
-                    for (; d < D; d++) dst16[d] = f32_to_bf16(y[d]);
-                } else {
-                    memcpy((float *)dx + o, y, sizeof(float) * D);
-                }
+                for (d = 0; d + VL <= D; d += VL) putv(dx, dx_bf16, o + d, vload(y + d));
+                for (; d < D; d++) put1(dx, dx_bf16, o + d, y[d]);
             }
         }
     }

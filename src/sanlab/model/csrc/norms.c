@@ -12,32 +12,12 @@
 
 #define CHUNK_ROWS 64
 
-/* row of d values, fp32 or bf16, into dst (fp32) */
-static inline void widen(float *dst, const void *src, int bf16, long off, int d)
-{
-    if (!bf16) {
-        memcpy(dst, (const float *)src + off, sizeof(float) * d);
-        return;
-    }
-    const uint16_t *s = (const uint16_t *)src + off;
-    int j = 0;
-    for (; j + VL <= d; j += VL) vstore(dst + j, vload_bf16(s + j));
-    for (; j < d; j++) dst[j] = bf16_to_f32(s[j]);
-}
-
-/* y[0, d) = x·a·b (b a vector), written as fp32 or bf16 */
+/* y[0, d) = x·a·b (b a vector), written as fp32 or bf16 from element `off` */
 static inline void scaled_store(void *out, int bf16, long off, const float *x, float a, const float *b, int d)
 {
     int j = 0;
-    if (bf16) {
-        uint16_t *o = (uint16_t *)out + off;
-        for (; j + VL <= d; j += VL) vstore_bf16(o + j, vload(x + j) * a * vload(b + j));
-        for (; j < d; j++) o[j] = f32_to_bf16(x[j] * a * b[j]);
-    } else {
-        float *o = (float *)out + off;
-        for (; j + VL <= d; j += VL) vstore(o + j, vload(x + j) * a * vload(b + j));
-        for (; j < d; j++) o[j] = x[j] * a * b[j];
-    }
+    for (; j + VL <= d; j += VL) putv(out, bf16, off + j, vload(x + j) * a * vload(b + j));
+    for (; j < d; j++) put1(out, bf16, off + j, x[j] * a * b[j]);
 }
 
 /* x (n, d) fp32 contiguous; out (n, d) fp32 or bf16; r (n) fp32 */
@@ -79,7 +59,7 @@ int sanlab_rms_norm_bwd(long n, int d, const float *x, const float *gain, const 
                 const float *xi = x + i * d;
                 float *dxi = dx + i * d;
                 const float ri = r[i];
-                widen(dxi, dy, dy_bf16, i * d, d); /* dx holds dy until the last loop */
+                load_row(dxi, dy, dy_bf16, i * d, d, 1.0f); /* dx holds dy until the last loop */
                 int j = 0;
                 for (; j + VL <= d; j += VL) vstore(g + j, vload(dxi + j) * vload(gain + j));
                 for (; j < d; j++) g[j] = dxi[j] * gain[j];
@@ -116,33 +96,15 @@ int sanlab_gated_residual_bwd(long count, int d, const float *dy, const void *h,
         const long lo = c * span, hi = lo + span < count ? lo + span : count;
         vf acc = vsplat(0.0f);
         long j = lo;
-        float s = 0.0f;
-        if (h_bf16) {
-            const uint16_t *hh = (const uint16_t *)h;
-            uint16_t *o = (uint16_t *)dh;
-            for (; j + VL <= hi; j += VL) {
-                const vf g = vload(dy + j);
-                acc += g * vload_bf16(hh + j);
-                vstore_bf16(o + j, g * sigma);
-            }
-            s = hsum(acc);
-            for (; j < hi; j++) {
-                s += dy[j] * bf16_to_f32(hh[j]);
-                o[j] = f32_to_bf16(sigma * dy[j]);
-            }
-        } else {
-            const float *hh = (const float *)h;
-            float *o = (float *)dh;
-            for (; j + VL <= hi; j += VL) {
-                const vf g = vload(dy + j);
-                acc += g * vload(hh + j);
-                vstore(o + j, g * sigma);
-            }
-            s = hsum(acc);
-            for (; j < hi; j++) {
-                s += dy[j] * hh[j];
-                o[j] = sigma * dy[j];
-            }
+        for (; j + VL <= hi; j += VL) {
+            const vf g = vload(dy + j);
+            acc += g * getv(h, h_bf16, j);
+            putv(dh, h_bf16, j, g * sigma);
+        }
+        float s = hsum(acc);
+        for (; j < hi; j++) {
+            s += dy[j] * get1(h, h_bf16, j);
+            put1(dh, h_bf16, j, sigma * dy[j]);
         }
         partial[c] = s;
     }
