@@ -43,9 +43,7 @@ mutate: setup
 
 # Every committed record's README tables equal its committed results (docs/records.md).
 records-check: setup
-	@found=0; for r in records/*/; do [ -f "$$r/README.md" ] && [ -f "$$r/study/study.json" ] || continue; found=1; \
-	  $(PY) scripts/records.py readme "$$r" --check || exit 1; done; \
-	  [ $$found = 1 ] && echo "records: every README equals its results" || echo "records: no records/*/README.md yet"
+	$(VENV)/bin/sanlab record check records
 
 clean:
 	rm -rf $(VENV) runs site .pytest_cache

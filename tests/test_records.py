@@ -1,4 +1,4 @@
-"""scripts/records.py: a record's README tables and claim verdicts come from its committed
+"""sanlab.records (`sanlab record`): a record's README tables and claim verdicts come from its committed
 study, `--check` catches a README that no longer equals them, and `export` copies a study
 dir without checkpoints or shards so that the tables and the report still regenerate.
 
@@ -8,7 +8,6 @@ floor) with known numbers, so every block and verdict can be predicted."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,16 +16,12 @@ from typing import Any
 
 import pytest
 
+from sanlab import records
 from sanlab.cli import main as sanlab_main
 from sanlab.study.plan import build_arms, noise_arm, round_lr, run_id
 from sanlab.study.spec import StudySpec
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("sanlab_records", ROOT / "scripts" / "records.py")
-assert _spec is not None and _spec.loader is not None
-records = importlib.util.module_from_spec(_spec)
-sys.modules["sanlab_records"] = records
-_spec.loader.exec_module(records)
 
 SPEC = {
     "name": "rec", "seeds": [1, 2], "data": {"seq_len": 32, "corpus": "synth", "tokens": 20000},
@@ -295,33 +290,33 @@ old
 def test_readme_write_then_check_then_edit_fails_then_regenerate_passes(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
     rec = make_record(tmp_path, readme=README)
-    assert records.main(["readme", str(rec), "--check"]) == 1  # empty blocks differ
-    assert records.main(["readme", str(rec)]) == 0
+    assert sanlab_main(["record", "check", str(rec)]) == 1  # empty blocks differ
+    assert sanlab_main(["record", "readme", str(rec)]) == 0
     text = (rec / "README.md").read_text()
     assert "Hand-written prose stays." in text and "More prose." in text
     assert "−0.1000 ± 0.0014" in text and "old" not in text
-    assert records.main(["readme", str(rec), "--check"]) == 0
+    assert sanlab_main(["record", "check", str(rec)]) == 0
     (rec / "README.md").write_text(text.replace("−0.1000 ± 0.0014", "−0.1001 ± 0.0014", 1))
     capsys.readouterr()
-    assert records.main(["readme", str(rec), "--check"]) == 1
+    assert sanlab_main(["record", "check", str(rec)]) == 1
     out = capsys.readouterr().out
     assert "'gaps'" in out and "'claims'" not in out
     assert (rec / "README.md").read_text() != text  # --check wrote nothing
-    assert records.main(["readme", str(rec)]) == 0
-    assert records.main(["readme", str(rec), "--check"]) == 0
+    assert sanlab_main(["record", "readme", str(rec)]) == 0
+    assert sanlab_main(["record", "check", str(rec)]) == 0
     # A result changes: the README no longer equals the committed results.
     store = rec / "study" / "results.jsonl"
     store.write_text(store.read_text().replace('"val_loss": 3.0,', '"val_loss": 3.01,'))
-    assert records.main(["readme", str(rec), "--check"]) == 1
+    assert sanlab_main(["record", "check", str(rec)]) == 1
 
 
 def test_readme_without_readme_writes_a_skeleton_with_every_block(tmp_path: Path) -> None:
     rec = make_record(tmp_path)
-    assert records.main(["readme", str(rec)]) == 0
+    assert sanlab_main(["record", "readme", str(rec)]) == 0
     text = (rec / "README.md").read_text()
     for name in records.BLOCKS:
         assert f"<!-- records:BEGIN {name} -->" in text
-    assert records.main(["readme", str(rec), "--check"]) == 0
+    assert sanlab_main(["record", "check", str(rec)]) == 0
 
 
 BAD = {  # case -> what the one-line error must name
@@ -353,7 +348,7 @@ def test_bad_record_dirs_are_one_line_errors(tmp_path: Path, case: str, capsys: 
         (rec / "study" / "data" / "entropy_floor.json").write_text("[1, 2]")
     if case == "unknown-block":
         (rec / "README.md").write_text("<!-- records:BEGIN nope -->\n<!-- records:END nope -->\n")
-    assert records.main(["readme", str(rec), "--check"]) == 2
+    assert sanlab_main(["record", "check", str(rec)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sanlab: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert BAD[case] in err, err
@@ -426,7 +421,7 @@ def test_export_drops_an_absolute_data_dir_and_rewrites_run_configs(tmp_path: Pa
 
 
 def test_export_of_a_non_study_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert records.main(["export", str(tmp_path / "nope"), str(tmp_path / "rec")]) == 2
+    assert sanlab_main(["record", "export", str(tmp_path / "nope"), str(tmp_path / "rec")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sanlab: error: ") and err.count("\n") == 1
 
@@ -468,5 +463,5 @@ def test_committed_probe_record_readme_table_equals_its_suite_json(record: Path)
 @pytest.mark.parametrize("record", COMMITTED, ids=[p.name for p in COMMITTED])
 def test_committed_record_readme_equals_its_results(record: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The README tables of every committed record equal what its committed study gives."""
-    code = records.main(["readme", str(record), "--check"])
+    code = sanlab_main(["record", "check", str(record)])
     assert code == 0, capsys.readouterr().out

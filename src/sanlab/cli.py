@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("sanlab.commands.sample", "generate text from a run's checkpoint (KV cache, streaming)"),
     "report": ("sanlab.report.cli", "a study's figures and tables: PNGs, report.md, one self-contained report.html"),
     "probe": ("sanlab.probes.cli", "what an architecture can do at all: synthetic probe tasks (SPEC §2)"),
+    "record": ("sanlab.records.cli", "commit a finished study as a record; its README's tables from its results"),
 }
 
 

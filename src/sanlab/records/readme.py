@@ -1,0 +1,103 @@
+"""A record's README: hand-written prose around generated blocks, each between
+`<!-- records:BEGIN NAME -->` and `<!-- records:END NAME -->`; `readme` rewrites them,
+`check` compares them with what the committed results give."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from sanlab.records.blocks import BLOCKS
+from sanlab.records.common import README, STUDY, RecordError, write_text
+from sanlab.records.load import Record, load
+MARKER = re.compile(r"<!-- records:BEGIN (\S+) -->\n(.*?)<!-- records:END \1 -->", re.S)
+
+
+def skeleton(rec: Record) -> str:
+    """A new README: a title, where the numbers come from, and every block's markers."""
+    name = rec.dir.name
+    parts = [f"# Record {name}\n", "The tables between the `records:` markers are generated from `study/` by "
+             f"`sanlab record readme records/{name}`; `make records-check` checks them.\n"]
+    for b in BLOCKS:
+        parts.append(f"## {b}\n\n<!-- records:BEGIN {b} -->\n<!-- records:END {b} -->\n")
+    return "\n".join(parts)
+
+
+def render(text: str, rec: Record) -> tuple[str, list[str]]:
+    """(the README with every block replaced, names of the blocks whose text changed)."""
+    seen = [m.group(1) for m in MARKER.finditer(text)]
+    unknown = [n for n in seen if n not in BLOCKS]
+    if unknown:
+        raise RecordError(f"README block {unknown[0]!r} is not one of: {', '.join(BLOCKS)}")
+    if not seen:
+        raise RecordError(f"{rec.dir / README}: no `<!-- records:BEGIN NAME -->` blocks")
+    changed: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        new = BLOCKS[m.group(1)](rec).rstrip("\n") + "\n"
+        if m.group(2) != new:
+            changed.append(m.group(1))
+        return f"<!-- records:BEGIN {m.group(1)} -->\n{new}<!-- records:END {m.group(1)} -->"
+
+    return MARKER.sub(sub, text), changed
+
+
+def readme(record_dir: str | Path, *, check: bool = False, log: Callable[[str], Any] = print) -> int:
+    """Rewrite the README's blocks from the committed results (0), or with `check` write
+    nothing and return 1 naming each block whose text differs (0 when all equal)."""
+    rec = load(record_dir)
+    path = rec.dir / README
+    if not path.is_file():
+        if check:
+            raise RecordError(f"{path}: no README")
+        text = skeleton(rec)
+    else:
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise RecordError(f"{path}: not readable ({e})") from None
+    new, changed = render(text, rec)
+    if check:
+        for name in changed:
+            log(f"{path}: block {name!r} differs from what the committed results give")
+        if changed:
+            log(f"regenerate with: sanlab record readme {record_dir}")
+        return 1 if changed else 0
+    if new != text:
+        write_text(path, new)
+    log(f"{path}: {len(changed)} block(s) updated" + (f" ({', '.join(changed)})" if changed else ""))
+    return 0
+
+
+
+def is_record(path: Path) -> bool:
+    """Whether `path` is a record dir: it holds an exported study."""
+    return (path / STUDY / "study.json").is_file()
+
+
+def find_records(paths: list[Path]) -> list[Path]:
+    """Each path as a record dir, or the record dirs directly inside it (a `records/`
+    folder); `RecordError` when a path is neither."""
+    out: list[Path] = []
+    for p in paths:
+        if is_record(p):
+            out.append(p)
+            continue
+        if not p.is_dir():
+            raise RecordError(f"{p}: no such record dir")
+        found = sorted(c for c in p.iterdir() if c.is_dir() and is_record(c))
+        if not found:
+            raise RecordError(f"{p}: not a record (no {STUDY}/study.json) and holds no records")
+        out += found
+    return out
+
+
+def check(paths: list[Path], *, log: Callable[[str], Any] = print) -> int:
+    """`readme --check` on every record found in `paths`: 1 when any README block differs
+    from what its committed results give, else 0."""
+    records = find_records(paths)
+    stale = [r for r in records if readme(r, check=True, log=log)]
+    if not stale:
+        log(f"records: {len(records)} README(s) equal their results")
+    return 1 if stale else 0
