@@ -1,7 +1,7 @@
 """`sanlab report` on a study run with the stand-in trainer (tests/study_fakes.py): no
 training curves or analyses exist, so the report must still be written with placeholders;
 the tables carry the store's numbers; bad input is one line and exit 2; the report code
-imports without torch."""
+imports without torch, and renders without it once the study's tables are computed."""
 
 from __future__ import annotations
 
@@ -73,16 +73,32 @@ BLOCK_TORCH = ("import sys\n"
 
 @pytest.fixture(scope="module")
 def fake_report(fake_study: Path) -> tuple[Path, str]:
-    """`sanlab report FAKE_STUDY` in a process where importing torch fails: building every
-    section and figure never touches torch (the study's tables come from a
-    `sanlab study table --json` child process). (report dir, stdout)."""
-    code = BLOCK_TORCH + ("from sanlab.cli import main\n"
-                          f"rc = main(['report', {str(fake_study)!r}])\n"
+    """`sanlab report FAKE_STUDY`, as a user runs it: (report dir, stdout)."""
+    proc = subprocess.run([sys.executable, "-m", "sanlab", "report", str(fake_study)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return fake_study / "report", proc.stdout
+
+
+def test_report_renders_without_torch(fake_study: Path, tmp_path: Path) -> None:
+    """The study's tables are the study's to compute (`sanlab.study.results`; the arms'
+    accounting imports torch). Given them, building every section and figure and writing
+    report.md / report.html never touches torch."""
+    from sanlab.study.results import table_json
+
+    tables = tmp_path / "tables.json"
+    tables.write_text(json.dumps(table_json(fake_study)))
+    out = tmp_path / "report"
+    code = BLOCK_TORCH + ("import json\n"
+                          "import sanlab.report.data as data\n"
+                          f"data.study_tables = lambda d: (json.loads(open({str(tables)!r}).read()), None)\n"
+                          "from sanlab.cli import main\n"
+                          f"rc = main(['report', {str(fake_study)!r}, '--out', {str(out)!r}])\n"
                           "assert 'torch' not in sys.modules, 'torch was imported'\n"
                           "sys.exit(rc)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    return fake_study / "report", proc.stdout
+    assert "iso_param (iso-param)" in (out / "report.md").read_text()
+    assert (out / "gaps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_report_of_a_study_without_curves_or_analysis(fake_study: Path, fake_report: tuple[Path, str]) -> None:

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "match": ("sanlab.commands.match", "matched arms for a reference model (params, FLOPs, depth)"),
     "prepare": ("sanlab.data.prepare", "tokenize and pack a corpus into shards"),
     "train": ("sanlab.train.cli", "train one run into a run directory"),
-    "study": ("sanlab.study.cli", "plan, run and tabulate a controlled study"),
+    "study": ("sanlab.commands.study", "plan, run and tabulate a controlled study"),
     "analyze": ("sanlab.analysis.cli", "decompose the gap between runs (regions, spectra, attention)"),
     "signal": ("sanlab.commands.signal", "residual-stream growth with depth at init (Theorem 1)"),
     "eval": ("sanlab.eval.cli", "zero-shot lm-eval tasks (and built-in offline ones) on run dirs"),

@@ -30,7 +30,7 @@ from sanlab.records.common import (
 
 def study_tables(study_dir: Path) -> dict[str, Any]:
     """What `sanlab study table DIR --json` prints (computed in this process)."""
-    from sanlab.study.cli import table_json
+    from sanlab.study.results import table_json
 
     return json.loads(json.dumps(table_json(study_dir)))  # exactly the printed JSON's types
 

@@ -1,33 +1,35 @@
 """Everything a report shows, read from a study dir into plain data.
 
-Sources, all files (no torch here, no tracking server):
+Sources, all files (no tracking server):
 
     STUDY/study.json                the resolved spec (what makes a dir a study dir)
     STUDY/results.jsonl             the results store, read with `sanlab.study.store`
-    `sanlab study table --json`     the gap, noise-floor and sweep tables as the study
-                                    computes them (`sanlab.study.table`); run as a child
-                                    process because the matching that builds the arms
-                                    counts parameters with torch
+    the study's tables              the gap, noise-floor and sweep tables as the study
+                                    computes them (`sanlab.study.results.table_json`,
+                                    what `sanlab study table --json` prints)
     STUDY/runs/RUN_ID/metrics.jsonl training curves; meta.json: versions, git, device
     STUDY/analysis/*/analysis.json  `sanlab analyze` of the final pairs (`--analyze` runs it)
 
-Anything missing (a run still going, no analysis yet) is simply absent from the data;
-the report shows a placeholder for it. A corrupt results line is skipped and counted.
+Results flow one way: the study computes, the report renders; nothing here recomputes a
+gap or a noise verdict. Anything missing (a run still going, no analysis yet) is simply
+absent from the data; the report shows a placeholder for it. A damaged results line is
+skipped and counted (`ResultStore.damaged`).
+
+This module imports without torch. Computing the tables does import it (the arms'
+parameter accounting uses the model), and so does `--analyze`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from sanlab.errors import DataError
-from sanlab.study.store import STORE_NAME, ResultStore
+from sanlab.errors import DataError, SanlabError
+from sanlab.study.store import ResultStore
 
 SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
 ANALYSIS_DIR = "analysis"
@@ -50,7 +52,7 @@ class StudyData:
     dir: Path
     spec: dict[str, Any]
     records: dict[str, dict[str, Any]]  # run id -> latest run record
-    corrupt_lines: list[int]  # 1-based line numbers of results.jsonl that are not JSON records
+    corrupt_lines: list[int]  # 1-based line numbers of results.jsonl that the store skips (damaged)
     tables: dict[str, Any] | None  # `sanlab study table --json`; None when it could not be computed
     tables_error: str | None
     curves: dict[str, Curve]
@@ -110,37 +112,17 @@ def check_study_dir(study_dir: Path) -> dict[str, Any]:
     return spec
 
 
-def corrupt_lines(study_dir: Path) -> list[int]:
-    """Line numbers of results.jsonl that are not JSON objects (the store skips them)."""
-    path = study_dir / STORE_NAME
-    if not path.is_file():
-        return []
-    bad = []
-    with path.open("rb") as f:
-        for i, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                ok = isinstance(json.loads(raw), dict)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                ok = False
-            if not ok:
-                bad.append(i)
-    return bad
-
-
 def study_tables(study_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
-    """`sanlab study table DIR --json` in a child process: (tables, None) or (None, its error)."""
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, "-m", "sanlab", "study", "table", str(study_dir), "--json"],
-                          capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        return None, (lines[-1] if lines else f"`sanlab study table` exited {proc.returncode}")
+    """The study's own tables (`sanlab.study.results.table_json`): (tables, None), or (None,
+    the one-line error) when they cannot be computed (e.g. a spec the matching refuses)."""
+    # imported here, not at the top: the arms' accounting imports torch, and the report's
+    # modules stay importable without it (tests/test_report.py)
+    from sanlab.study.results import table_json
+
     try:
-        return json.loads(proc.stdout), None
-    except json.JSONDecodeError as e:
-        return None, f"`sanlab study table --json` printed no JSON ({e})"
+        return json.loads(json.dumps(table_json(study_dir))), None  # the printed JSON's types
+    except SanlabError as e:
+        return None, " ".join(str(e).splitlines())
 
 
 def _finite(x: Any) -> bool:
@@ -181,9 +163,10 @@ def load(study_dir: str | Path) -> StudyData:
     """Read a study dir; raises `DataError` only when it is not a study dir at all."""
     d = Path(study_dir)
     spec = check_study_dir(d)
-    records = ResultStore(d).runs()
+    store = ResultStore(d)
+    records = store.runs()
     tables, err = study_tables(d)
-    data = StudyData(d, spec, records, corrupt_lines(d), tables, err, {}, {}, [])
+    data = StudyData(d, spec, records, store.damaged(), tables, err, {}, {}, [])
     for rid in records:
         run_dir = data.run_dir(rid)
         curve = read_curve(run_dir)
@@ -263,43 +246,44 @@ def data_dir(data: StudyData) -> Path | None:
     return None
 
 
-def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32,
-                  threads: int | None = None) -> str | None:
-    """Run `sanlab analyze ARMS… --vs REFERENCE` for one group; None, or the error line."""
+def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> str | None:
+    """`sanlab analyze ARMS… --vs REFERENCE --out STUDY/analysis/GROUP` for one group, in
+    this process; None, or the one-line error of a run that cannot be analysed."""
+    from sanlab.analysis import cli as analysis  # torch: only when --analyze asks for it
+    from sanlab.analysis.output import write_outputs
+    from sanlab.cliargs import ArgumentParser
+    from sanlab.paths import check_out_dir
+
     out = data.dir / ANALYSIS_DIR / group.out_name
     runs = [data.run_dir(r) for r in (*group.arms, group.reference)]
-    cmd = [sys.executable, "-m", "sanlab", "analyze", *map(str, runs[:-1]), "--vs", str(runs[-1]),
-           "--out", str(out), "--eval-rows", str(eval_rows)]
+    argv = [*map(str, runs[:-1]), "--vs", str(runs[-1]), "--out", str(out), "--eval-rows", str(eval_rows)]
     if not all(any((r / "checkpoints").glob("milestone-*")) for r in runs):
-        cmd += ["--skip", "spectra"]
+        argv += ["--skip", "spectra"]
     ddir = data_dir(data)
     if ddir is not None:
-        cmd += ["--data", str(ddir)]
-    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        return lines[-1] if lines else f"`sanlab analyze` exited {proc.returncode}"
+        argv += ["--data", str(ddir)]
+    parser = ArgumentParser(prog="sanlab analyze")
+    analysis.configure(parser)
+    t0 = time.perf_counter()
+    try:
+        check_out_dir(out)
+        result = analysis.analyze(parser.parse_args(argv))
+        result["seconds"] = time.perf_counter() - t0
+        write_outputs(result, out)
+    except SanlabError as e:
+        return " ".join(str(e).splitlines())
     return None
 
 
 def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int = 32,
                    log: Callable[[str], Any] = print) -> list[str]:
-    """Analyse the groups, as many at once as there are CPU cores (threads split between
-    them); the error lines of the ones that failed."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    cores = os.cpu_count() or 1
-    workers = max(1, min(len(groups), cores))
+    """Analyse the groups one after another (each uses every core); the error lines of the
+    ones that failed."""
     errors: list[str] = []
-
-    def one(i: int, g: PairGroup) -> None:
-        err = analyze_group(data, g, eval_rows=eval_rows, threads=max(1, cores // workers))
+    for i, g in enumerate(groups, 1):
+        err = analyze_group(data, g, eval_rows=eval_rows)
         log(f"analysed [{i}/{len(groups)}] {', '.join(g.arms)} vs {g.reference}"
             + (f": failed: {err}" if err else ""))
         if err:
             errors.append(f"{g.out_name}: {err}")
-
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, range(1, len(groups) + 1), groups))
     return errors

@@ -209,10 +209,9 @@ def plot_sweep(data: StudyData, path: Path) -> str | None:
 
 
 def _floor_size(data: StudyData) -> float | None:
+    """The noise floor's size F as the study computed it (`sanlab.study.noise`)."""
     floor = (data.tables or {}).get("noise_floor") or []
-    if not floor or floor[0].get("mean") is None:
-        return None
-    return max(abs(floor[0]["mean"]), floor[0].get("spread") or 0.0)
+    return floor[0].get("size") if floor else None
 
 
 def plot_gaps(data: StudyData, path: Path) -> str | None:

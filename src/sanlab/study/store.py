@@ -9,6 +9,12 @@ the torn tail is moved to `results.jsonl.torn` (kept, never parsed), so the new 
 starts on a line of its own instead of being glued to the torn one and lost with it.
 It is greppable, diffable and readable from any language without a driver.
 
+A *damaged* line anywhere (bytes that are not UTF-8, text that is not a JSON object: a
+disk error, a hand edit) is treated the same way. Every reader goes through `lines()`,
+which decodes line by line, so such a line is skipped (and `damaged()` names it) instead
+of failing the whole file; the writer's `repair()` moves it to `results.jsonl.torn` too,
+rewriting the store without it atomically (a temp file, fsync, rename).
+
 Records (one JSON object per line, `type` says which):
 - `run`: one run's outcome — `run_id`, `phases`, `arm`, `kind`, `optimizer`,
   `multiplier`, `lr`, `seed`, `tokens`, `status` (completed | diverged | interrupted |
@@ -26,9 +32,18 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 STORE_NAME = "results.jsonl"
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """One store line as its record, or None when it is damaged (not UTF-8 JSON, not an object)."""
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 class ResultStore:
@@ -37,36 +52,56 @@ class ResultStore:
     def __init__(self, study_dir: str | Path) -> None:
         self.path = Path(study_dir) / STORE_NAME
 
+    @property
+    def torn_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".torn")
+
+    def _keep_aside(self, lines: list[bytes]) -> None:
+        with open(self.torn_path, "ab") as torn:
+            torn.write(b"".join(line + b"\n" for line in lines))
+            torn.flush()
+            os.fsync(torn.fileno())
+
     def repair(self) -> str | None:
-        """End the file with a complete line: a torn tail (a kill mid-append) is moved to
-        `results.jsonl.torn`; a complete last record merely missing its newline gets one.
-        Returns what was done, or None when nothing needed doing."""
+        """End the file with a complete line and hold only readable records: a torn tail
+        (a kill mid-append) and any damaged line are moved to `results.jsonl.torn`; a
+        complete last record merely missing its newline gets one. Returns what was done,
+        or None when nothing needed doing."""
         if not self.path.is_file():
             return None
+        notes = []
         with open(self.path, "rb+") as f:
             data = f.read()
-            if not data or data.endswith(b"\n"):
-                return None
-            cut = data.rfind(b"\n") + 1
-            tail = data[cut:]
-            try:
-                complete = isinstance(json.loads(tail), dict)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                complete = False
-            if complete:
-                f.write(b"\n")
-                note = None
-            else:
-                with open(self.path.with_name(self.path.name + ".torn"), "ab") as torn:
-                    torn.write(tail + b"\n")
-                    torn.flush()
-                    os.fsync(torn.fileno())
-                f.truncate(cut)
-                note = (f"{self.path}: removed a torn last line ({len(tail)} bytes, an append cut short "
-                        f"by a kill; kept in {self.path.name}.torn)")
-            f.flush()
-            os.fsync(f.fileno())
-        return note
+            if data and not data.endswith(b"\n"):
+                cut = data.rfind(b"\n") + 1
+                tail = data[cut:]
+                if parse_line(tail) is not None:
+                    f.write(b"\n")
+                    data += b"\n"
+                else:
+                    self._keep_aside([tail])
+                    f.truncate(cut)
+                    data = data[:cut]
+                    notes.append(f"removed a torn last line ({len(tail)} bytes, an append cut short by a kill)")
+                f.flush()
+                os.fsync(f.fileno())
+        lines = data.split(b"\n")[:-1] if data else []
+        bad = [i for i, line in enumerate(lines) if line.strip() and parse_line(line) is None]
+        if bad:
+            self._keep_aside([lines[i] for i in bad])
+            drop = set(bad)
+            keep = b"".join(line + b"\n" for i, line in enumerate(lines) if i not in drop)
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            with open(tmp, "wb") as f:
+                f.write(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            notes.append(f"removed {len(bad)} damaged line(s) ({', '.join(str(i + 1) for i in bad[:10])}: not UTF-8 "
+                         "JSON records)")
+        if not notes:
+            return None
+        return f"{self.path}: {'; '.join(notes)}; kept in {self.torn_path.name}"
 
     def append(self, record: dict[str, Any]) -> None:
         """Append one record as one line, durably, in a single write."""
@@ -80,19 +115,28 @@ class ResultStore:
         finally:
             os.close(fd)
 
-    def records(self) -> list[dict[str, Any]]:
-        """Every complete record in order; a torn last line (killed mid-write) is skipped."""
+    def lines(self) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
+        """(1-based line number, its bytes, its record or None when damaged) of every
+        non-blank line, in order: the one reader of the file."""
         if not self.path.is_file():
-            return []
-        out: list[dict[str, Any]] = []
-        for line in self.path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+            return
+        try:
+            data = self.path.read_bytes()
+        except OSError as e:
+            from sanlab.errors import DataError
+
+            raise DataError(f"{self.path}: cannot be read ({e.strerror})") from None
+        for i, raw in enumerate(data.split(b"\n"), 1):
+            if raw.strip():
+                yield i, raw, parse_line(raw)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every complete record in order; a torn or damaged line is skipped."""
+        return [rec for _, _, rec in self.lines() if rec is not None]
+
+    def damaged(self) -> list[int]:
+        """Line numbers of the lines `records` skips (torn or damaged)."""
+        return [i for i, _, rec in self.lines() if rec is None]
 
     def runs(self) -> dict[str, dict[str, Any]]:
         """Latest `run` record per run id (records without a string id are skipped)."""

@@ -7,8 +7,9 @@ Gap: Δ = arm − reference validation loss (nats; negative = the arm is ahead o
 reference), per seed pair (the same seed in both arms) and as mean ± spread (sample
 standard deviation over seed pairs), and as % of the reference's loss. With the SAN as
 reference this is the paper's "standard − SAN". The noise floor is the gap between the
-two halves of the control pair (rms − zcrms norm, same seeds); a gap whose |mean| is not
-above |noise floor| + its spread is marked "within noise".
+two halves of the control pair (rms − zcrms norm, same seeds); a gap is "within noise"
+by the study's one noise rule (`sanlab.study.noise`): its |mean| is not above the floor's
+size F plus the gap's own seed-to-seed spread.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from sanlab.study.plan import (
     sweep_results,
 )
 from sanlab.config import format_tokens
+from sanlab.study import noise
 from sanlab.study.spec import StudySpec
 
 
@@ -49,12 +51,6 @@ def _loss(records: Mapping[str, dict], run_id: str) -> float | None:
     return float(v) if v is not None and math.isfinite(v) else None
 
 
-def _mean_spread(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
-
-
 @dataclass
 class Gap:
     """One arm vs the reference at one optimizer and budget: Δ = arm − reference."""
@@ -68,14 +64,16 @@ class Gap:
     per_seed: dict[int, float] = field(default_factory=dict)  # seed -> Δ (arm − reference)
     ref_loss: float | None = None  # mean over paired seeds
     arm_loss: float | None = None
+    ref_per_seed: dict[int, float] = field(default_factory=dict)  # seed -> loss, the paired seeds
+    arm_per_seed: dict[int, float] = field(default_factory=dict)
 
     @property
     def mean(self) -> float | None:
-        return _mean_spread(list(self.per_seed.values()))[0]
+        return noise.mean_spread(self.per_seed.values())[0]
 
     @property
     def spread(self) -> float | None:
-        return _mean_spread(list(self.per_seed.values()))[1]
+        return noise.mean_spread(self.per_seed.values())[1]
 
     @property
     def percent(self) -> float | None:
@@ -86,7 +84,9 @@ class Gap:
                 "tokens": self.tokens, "reference": self.reference, "delta": "arm - reference",
                 "per_seed": {str(k): v for k, v in self.per_seed.items()},
                 "mean": self.mean, "spread": self.spread, "percent": self.percent,
-                "reference_loss": self.ref_loss, "arm_loss": self.arm_loss}
+                "reference_loss": self.ref_loss, "arm_loss": self.arm_loss,
+                "reference_per_seed": {str(k): v for k, v in self.ref_per_seed.items()},
+                "arm_per_seed": {str(k): v for k, v in self.arm_per_seed.items()}}
 
 
 def _pair(ref: StudyArm, arm: StudyArm, opt: str, tokens: int, seeds: list[int],
@@ -99,6 +99,7 @@ def _pair(ref: StudyArm, arm: StudyArm, opt: str, tokens: int, seeds: list[int],
         la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed))
         if lr_ is not None and la is not None:
             gap.per_seed[seed] = la - lr_
+            gap.ref_per_seed[seed], gap.arm_per_seed[seed] = lr_, la
             lr_all.append(lr_)
             la_all.append(la)
     if lr_all:
@@ -154,11 +155,10 @@ def verdict(g: Gap, floor: Gap | None) -> str:
     if g.mean is None:
         return "…"
     favours = g.arm if g.mean < 0 else g.reference
-    if floor is None or floor.mean is None:
+    size = None if floor is None else noise.floor_size(floor.per_seed.values())
+    if size is None:
         return f"{favours} ahead (no floor yet)"
-    # The floor's size: its mean gap or its seed-to-seed spread, whichever is larger.
-    size = max(abs(floor.mean), floor.spread or 0.0)
-    if abs(g.mean) <= size + (g.spread or 0.0):
+    if noise.sign(g.per_seed.values(), size) == 0:
         return "within noise"
     return f"{favours} ahead, {abs(g.mean) / max(size, 1e-12):.0f}× floor"
 

@@ -1,9 +1,13 @@
-"""`sanlab study plan|run|status|table`: a controlled study from one spec file."""
+"""`sanlab study plan|run|status|table`: a controlled study from one spec file.
+
+The command line of `sanlab.study`; it lives with the other commands because `run
+--report` and `status` reach the report (`sanlab.report`), a layer above the study."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,7 +157,9 @@ def _status(args: argparse.Namespace) -> int:
     from sanlab.study.table import locks
 
     spec = load_saved_spec(args.dir)
-    records = ResultStore(args.dir).runs()
+    store = ResultStore(args.dir)
+    _note_damaged(store)
+    records = store.runs()
     arms_plan = plan_study(spec, args.dir, records)
     plan = plan_study(spec, args.dir, records, locks(spec, arms_plan.arms, records, set(records)))
     rows = []
@@ -188,11 +194,19 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _note_damaged(store: Any) -> None:
+    """A results line the store skips is named on stderr; the command still answers."""
+    bad = store.damaged()
+    if bad:
+        print(f"note: {store.path}: {len(bad)} damaged line(s) skipped (line {', '.join(map(str, bad[:10]))}); "
+              "`sanlab study run` moves them to results.jsonl.torn", file=sys.stderr)
+
+
 def _live_status(run_dir: Path) -> str:
     """A run not in the store yet: `running` / `interrupted` from its meta.json, else `pending`."""
     try:
         meta = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "pending"
     return str(meta.get("status", "pending"))
 
@@ -200,63 +214,20 @@ def _live_status(run_dir: Path) -> str:
 def _table(args: argparse.Namespace) -> int:
     from sanlab.study.orchestrate import load_saved_spec
     from sanlab.study.plan import build_arms
+    from sanlab.study.results import table_json
     from sanlab.study.store import ResultStore
     from sanlab.study.table import print_tables
 
+    store = ResultStore(args.dir)
     if args.json:
-        print(json.dumps(table_json(args.dir), indent=2))
+        tables = table_json(args.dir)
+        _note_damaged(store)
+        print(json.dumps(tables, indent=2))
         return EXIT_OK
     spec = load_saved_spec(args.dir)
-    print_tables(spec, build_arms(spec), ResultStore(args.dir).runs(), make_console())
+    _note_damaged(store)
+    print_tables(spec, build_arms(spec), store.runs(), make_console())
     return EXIT_OK
-
-
-def table_json(study_dir: str | Path) -> dict[str, Any]:
-    """`sanlab study table STUDY_DIR --json`, as data (see `_table_json`)."""
-    from sanlab.study.orchestrate import load_saved_spec
-    from sanlab.study.plan import build_arms
-    from sanlab.study.store import ResultStore
-
-    spec = load_saved_spec(study_dir)
-    return _table_json(spec, build_arms(spec), ResultStore(study_dir).runs())
-
-
-def _table_json(spec: Any, arms: list[Any], records: dict[str, Any]) -> dict[str, Any]:
-    """What `study table` shows, as data: the gaps (each with its verdict against the noise
-    floor and the run ids of its seed pairs), the noise floor, the sweep, the arms, the
-    locks, the measured throughput and the tables' own titles. `sanlab report` renders this."""
-    from sanlab.study.plan import noise_arm, run_id
-    from sanlab.study.table import gap_table, gaps, locks, sweep_rows, sweep_table, throughput, verdict
-
-    lock = locks(spec, arms, records, set(records))
-    rows, noise = gaps(spec, arms, records, lock)
-    floor = noise[0] if noise else None
-    by_name = {a.name: a for a in arms}
-    ref = arms[0]
-
-    def pairs(g: Any, seeds: list[int]) -> dict[str, dict[str, str]]:
-        arm = by_name.get(g.arm) or noise_arm(spec)
-        lr_ref = lock[(ref.name, g.optimizer)]
-        lr_arm = lock.get((arm.name, g.optimizer), lr_ref)
-        return {str(s): {"reference": run_id(ref, g.optimizer, lr_ref, g.tokens, s),
-                         "arm": run_id(arm, g.optimizer, lr_arm, g.tokens, s)} for s in seeds}
-
-    sweep_title, warnings = "", []
-    if spec.sweep.enabled:
-        table, warnings = sweep_table(spec, arms, records)
-        sweep_title = str(table.title)
-    return {
-        "gaps": [{**g.to_dict(), "verdict": verdict(g, floor), "runs": pairs(g, spec.seeds)} for g in rows],
-        "noise_floor": [{**g.to_dict(), "runs": pairs(g, spec.noise_seeds)} for g in noise],
-        "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)],
-        "arms": [{"name": a.name, "role": a.role, "kind": a.kind, "label": a.label,
-                  "params_total": a.params_total, "params_non_embedding": a.params_non_embedding,
-                  "flops_per_token": a.flops_per_token, "mismatch": a.mismatch} for a in arms],
-        "locks": [{"arm": a, "optimizer": o, "lr": lr} for (a, o), lr in lock.items()],
-        "throughput": throughput(records),
-        "titles": {"gap": str(gap_table(spec, arms, records, lock).title), "sweep": sweep_title},
-        "sweep_warnings": warnings,
-    }
 
 
 def run(args: argparse.Namespace) -> int:
