@@ -18,6 +18,7 @@ import pytest
 
 from sanlab import records
 from sanlab.cli import main as sanlab_main
+from sanlab.records import marker, matched
 from sanlab.study.plan import build_arms, noise_arm, round_lr, run_id
 from sanlab.study.spec import StudySpec
 
@@ -31,7 +32,8 @@ SPEC = {
 }
 BUDGETS = (1000, 2000)
 REF_LOSS = {1000: 3.2, 2000: 3.0}
-# Δ = arm − SAN per budget; the noise pair (at 2000) has |Δ| ≤ 0.003, so T = 0.006.
+# Δ = arm − SAN per budget; the noise pair (at 2000) is +0.002 / −0.003: mean −0.0005, sd
+# 0.0035, so the floor's size F = 0.0035 (`sanlab.study.noise`).
 GAPS = {"iso_param": {1000: -0.20, 2000: -0.10}, "iso_flop": {1000: -0.30, 2000: -0.25},
         "iso_depth": {1000: -0.50, 2000: -0.45}}
 NOISE = {1: 0.002, 2: -0.003}
@@ -43,12 +45,20 @@ CRYS = {"Q": 0.25, "K": 0.25, "V": 0.75, "O": None, "down": 0.75}
 FLOOR = 0.5
 
 
+def write_marker(record: Path, kind: str = "matched") -> None:
+    """record.json listing what is under study/ and report/ as the record's own files."""
+    files = [f.relative_to(record).as_posix() for top in ("study", "report") if (record / top).is_dir()
+             for f in sorted((record / top).rglob("*")) if f.is_file()]
+    (record / "record.json").write_text(marker.text(kind, files))
+
+
 def write_study(study: Path, *, gaps: dict[str, dict[int, float]] | None = None,
                 region_d: dict[str, float] | None = None, exercises: dict[str, tuple[int, float]] | None = None,
                 crys: dict[str, float | None] | None = None, seeds: tuple[int, ...] = (1, 2),
                 analysed_seeds: tuple[int, ...] | None = None, rel_error: float = 0.0,
                 noise: dict[int, float] | None = None, analysis_root: str = "elsewhere/study",
-                region_jitter: dict[str, dict[int, float]] | None = None) -> Path:
+                region_jitter: dict[str, dict[int, float]] | None = None,
+                budgets: tuple[int, ...] = BUDGETS, ref_loss: dict[int, float] | None = None) -> Path:
     """A finished study dir with known numbers: spec, results store, analysis of the final
     pairs at the largest budget (one file per seed), data/manifest.json and the floor."""
     gaps = GAPS if gaps is None else gaps
@@ -57,8 +67,10 @@ def write_study(study: Path, *, gaps: dict[str, dict[int, float]] | None = None,
     crys = CRYS if crys is None else crys
     noise = NOISE if noise is None else noise
     analysed = seeds if analysed_seeds is None else analysed_seeds
+    ref_loss = REF_LOSS if ref_loss is None else ref_loss
     raw = copy.deepcopy(SPEC)
     raw["seeds"] = list(seeds)
+    raw["final"] = {"tokens": list(budgets)}
     spec = StudySpec.model_validate(raw)
     arms = build_arms(spec)
     ref = arms[0]
@@ -69,12 +81,12 @@ def write_study(study: Path, *, gaps: dict[str, dict[int, float]] | None = None,
         return run_id(arm, "muon", round_lr(arm.base_lr_for(spec, "muon")), tokens, seed)
 
     lines, losses = [], {}
-    for tokens in BUDGETS:
+    for tokens in budgets:
         for seed in seeds:
-            entries = [(ref, REF_LOSS[tokens])]
-            entries += [(a, REF_LOSS[tokens] + gaps[a.name][tokens] + JITTER[seed]) for a in arms[1:]]
-            if tokens == max(BUDGETS):
-                entries.append((noise_arm(spec), REF_LOSS[tokens] + noise[seed]))
+            entries = [(ref, ref_loss[tokens])]
+            entries += [(a, ref_loss[tokens] + gaps[a.name][tokens] + JITTER[seed]) for a in arms[1:]]
+            if tokens == max(budgets) and seed in noise:
+                entries.append((noise_arm(spec), ref_loss[tokens] + noise[seed]))
             for arm, loss in entries:
                 r = rid(arm, tokens, seed)
                 losses[r] = loss
@@ -90,7 +102,7 @@ def write_study(study: Path, *, gaps: dict[str, dict[int, float]] | None = None,
                 (run / "metrics.jsonl").write_text(json.dumps({"tokens": tokens, "loss": loss}) + "\n")
     (study / "results.jsonl").write_text("\n".join(lines) + "\n")
 
-    tokens = max(BUDGETS)
+    tokens = max(budgets)
     for seed in analysed:
         j = JITTER[seed] / 10  # a small seed-to-seed spread of the region / exercise Δs
         runs: dict[str, Any] = {}
@@ -141,6 +153,7 @@ def make_record(tmp_path: Path, name: str = "rec", readme: str | None = None, to
                 **kw: Any) -> Path:
     rec = tmp_path / name
     write_study(rec / "study", **kw)
+    write_marker(rec)
     if readme is not None:
         (rec / "README.md").write_text(readme)
     if toml is not None:
@@ -148,9 +161,13 @@ def make_record(tmp_path: Path, name: str = "rec", readme: str | None = None, to
     return rec
 
 
+def load(rec_dir: Path) -> Any:
+    return records.load(rec_dir).data
+
+
 def verdicts(rec_dir: Path) -> dict[str, str]:
-    rec = records.load(rec_dir)
-    return {c.claim.split(":")[0].split(" (")[0]: c.verdict for c in records.claims(rec, records.load_compare(rec))}
+    rec = load(rec_dir)
+    return {c.claim.split(":")[0].split(" (")[0]: c.verdict for c in matched.claims(rec, matched.load_compare(rec))}
 
 
 ORDER = "ordering of the gaps"
@@ -176,25 +193,56 @@ def test_swapping_two_arms_losses_flips_the_ordering(tmp_path: Path) -> None:
     assert verdicts(make_record(tmp_path, gaps=gaps))[ORDER] == "not reproduced"
 
 
-def test_a_gap_difference_below_twice_the_noise_floor_is_inconclusive(tmp_path: Path) -> None:
-    # iso-FLOP only 0.005 ahead of iso-param: below T = 2 × 0.003.
-    gaps = {**GAPS, "iso_flop": {1000: -0.30, 2000: -0.105}}
+def test_a_gap_difference_within_the_noise_floor_is_inconclusive(tmp_path: Path) -> None:
+    # iso-FLOP 0.003 ahead of iso-param in both seed pairs: below F = 0.0035 (no spread).
+    gaps = {**GAPS, "iso_flop": {1000: -0.30, 2000: -0.103}}
     assert verdicts(make_record(tmp_path, gaps=gaps))[ORDER] == "inconclusive"
-    # A noisier floor makes a planted difference of 0.15 inconclusive as well.
-    assert verdicts(make_record(tmp_path / "b", noise={1: 0.1, 2: -0.01}))[ORDER] == "inconclusive"
+    # 0.004 is beyond it: the same rule the study table reads its gaps by.
+    gaps = {**GAPS, "iso_flop": {1000: -0.30, 2000: -0.104}}
+    assert verdicts(make_record(tmp_path / "b", gaps=gaps))[ORDER] == "reproduced"
+    # A noisier floor (+0.25 / −0.01: mean 0.12, sd 0.184, F = 0.184) makes the planted step
+    # of 0.15 inconclusive as well.
+    assert verdicts(make_record(tmp_path / "c", noise={1: 0.25, 2: -0.01}))[ORDER] == "inconclusive"
 
 
 def test_the_iso_param_gap_growing_with_tokens_is_not_reproduced(tmp_path: Path) -> None:
     gaps = {**GAPS, "iso_param": {1000: -0.10, 2000: -0.20}}
     assert verdicts(make_record(tmp_path, gaps=gaps))[SHRINK] == "not reproduced"
-    gaps = {**GAPS, "iso_param": {1000: -0.103, 2000: -0.10}}  # shrinks by 0.003 < T
+    gaps = {**GAPS, "iso_param": {1000: -0.103, 2000: -0.10}}  # shrinks by 0.003 < F
     assert verdicts(make_record(tmp_path / "b", gaps=gaps))[SHRINK] == "inconclusive"
 
 
-def test_query_claim_follows_the_region_deltas_and_needs_two_seed_pairs(tmp_path: Path) -> None:
+THREE = (1000, 2000, 3000)
+THREE_REF = {1000: 3.4, 2000: 3.2, 3000: 3.0}
+THREE_GAPS = {"iso_flop": {1000: -0.60, 2000: -0.60, 3000: -0.60}, "iso_depth": {1000: -0.90, 2000: -0.90, 3000: -0.90}}
+NOISE_001 = {1: 0.01, 2: 0.01}  # F = 0.01 (mean 0.01, sd 0)
+
+
+def test_a_gap_that_grows_on_the_way_does_not_shrink(tmp_path: Path) -> None:
+    """|Δ| 0.30 → 0.50 → 0.10 with F = 0.01: smaller at the end, but the middle step grew by
+    0.20 ≫ F, so the claim is inconclusive (the verdict must read every budget)."""
+    grows = {**THREE_GAPS, "iso_param": {1000: -0.30, 2000: -0.50, 3000: -0.10}}
+    rec = make_record(tmp_path / "a", gaps=grows, budgets=THREE, ref_loss=THREE_REF, noise=NOISE_001)
+    assert verdicts(rec)[SHRINK] == "inconclusive"
+    claim = next(c for c in matched.claims(load(rec)) if c.claim.startswith(SHRINK))
+    assert claim.measured.startswith("−0.3000 (1K), −0.5000 (2K), −0.1000 (3K); F = 0.0100")
+    steady = {**THREE_GAPS, "iso_param": {1000: -0.30, 2000: -0.20, 3000: -0.10}}
+    rec = make_record(tmp_path / "b", gaps=steady, budgets=THREE, ref_loss=THREE_REF, noise=NOISE_001)
+    assert verdicts(rec)[SHRINK] == "reproduced"
+    # A middle step that grows by less than F is within noise: still shrinking.
+    flat = {**THREE_GAPS, "iso_param": {1000: -0.30, 2000: -0.305, 3000: -0.10}}
+    rec = make_record(tmp_path / "c", gaps=flat, budgets=THREE, ref_loss=THREE_REF, noise=NOISE_001)
+    assert verdicts(rec)[SHRINK] == "reproduced"
+
+
+def test_query_claim_follows_the_region_deltas_read_against_the_noise(tmp_path: Path) -> None:
     flipped = {**REGION_D, "query": -0.02, "trace": -0.10}
     assert verdicts(make_record(tmp_path / "a", region_d=flipped))[QUERY] == "not reproduced"
-    assert verdicts(make_record(tmp_path / "b", analysed_seeds=(1,)))[QUERY] == "inconclusive"
+    # One analysed pair has no spread: its query − trace of −0.22 is read against F alone,
+    # as the study table reads a one-seed gap.
+    assert verdicts(make_record(tmp_path / "b", analysed_seeds=(1,)))[QUERY] == "reproduced"
+    # Without a noise pair nothing is told apart.
+    assert verdicts(make_record(tmp_path / "d", noise={}))[QUERY] == "inconclusive"
     # Query Δ −0.05 and −0.55 over the two seeds: more negative than trace on average, but
     # by less than 2 × the seed sd of the difference.
     noisy = {"query": {1: 0.25, 2: -0.25}}
@@ -206,7 +254,7 @@ def test_exercise_claim_recall_vs_context(tmp_path: Path) -> None:
     assert verdicts(make_record(tmp_path / "a", exercises=all_standard))[EXER] == "not reproduced"
     rec = make_record(tmp_path / "b", exercises={"text": (1000, -0.1)})
     assert verdicts(rec)[EXER] == "inconclusive"
-    assert records.block_exercises(records.load(rec)) == "No exercise types in this corpus."
+    assert matched.block_exercises(load(rec)) == "No exercise types in this corpus."
 
 
 def test_identity_and_crystallisation_verdicts(tmp_path: Path) -> None:
@@ -218,44 +266,44 @@ def test_identity_and_crystallisation_verdicts(tmp_path: Path) -> None:
 
 
 def test_blocks_hold_the_planted_numbers(tmp_path: Path) -> None:
-    rec = records.load(make_record(tmp_path))
-    gaps = records.block_gaps(rec)
+    rec = load(make_record(tmp_path))
+    gaps = matched.block_gaps(rec)
     # iso-param at 2K: Δ per seed −0.10 ± 0.001, the SAN at 3.0; the paper's number beside it.
     row = next(ln for ln in gaps.splitlines() if ln.startswith("| 2K | iso_param"))
     assert "| 3.0000 |" in row and "s1: −0.0990 s2: −0.1010" in row and "−0.1000 ± 0.0014" in row
     assert "s1: +0.0020 s2: −0.0030" in row and "−0.0055 at 105B" in row
     assert "−0.263" in next(ln for ln in gaps.splitlines() if ln.startswith("| 2K | iso_flop"))
-    floor = records.block_floor(rec)
-    # The SAN at 2K: 3.0 against the floor 0.5, 0.2 lower than at 1K (> T: still falling).
+    floor = matched.block_floor(rec)
+    # The SAN at 2K: 3.0 against the floor 0.5, 0.2 lower than at 1K (beyond F: still falling).
     assert "| san | 2K | 3.0000 | 0.5000 | 2.5000 | −0.2000 | yes |" in floor
-    assert ("every arm above the floor by more than T: yes; still falling: san, iso_param (iso-param), "
+    assert ("every arm above the floor by more than the noise: yes; still falling: san, iso_param (iso-param), "
             "iso_flop (iso-FLOP), iso_depth (iso-depth).") in floor
-    ident = records.block_identity(rec)
+    ident = matched.block_identity(rec)
     assert "| iso_param (iso-param) | 2K | s1 | −0.0995 | −0.0995 | −0.0990 | 0.0000% |" in ident
-    regions = records.block_regions(rec)
+    regions = matched.block_regions(rec)
     assert "| query | 6.0% | 6.0% | 5.8% / 7.9% | −0.3000 ± 0.0001 |" in regions
-    ex = records.block_exercises(rec)
+    ex = matched.block_exercises(rec)
     assert "| memorization | recall | 40.0% | −0.3000 ± 0.0001 |" in ex
     assert "| rag | context-grounded | 30.0% |" in ex
-    crys = records.block_crystallisation(rec)
+    crys = matched.block_crystallisation(rec)
     assert "| iso_param (iso-param) | s1, s2 | 25%, 25% | 25%, 25% | 75%, 75% | never, never | 75%, 75% |" in crys
-    claims = records.block_claims(rec)
+    claims = matched.block_claims(rec)
     for rule in ("ordering", "shrinking", "query", "exercise", "identity", "crystallisation"):
-        assert records.RULES[rule] in claims
-    assert records.RULES["compare"] not in claims  # no comparison record named
+        assert matched.RULES[rule] in claims
+    assert matched.RULES["compare"] not in claims  # no comparison record named
 
 
 def test_floor_block_says_when_an_arm_stopped_falling(tmp_path: Path) -> None:
     # iso-param at 3.0 (mean over seeds) at both budgets: no longer falling.
     flat = {**GAPS, "iso_param": {1000: -0.2, 2000: 0.0}}
-    floor = records.block_floor(records.load(make_record(tmp_path, gaps=flat)))
+    floor = matched.block_floor(load(make_record(tmp_path, gaps=flat)))
     assert "| iso_param (iso-param) | 2K | 3.0000 | 0.5000 | 2.5000 | +0.0000 | no |" in floor
     assert "still falling: san, iso_flop (iso-FLOP), iso_depth (iso-depth)." in floor
     # A floor within T of the SAN's loss: not every arm is measurably above it.
     rec = make_record(tmp_path / "b")
     high = {"splits": {"val": {"nats_per_token": 2.998}}}
     (rec / "study" / "data" / "entropy_floor.json").write_text(json.dumps(high))
-    assert "every arm above the floor by more than T: no;" in records.block_floor(records.load(rec))
+    assert "every arm above the floor by more than the noise: no;" in matched.block_floor(load(rec))
 
 
 def test_comparison_record_and_prediction(tmp_path: Path) -> None:
@@ -263,8 +311,8 @@ def test_comparison_record_and_prediction(tmp_path: Path) -> None:
     real = make_record(tmp_path, "2026-12-01-kjv",
                        toml='compare_with = "2026-12-01-synth"\nprediction = "gap 0.05-0.1 nats"\n')
     assert verdicts(real)[REAL] == "reproduced"  # |−0.10| here vs |−0.02| there, T = 0.006
-    text = records.block_claims(records.load(real))
-    assert "gap 0.05-0.1 nats" in text and records.RULES["compare"] in text
+    text = matched.block_claims(load(real))
+    assert "gap 0.05-0.1 nats" in text and matched.RULES["compare"] in text
     missing = make_record(tmp_path, "lonely", toml='compare_with = "nowhere"\n')
     assert verdicts(missing)[REAL] == "inconclusive"
 
@@ -314,7 +362,7 @@ def test_readme_without_readme_writes_a_skeleton_with_every_block(tmp_path: Path
     rec = make_record(tmp_path)
     assert sanlab_main(["record", "readme", str(rec)]) == 0
     text = (rec / "README.md").read_text()
-    for name in records.BLOCKS:
+    for name in matched.BLOCKS:
         assert f"<!-- records:BEGIN {name} -->" in text
     assert sanlab_main(["record", "check", str(rec)]) == 0
 
@@ -334,6 +382,7 @@ def test_bad_record_dirs_are_one_line_errors(tmp_path: Path, case: str, capsys: 
         rec.mkdir()
     if case not in ("missing", "not-a-record"):
         write_study(rec / "study")
+        write_marker(rec)
     if case not in ("no-readme", "missing"):
         (rec / "README.md").write_text("<!-- records:BEGIN gaps -->\n<!-- records:END gaps -->\n")
     if case == "corrupt-spec":
@@ -391,8 +440,9 @@ def test_export_leaves_out_checkpoints_and_shards_and_regenerates_the_tables(
     # The tables on the copy equal the original's, through the CLI.
     assert _table_json(out, capsys) == _table_json(study, capsys)
     # The README blocks computed from the copy equal those from the original.
-    original, copied = records.load(tmp_path / "orig"), records.load(rec)
-    for name, block in records.BLOCKS.items():
+    write_marker(tmp_path / "orig")
+    original, copied = load(tmp_path / "orig"), load(rec)
+    for name, block in matched.BLOCKS.items():
         assert block(copied) == block(original), name
     # `sanlab report` runs on the exported copy.
     proc = subprocess.run([sys.executable, "-m", "sanlab", "report", str(out), "--out", str(rec / "report")],
@@ -429,9 +479,8 @@ def test_export_of_a_non_study_is_a_one_line_error(tmp_path: Path, capsys: pytes
 # --------------------------------------------------------------------------- the committed records
 
 
-# Study records: a README beside a committed study dir (a probe record has suite.json instead).
-COMMITTED = sorted(p.parent for p in (ROOT / "records").glob("*/README.md")
-                   if (p.parent / "study" / "study.json").is_file()) if (ROOT / "records").is_dir() else []
+# Every committed record (its record.json says which kind); the probe records hold suite.json.
+COMMITTED = sorted(p.parent for p in (ROOT / "records").glob("*/record.json")) if (ROOT / "records").is_dir() else []
 PROBE_RECORDS = sorted(p.parent for p in (ROOT / "records").glob("*/suite.json")) if (ROOT / "records").is_dir() else []
 
 

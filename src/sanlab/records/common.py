@@ -1,5 +1,6 @@
-"""What every part of a record shares: its layout, its error, the paper's numbers in this
-project's sign, and the Markdown helpers the blocks are written with."""
+"""What every kind of record shares: its layout, its error, the claim and its three
+verdicts, the paper's numbers in this project's sign, and the Markdown helpers the blocks
+are written with."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ import json
 import math
 import os
 import shutil
-import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from sanlab.errors import DataError
+from sanlab.study.noise import mean_spread
 
 STUDY = "study"
 REPORT = "report"
 README = "README.md"
-CONFIG = "record.toml"
+CONFIG = "record.toml"  # hand-written: compare_with, prediction
+MARKER = "record.json"  # written by `sanlab record export`: what makes a dir a record
 DATA_FILES = ("manifest.json", "entropy_floor.json", "tokenizer.json")  # the small files of a data dir
 RUN_FILES = ("config.json", "meta.json", "metrics.jsonl")
 TOP_FILES = ("study.json", "results.jsonl", "speed.json")
@@ -43,6 +46,30 @@ ROUTING, CONTENT = ("Q", "K"), ("V", "O", "down")
 IDENTITY_TOL = 0.02
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+
+
+@dataclass
+class Claim:
+    """One row of a claims block: a claim of a paper, its number, what the record measured,
+    and the verdict by the rule named `rule` (the kind's `RULES[rule]`)."""
+
+    claim: str
+    paper: str
+    measured: str
+    verdict: str
+    rule: str = ""
+
+
+def ordering_verdict(signs: Iterable[int]) -> str:
+    """An ordering read step by step, each step's sign by the noise rule (+1: in the paper's
+    direction and beyond noise): reproduced when every step is, not reproduced when any
+    step is reversed beyond noise, else inconclusive (also without steps)."""
+    s = list(signs)
+    if s and all(x == 1 for x in s):
+        return REPRODUCED
+    if any(x == -1 for x in s):
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
 
 class RecordError(DataError):
     """A missing or corrupt study dir, record dir or README."""
@@ -77,10 +104,9 @@ def finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def mean_sd(xs: list[float]) -> tuple[float | None, float | None]:
-    if not xs:
-        return None, None
-    return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else None
+def mean_sd(xs: Iterable[float]) -> tuple[float | None, float | None]:
+    """(mean, sample sd) as the study computes them (`sanlab.study.noise.mean_spread`)."""
+    return mean_spread(xs)
 
 
 # --------------------------------------------------------------------------- rendering helpers
@@ -90,11 +116,12 @@ def fmt(x: float | None, f: str = "{:+.4f}") -> str:
     return "–" if x is None or not finite(x) else f.format(x).replace("-", "−")
 
 
-def fmt_ms(xs: list[float]) -> str:
+def fmt_ms(xs: Iterable[float], f: str = "{:+.4f}") -> str:
+    """mean ± sample sd (the mean alone for one value; – for none)."""
     m, sd = mean_sd(xs)
     if m is None:
         return "–"
-    return fmt(m) + ("" if sd is None else f" ± {sd:.4f}")
+    return fmt(m, f) + ("" if sd is None else f" ± {sd:.4f}")
 
 
 def fmt_tokens(n: int) -> str:
@@ -120,6 +147,20 @@ def per_seed_values(g: dict[str, Any]) -> list[float]:
     return [float(v) for _, v in sorted(g.get("per_seed", {}).items(), key=lambda kv: int(kv[0]))]
 
 
+def per_seed(g: dict[str, Any] | None, key: str = "per_seed") -> dict[int, float]:
+    """Seed -> value of a gap's per-seed field (`per_seed`: Δ; `reference_per_seed`,
+    `arm_per_seed`: the losses)."""
+    return {int(s): float(v) for s, v in ((g or {}).get(key) or {}).items() if finite(v)}
+
+
+def paired(*series: dict[int, float]) -> list[int]:
+    """The seeds every series has, in order."""
+    if not series:
+        return []
+    common = set(series[0]).intersection(*series[1:])
+    return sorted(common)
+
+
 def per_seed_text(g: dict[str, Any] | None) -> str:
     if g is None or not g.get("per_seed"):
         return "–"
@@ -133,3 +174,12 @@ def rows_of(c: dict[str, Any], grouping: str) -> dict[str, dict[str, Any]]:
 SIGN_NOTE = ("Δ = arm − SAN validation loss (nats); Δ < 0: the standard arm is ahead. The paper writes "
              "SAN − FFN; its numbers are shown negated to this sign.")
 
+
+def claims_table(rows: list[Claim], note: str, rules: dict[str, str], preamble: str, where: str,
+                 paper: str = "paper (our sign)") -> str:
+    """A claims block: the table, then the rules of the claims it holds (each once)."""
+    out = [note, md_table(["claim", paper, "measured", "verdict"],
+                          [[c.claim, c.paper, c.measured, f"**{c.verdict}**"] for c in rows])]
+    keys = list(dict.fromkeys(c.rule for c in rows if c.rule in rules))
+    out.append(f"Verdict rules (`{where}`): {preamble}\n\n" + "\n".join(f"- {rules[k]}" for k in keys))
+    return "\n\n".join(out)

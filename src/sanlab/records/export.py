@@ -1,15 +1,35 @@
-"""`sanlab record export STUDY_DIR RECORD_DIR`: copy what a record's tables and report are
-computed from, without checkpoints or data shards, with paths made relative."""
+"""`sanlab record export SOURCE RECORD_DIR`: copy what a record's tables and report are
+computed from (no checkpoints, no data shards), with paths made relative.
+
+Where it may write, checked before anything is written (a one-line `RecordError`, exit 2,
+nothing touched otherwise):
+
+- a missing or empty RECORD_DIR, or one that is already a record (`record.json`) of the
+  same kind, whose own folders hold nothing but its own files (those `record.json` lists);
+- never a dir with other files in it, the source itself (or a dir inside it, or one it is
+  inside), a training run dir, a study dir, a path under a file, or a dir it may not write.
+
+The copy is built in a temp dir beside RECORD_DIR, checked (the study's tables on the
+copy must equal the original's), and only then moved into place: the whole dir when
+RECORD_DIR is new or empty, else each of the record's own entries (`study/`, `report/`,
+`record.json`) swapped in turn, the old ones removed only after every swap. A failure at
+any point removes the temp dir and leaves RECORD_DIR as it was. The hand-written files of
+a record (README.md, record.toml, a spec) are never touched.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from sanlab.paths import check_out_dir, is_run_dir
+from sanlab.records import marker
 from sanlab.records.common import (
     DATA_FILES,
+    MARKER,
     REPORT,
     RUN_FILES,
     STUDY,
@@ -18,9 +38,13 @@ from sanlab.records.common import (
     read_json,
     write_text,
 )
-from sanlab.records.load import study_tables
+from sanlab.records.study import study_tables
+from sanlab.study.store import STORE_NAME, ResultStore
 
-# --------------------------------------------------------------------------- export
+Log = Callable[[str], Any]
+
+
+# --------------------------------------------------------------------------- a study's copy
 
 
 def _rel_run_path(value: Any, study_dir: Path) -> Any:
@@ -53,6 +77,20 @@ def _portable_config(cfg: Any) -> Any:
     return cfg
 
 
+def _portable_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """The spec with its data in the record's own `study/data/`: a study that prepared its
+    corpus (`data.corpus`) reads `data/` by default, so an explicit `data.dir` is dropped;
+    one that trained on an existing dir keeps `data.dir`, as `data` (the study dir's own)."""
+    out = json.loads(json.dumps(spec))
+    data = out.get("data")
+    if isinstance(data, dict) and data.get("dir"):
+        if data.get("corpus"):
+            data.pop("dir")
+        else:
+            data["dir"] = "data"
+    return out
+
+
 def _absolute_strings(obj: Any) -> Iterable[str]:
     if isinstance(obj, str) and obj.startswith("/") and len(obj) > 1:
         yield obj
@@ -64,53 +102,36 @@ def _absolute_strings(obj: Any) -> Iterable[str]:
             yield from _absolute_strings(v)
 
 
-def export(study_dir: str | Path, record_dir: str | Path, *, verify: bool = True,
-           log: Callable[[str], Any] = print) -> list[Path]:
-    """Copy into `record_dir/study/` what the tables and the report are computed from
-    (no checkpoints, no data shards) and the report into `record_dir/report/`.
+def study_entries(src: Path) -> list[str]:
+    return [STUDY] + ([REPORT] if (src / REPORT).is_dir() else [])
 
-    Paths inside the copy are made relative to the exported study dir: the analysis
-    files' run paths become `runs/RUN_ID`, their data paths `data/…`, an explicit
-    `data.dir` of the spec is dropped (the study then reads its own `data/`) and the run
-    configs' data dir becomes `../../data`. With `verify`, `sanlab study table --json`
-    must give the same tables on the copy as on the original. Returns the files written.
-    """
-    src = Path(study_dir)
-    dst = Path(record_dir) / STUDY
-    if not (src / "study.json").is_file():
-        raise RecordError(f"{src} is not a study dir (no study.json)")
-    if not (src / "results.jsonl").is_file():
-        raise RecordError(f"{src} has no results store (results.jsonl)")
-    if dst.exists() and dst.resolve() == src.resolve():
-        raise RecordError(f"{dst} is the study dir itself; export to another record dir")
+
+def copy_study(src: Path, out: Path, log: Log) -> list[str]:
+    """Write into `out/study/` what the tables and the report are computed from and into
+    `out/report/` the study's report; the files written, relative to `out`."""
+    dst = out / STUDY
     spec_raw = read_json(src / "study.json")
     if not isinstance(spec_raw, dict):
         raise RecordError(f"{src / 'study.json'}: not a study spec")
-    data_src = Path(spec_raw.get("data", {}).get("dir") or src / "data")
-    if not data_src.is_absolute() and spec_raw.get("data", {}).get("dir"):
-        data_src = Path.cwd() / data_src
-    if dst.exists():
-        shutil.rmtree(dst)
+    explicit = (spec_raw.get("data") or {}).get("dir")
+    data_src = Path(explicit) if explicit else src / "data"  # a relative data.dir is the cwd's, as `study run` read it
     written: list[Path] = []
 
-    spec_out = json.loads(json.dumps(spec_raw))
-    spec_out.get("data", {}).pop("dir", None)
-    write_text(dst / "study.json", json.dumps(spec_out, indent=2) + "\n")
+    write_text(dst / "study.json", json.dumps(_portable_spec(spec_raw), indent=2) + "\n")
     written.append(dst / "study.json")
     lines = []
-    for raw in (src / "results.jsonl").read_text(errors="replace").splitlines():
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError:
+    for _, raw, rec in ResultStore(src).lines():
+        if rec is None:
             lines.append(raw)  # kept as it is: the store skips it, the report counts it
             continue
-        if isinstance(rec, dict) and "config" in rec:
+        if "config" in rec:
             rec["config"] = _portable_config(rec["config"])
-        if isinstance(rec, dict) and isinstance(rec.get("run_dir"), str):
+        if isinstance(rec.get("run_dir"), str):
             rec["run_dir"] = _rel_run_path(rec["run_dir"], src)
-        lines.append(json.dumps(rec, sort_keys=True))
-    write_text(dst / "results.jsonl", "\n".join(lines) + ("\n" if lines else ""))
-    written.append(dst / "results.jsonl")
+        lines.append(json.dumps(rec, sort_keys=True).encode())
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / STORE_NAME).write_bytes(b"".join(line + b"\n" for line in lines))
+    written.append(dst / STORE_NAME)
     if (src / "speed.json").is_file():
         copy_file(src / "speed.json", dst / "speed.json")
         written.append(dst / "speed.json")
@@ -121,21 +142,21 @@ def export(study_dir: str | Path, record_dir: str | Path, *, verify: bool = True
             f = run / name
             if not f.is_file():
                 continue
-            out = dst / "runs" / run.name / name
+            target = dst / "runs" / run.name / name
             if name == "config.json":
-                write_text(out, json.dumps(_portable_config(read_json(f)), indent=1) + "\n", like=f)
+                write_text(target, json.dumps(_portable_config(read_json(f)), indent=1) + "\n", like=f)
             else:
-                copy_file(f, out)
-            written.append(out)
+                copy_file(f, target)
+            written.append(target)
     for f in sorted((src / "analysis").rglob("*")) if (src / "analysis").is_dir() else []:
         if not f.is_file() or f.suffix not in (".json", ".csv"):
             continue
-        out = dst / f.relative_to(src)
+        target = dst / f.relative_to(src)
         if f.name == "analysis.json":
-            write_text(out, json.dumps(_portable_analysis(read_json(f), src), indent=1) + "\n", like=f)
+            write_text(target, json.dumps(_portable_analysis(read_json(f), src), indent=1) + "\n", like=f)
         else:
-            copy_file(f, out)
-        written.append(out)
+            copy_file(f, target)
+        written.append(target)
     for name in DATA_FILES:
         if (data_src / name).is_file():
             copy_file(data_src / name, dst / "data" / name)
@@ -143,28 +164,135 @@ def export(study_dir: str | Path, record_dir: str | Path, *, verify: bool = True
     if not (dst / "data" / "manifest.json").is_file():
         log(f"warning: no data manifest found at {data_src}; the record has no data/manifest.json")
     if (src / REPORT).is_dir():
-        rep = Path(record_dir) / REPORT
-        if rep.exists():
-            shutil.rmtree(rep)
         for f in sorted((src / REPORT).rglob("*")):
             if f.is_file():
-                copy_file(f, rep / f.relative_to(src / REPORT))
-                written.append(rep / f.relative_to(src / REPORT))
+                copy_file(f, out / REPORT / f.relative_to(src / REPORT))
+                written.append(out / REPORT / f.relative_to(src / REPORT))
     for f in written:
         if f.suffix in (".json", ".jsonl"):
-            texts = f.read_text().splitlines() if f.suffix == ".jsonl" else [f.read_text()]
-            found = set()
-            for t in texts:
+            found: set[str] = set()
+            for raw in f.read_bytes().split(b"\n") if f.suffix == ".jsonl" else [f.read_bytes()]:
                 try:
-                    found.update(_absolute_strings(json.loads(t)))
-                except json.JSONDecodeError:
+                    found.update(_absolute_strings(json.loads(raw)))
+                except (UnicodeDecodeError, json.JSONDecodeError):
                     pass
             for p in sorted(found):
-                log(f"warning: {f} holds an absolute path: {p}")
-    if verify:
-        a, b = study_tables(src), study_tables(dst)
-        if a != b:
-            raise RecordError(f"the exported copy's tables differ from {src}'s; the export is incomplete")
-        log(f"exported {len(written)} files to {record_dir}; `sanlab study table` gives the same tables")
-    return written
+                log(f"warning: {f.relative_to(out)} holds an absolute path: {p}")
+    return [f.relative_to(out).as_posix() for f in written]
 
+
+def verify_study(src: Path, out: Path) -> None:
+    """The copy's tables (`sanlab study table --json`) must equal the original's."""
+    if study_tables(src) != study_tables(out / STUDY):
+        raise RecordError(f"the exported copy's tables differ from {src}'s; nothing was exported")
+
+
+# --------------------------------------------------------------------------- where it may write
+
+
+def _files_under(path: Path) -> list[Path]:
+    if path.is_file() or path.is_symlink():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def check_destination(src: Path, dst: Path, kind: str, entries: list[str]) -> dict[str, Any] | None:
+    """Refuse any RECORD_DIR export may not write into (module docstring); nothing is
+    written. Returns the old marker when RECORD_DIR is already a record."""
+    check_out_dir(dst, "RECORD_DIR")  # a file, a path under a file, no permission
+    s, d = src.resolve(), dst.resolve()
+    if d == s:
+        raise RecordError(f"RECORD_DIR {dst}: is the source itself; export into a record dir of its own")
+    if d.is_relative_to(s):
+        raise RecordError(f"RECORD_DIR {dst}: is inside the source {src}; export it somewhere else")
+    if s.is_relative_to(d):
+        raise RecordError(f"RECORD_DIR {dst}: holds the source {src}; export into a dir outside it")
+    if not dst.exists() or not any(dst.iterdir()):
+        return None
+    if marker.is_record(dst):
+        old = marker.read(dst)
+        if old["kind"] != kind:
+            raise RecordError(f"RECORD_DIR {dst}: is a {old['kind']} record; this source makes a {kind} record")
+        own = set(old["files"])
+        tops = set(entries) | {Path(f).parts[0] for f in own}
+        for top in sorted(tops):
+            for f in _files_under(dst / top) if (dst / top).exists() else []:
+                if f.relative_to(dst).as_posix() not in own:
+                    raise RecordError(f"RECORD_DIR {dst}: {f.relative_to(dst)} is not one of the record's own "
+                                      f"files ({MARKER} does not list it); move it out first, nothing was exported")
+        return old
+    if is_run_dir(dst):
+        raise RecordError(f"RECORD_DIR {dst}: is a training run dir (it holds config.json / meta.json), not a record")
+    if (dst / "study.json").is_file():
+        raise RecordError(f"RECORD_DIR {dst}: is a study dir (it holds study.json), not a record")
+    raise RecordError(f"RECORD_DIR {dst}: is not empty and not a record (no {MARKER}); "
+                      "export into a new or empty dir, or into an existing record")
+
+
+# --------------------------------------------------------------------------- the export
+
+
+def _install(staged: Path, dst: Path, entries: list[str], old: dict[str, Any] | None) -> None:
+    """Move the staged record into place (see the module docstring)."""
+    if not dst.exists() or not any(dst.iterdir()):
+        os.replace(staged, dst)  # a missing or empty dst: one rename
+        return
+    gone = staged / ".replaced"
+    gone.mkdir()
+    tops = list(dict.fromkeys([*entries, *(Path(f).parts[0] for f in (old or {}).get("files", []))]))
+    moved: list[tuple[Path, Path | None]] = []  # (dst entry, where the old one went)
+    try:
+        for top in tops:
+            target = dst / top
+            aside = None
+            if target.exists():
+                aside = gone / top
+                os.replace(target, aside)
+            moved.append((target, aside))
+            if (staged / top).exists():
+                os.replace(staged / top, target)
+        os.replace(staged / MARKER, dst / MARKER)
+    except BaseException:
+        for target, aside in reversed(moved):  # put the old record back as it was
+            if target.exists():
+                shutil.rmtree(target) if target.is_dir() else target.unlink()
+            if aside is not None:
+                os.replace(aside, target)
+        raise
+
+
+def export(source: str | Path, record_dir: str | Path, *, verify: bool = True, log: Log = print) -> list[str]:
+    """Export a finished study dir or probe suite into a record dir (module docstring);
+    the record's own files, relative to it."""
+    from sanlab.records.kinds import kind_of_source
+
+    src, dst = Path(source), Path(record_dir)
+    kind = kind_of_source(src)
+    entries = kind.entries(src)
+    old = check_destination(src, dst, kind.name, entries)
+    made = []  # parents created here, removed again on a failure
+    p = dst.parent
+    while not p.exists():
+        made.append(p)
+        p = p.parent
+    for p in reversed(made):
+        p.mkdir()
+    staged = dst.parent / f".{dst.name}.export-{os.getpid()}"
+    try:
+        if staged.exists():
+            shutil.rmtree(staged)
+        staged.mkdir()
+        files = kind.copy(src, staged, log)
+        if verify and kind.verify is not None:
+            kind.verify(src, staged)
+        (staged / MARKER).write_text(marker.text(kind.name, files))
+        _install(staged, dst, entries, old)
+    finally:
+        if staged.exists():
+            shutil.rmtree(staged)
+        for p in made:  # on a failure, the parents this export created go again
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+    log(f"exported {len(files)} files to {dst} (a {kind.name} record)"
+        + ("; `sanlab study table` gives the same tables on the copy" if verify and kind.verify else ""))
+    return files

@@ -1,6 +1,7 @@
 """A record's README: hand-written prose around generated blocks, each between
-`<!-- records:BEGIN NAME -->` and `<!-- records:END NAME -->`; `readme` rewrites them,
-`check` compares them with what the committed results give."""
+`<!-- records:BEGIN NAME -->` and `<!-- records:END NAME -->`. The record's kind decides
+which blocks there are (`sanlab.records.kinds`); `readme` rewrites them from the
+committed results, `check` compares them with what those results give."""
 
 from __future__ import annotations
 
@@ -8,39 +9,50 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from sanlab.records.blocks import BLOCKS
-from sanlab.records.common import README, STUDY, RecordError, write_text
-from sanlab.records.load import Record, load
-MARKER = re.compile(r"<!-- records:BEGIN (\S+) -->\n(.*?)<!-- records:END \1 -->", re.S)
+from sanlab.records import marker
+from sanlab.records.common import MARKER, README, RecordError, write_text
+from sanlab.records.kinds import Loaded, load
+
+BLOCK = re.compile(r"<!-- records:BEGIN (\S+) -->\n(.*?)<!-- records:END \1 -->", re.S)
 
 
-def skeleton(rec: Record) -> str:
+def skeleton(rec: Loaded) -> str:
     """A new README: a title, where the numbers come from, and every block's markers."""
     name = rec.dir.name
-    parts = [f"# Record {name}\n", "The tables between the `records:` markers are generated from `study/` by "
+    parts = [f"# Record {name} ({rec.kind.what})\n",
+             "The tables between the `records:` markers are generated from the committed results by "
              f"`sanlab record readme records/{name}`; `make records-check` checks them.\n"]
-    for b in BLOCKS:
+    for b in rec.kind.blocks:
         parts.append(f"## {b}\n\n<!-- records:BEGIN {b} -->\n<!-- records:END {b} -->\n")
     return "\n".join(parts)
 
 
-def render(text: str, rec: Record) -> tuple[str, list[str]]:
+def render(text: str, rec: Loaded) -> tuple[str, list[str]]:
     """(the README with every block replaced, names of the blocks whose text changed)."""
-    seen = [m.group(1) for m in MARKER.finditer(text)]
-    unknown = [n for n in seen if n not in BLOCKS]
+    blocks = rec.kind.blocks
+    seen = [m.group(1) for m in BLOCK.finditer(text)]
+    unknown = [n for n in seen if n not in blocks]
     if unknown:
-        raise RecordError(f"README block {unknown[0]!r} is not one of: {', '.join(BLOCKS)}")
+        raise RecordError(f"README block {unknown[0]!r} is not one of a {rec.kind.name} record's: "
+                          f"{', '.join(blocks)}")
     if not seen:
         raise RecordError(f"{rec.dir / README}: no `<!-- records:BEGIN NAME -->` blocks")
     changed: list[str] = []
 
     def sub(m: re.Match[str]) -> str:
-        new = BLOCKS[m.group(1)](rec).rstrip("\n") + "\n"
+        new = blocks[m.group(1)](rec.data).rstrip("\n") + "\n"
         if m.group(2) != new:
             changed.append(m.group(1))
         return f"<!-- records:BEGIN {m.group(1)} -->\n{new}<!-- records:END {m.group(1)} -->"
 
-    return MARKER.sub(sub, text), changed
+    return BLOCK.sub(sub, text), changed
+
+
+def _read_readme(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{path}: not readable ({e})") from None
 
 
 def readme(record_dir: str | Path, *, check: bool = False, log: Callable[[str], Any] = print) -> int:
@@ -53,10 +65,7 @@ def readme(record_dir: str | Path, *, check: bool = False, log: Callable[[str], 
             raise RecordError(f"{path}: no README")
         text = skeleton(rec)
     else:
-        try:
-            text = path.read_text()
-        except (OSError, UnicodeDecodeError) as e:
-            raise RecordError(f"{path}: not readable ({e})") from None
+        text = _read_readme(path)
     new, changed = render(text, rec)
     if check:
         for name in changed:
@@ -70,25 +79,19 @@ def readme(record_dir: str | Path, *, check: bool = False, log: Callable[[str], 
     return 0
 
 
-
-def is_record(path: Path) -> bool:
-    """Whether `path` is a record dir: it holds an exported study."""
-    return (path / STUDY / "study.json").is_file()
-
-
 def find_records(paths: list[Path]) -> list[Path]:
     """Each path as a record dir, or the record dirs directly inside it (a `records/`
     folder); `RecordError` when a path is neither."""
     out: list[Path] = []
     for p in paths:
-        if is_record(p):
+        if marker.is_record(p):
             out.append(p)
             continue
         if not p.is_dir():
             raise RecordError(f"{p}: no such record dir")
-        found = sorted(c for c in p.iterdir() if c.is_dir() and is_record(c))
+        found = sorted(c for c in p.iterdir() if c.is_dir() and marker.is_record(c))
         if not found:
-            raise RecordError(f"{p}: not a record (no {STUDY}/study.json) and holds no records")
+            raise RecordError(f"{p}: not a record (no {MARKER}) and holds no records")
         out += found
     return out
 

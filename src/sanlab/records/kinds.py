@@ -1,0 +1,108 @@
+"""The kinds of record, and what each kind decides: how its data is read, which README
+blocks (and so which claims) it gets, what `export` copies into it and how the copy is
+checked. A record's kind is written in its `record.json`; `export` takes it from the
+source: a study dir with matched arms is `matched`, one with explicit variant arms only
+`variants`, a probe suite's `--out` dir (suite.json) `probes`.
+
+    matched    SAN vs iso-param / iso-FLOP / iso-depth standard arms   SPEC §1.6   `matched`
+    variants   a standard transformer vs variants of its attention     SPEC §2–3   `variants`
+    probes     every probe arm on every probe task                     SPEC §2     `probes`
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from sanlab.records import marker, matched, probes, variants
+from sanlab.records.common import RecordError, copy_file, read_json
+from sanlab.records.export import copy_study, study_entries, verify_study
+from sanlab.records.study import load_study
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    what: str
+    load: Callable[[Path], Any]
+    blocks: Mapping[str, Callable[[Any], str]]
+    entries: Callable[[Path], list[str]]  # the top-level entries `copy` writes, from the source
+    copy: Callable[[Path, Path, Callable[[str], Any]], list[str]]  # (source, into, log) -> files written
+    verify: Callable[[Path, Path], None] | None = None
+
+
+def _probe_files(src: Path) -> list[str]:
+    return [n for n in (probes.SUITE, probes.SUITE_CSV) if (src / n).is_file()]
+
+
+def _copy_probes(src: Path, out: Path, log: Callable[[str], Any]) -> list[str]:
+    files = _probe_files(src)
+    for name in files:
+        copy_file(src / name, out / name)
+    return files
+
+
+def _verify_probes(src: Path, out: Path) -> None:
+    probes.load_probes(out)  # the copy reads as a suite
+
+
+KINDS: dict[str, Kind] = {
+    "matched": Kind("matched", "a SAN against its matched standard arms (SPEC §1.6)",
+                    lambda d: load_study(d, "matched"), matched.BLOCKS, study_entries, copy_study, verify_study),
+    "variants": Kind("variants", "a standard transformer against variants of its attention (SPEC §2–3)",
+                     lambda d: load_study(d, "variants"), variants.BLOCKS, study_entries, copy_study,
+                     verify_study),
+    "probes": Kind("probes", "a probe suite: every probe arm on every probe task (SPEC §2)",
+                   probes.load_probes, probes.BLOCKS, _probe_files, _copy_probes, _verify_probes),
+}
+
+
+def study_kind(spec: dict[str, Any]) -> str:
+    """`matched` when the study matches arms to its reference, `variants` when its arms
+    are all explicit ones."""
+    matching = spec.get("matching") if isinstance(spec.get("matching"), dict) else {}
+    arms = matching.get("arms", ["iso_param", "iso_flop", "iso_depth"])  # the spec's default
+    return "variants" if not arms and spec.get("arms") else "matched"
+
+
+def kind_of_source(src: Path) -> Kind:
+    """The kind of record an export source makes; `RecordError` when it is neither a
+    study dir nor a probe suite."""
+    if not src.is_dir():
+        raise RecordError(f"{src}: no such directory (a study dir or a probe suite's --out dir)")
+    if (src / "study.json").is_file():
+        if not (src / "results.jsonl").is_file():
+            raise RecordError(f"{src} has no results store (results.jsonl)")
+        spec = read_json(src / "study.json")
+        if not isinstance(spec, dict):
+            raise RecordError(f"{src / 'study.json'}: not a study spec")
+        return KINDS[study_kind(spec)]
+    if (src / probes.SUITE).is_file():
+        probes.load_probes(src)
+        return KINDS["probes"]
+    raise RecordError(f"{src} is not a study dir (no study.json) nor a probe suite (no {probes.SUITE})")
+
+
+@dataclass
+class Loaded:
+    kind: Kind
+    data: Any
+
+    @property
+    def dir(self) -> Path:
+        return Path(self.data.dir)
+
+
+def load(record_dir: str | Path) -> Loaded:
+    """A record dir read as its kind's data; `RecordError` (one line) when it is missing,
+    not a record or corrupt."""
+    d = Path(record_dir)
+    if not d.is_dir():
+        raise RecordError(f"{d}: no such record dir")
+    m = marker.read(d)
+    kind = KINDS[m["kind"]]
+    return Loaded(kind, kind.load(d))
+
+
+__all__ = ["KINDS", "Kind", "Loaded", "kind_of_source", "load", "study_kind"]

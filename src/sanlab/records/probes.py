@@ -1,0 +1,295 @@
+"""Kind `probes`: a probe suite (`sanlab probe --suite --out DIR`: suite.json, suite.csv)
+with the claims of SPEC §2 ("Attention Retrieves, MLP Memorizes").
+
+A suite cell is one run (one seed, no noise pair), so the study's noise rule has nothing
+to read here. The noise of a probe number is that of a finite sample: an accuracy is k
+correct of n test examples, a capacity k memorised of N pairs. A difference between two
+arms counts when it exceeds twice its standard error, with each proportion taken as
+(k + 1) / (n + 2) (so that 100% or 0% still has an error: Agresti–Caffo):
+
+    se(p̂₁ − p̂₂) = sqrt(p₁(1 − p₁)/(n₁ + 2) + p₂(1 − p₂)/(n₂ + 2)),   |p̂₁ − p̂₂| > 2·se
+
+The claims compare arms with each other in the paper's order, not the numbers with the
+paper's: the suite's tasks are smaller than the paper's (fewer keys and values, shorter
+sums, another p), so their absolute accuracies are not the paper's, while the ordering
+of the arms is what the paper claims. The rules are `RULES`; docs/records.md writes them out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from sanlab.records.common import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    Claim,
+    RecordError,
+    claims_table,
+    fmt,
+    md_table,
+    ordering_verdict,
+    read_json,
+)
+
+SUITE = "suite.json"
+SUITE_CSV = "suite.csv"
+CAPACITY = "capacity"
+COLUMNS = {"addition": "Addition", "modadd": "Mod. add.", CAPACITY: "Memorization bits/param",
+           "retrieval": "Retrieval", "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment",
+           "memorize": "Memorize"}
+LABELS = {"standard": "Standard", "san": "SAN", "frozen_qk": "Frozen-QK", "frozen_mlp": "Frozen-MLP",
+          "mixit": "MixiT"}
+
+# SPEC §2 anchors: retrieval accuracy (%), memorization capacity (bits per parameter),
+# and the tasks on which MixiT ≈ standard.
+PAPER_RETRIEVAL = {"standard": 100.0, "frozen_qk": 97.0, "mixit": 11.2}
+PAPER_CAPACITY = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
+MIXIT_MATCHES = ("addition", "modadd", "dyck", "sentiment")
+# "≈" read as: MixiT's accuracy at most this many points below the standard arm's.
+EQUIVALENCE_PTS = 5.0
+Z = 2.0  # standard errors a difference must exceed
+
+RULES = {
+    "retrieval": "retrieval: the arms in the paper's order (standard > Frozen-QK > MixiT), each step an "
+                 "accuracy difference; reproduced when every step is above 0 beyond noise, not reproduced "
+                 "when a step is reversed beyond noise, else inconclusive (also with an arm missing).",
+    "capacity": "capacity: the same, in bits per trainable parameter (standard > Frozen-QK > MixiT > "
+                "Frozen-MLP); decided only when every arm's maximum over N is bracketed: its best N memorised "
+                "fewer than all N pairs and a larger N gave no more bits (else a larger N could give more, "
+                "and the claim is inconclusive).",
+    "mixit": f"MixiT ≈ standard: per task, the standard arm's accuracy minus MixiT's; reproduced when on every "
+             f"task it is below {EQUIVALENCE_PTS:g} points beyond noise (≤ {EQUIVALENCE_PTS:g} − 2·se), not "
+             f"reproduced when on some task it is above {EQUIVALENCE_PTS:g} points beyond noise, else "
+             "inconclusive.",
+}
+RULES_PREAMBLE = ("Noise (one run per cell, no seeds): a difference of two proportions k₁/n₁ − k₂/n₂ counts when "
+                  "it exceeds 2 standard errors, sqrt(p₁(1 − p₁)/(n₁ + 2) + p₂(1 − p₂)/(n₂ + 2)) with "
+                  "p = (k + 1)/(n + 2).")
+
+
+@dataclass
+class ProbeRecord:
+    """A probe-suite record: its suite.json as plain data."""
+
+    dir: Path
+    suite: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    kind: str = "probes"
+
+    @property
+    def arms(self) -> list[dict[str, Any]]:
+        return list(self.suite.get("arms") or [])
+
+    @property
+    def tasks(self) -> list[str]:
+        return [str(t) for t in self.suite.get("tasks") or []]
+
+    def label(self, arm: str) -> str:
+        return next((str(a["label"]) for a in self.arms if a["name"] == arm), LABELS.get(arm, arm))
+
+    def cell(self, task: str, arm: str) -> dict[str, Any] | None:
+        return next((c for c in self.suite.get("cells") or [] if c.get("key") == f"{task}/{arm}"), None)
+
+    def value(self, task: str, arm: str) -> float | None:
+        v = (self.suite.get("table") or {}).get(arm, {}).get(task)
+        return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    def at_edge(self, task: str, arm: str) -> bool:
+        for c in self.suite.get("cells") or []:
+            key = str(c.get("key", ""))
+            name = "capacity" if key.startswith("capacity-") else key.split("/")[0]
+            if c.get("arm") == arm and name == task and c.get("at_edge"):
+                return True
+        return False
+
+
+def load_probes(record_dir: Path) -> ProbeRecord:
+    path = record_dir / SUITE
+    if not path.is_file():
+        raise RecordError(f"{record_dir}: a probes record without {SUITE}")
+    suite = read_json(path)
+    if not isinstance(suite, dict) or not isinstance(suite.get("table"), dict) or not suite.get("arms"):
+        raise RecordError(f"{path}: not a probe suite (`sanlab probe --suite` writes one)")
+    return ProbeRecord(record_dir, suite)
+
+
+# --------------------------------------------------------------------------- the noise of a proportion
+
+
+def _p(k: int, n: int) -> float:
+    return (k + 1) / (n + 2)
+
+
+def proportion_se(k: int, n: int) -> float:
+    """Standard error of k/n, with p = (k + 1)/(n + 2)."""
+    p = _p(k, n)
+    return math.sqrt(p * (1 - p) / (n + 2))
+
+
+def difference_sign(diff: float, se: float, margin: float = 0.0) -> int:
+    """+1 when `diff` − `margin` > Z·se, −1 when < −Z·se, 0 within noise."""
+    d = diff - margin
+    return 1 if d > Z * se else (-1 if d < -Z * se else 0)
+
+
+def accuracy(rec: ProbeRecord, task: str, arm: str) -> tuple[int, int] | None:
+    c = rec.cell(task, arm)
+    if c is None or not isinstance(c.get("test_correct"), int) or not c.get("test_total"):
+        return None
+    return int(c["test_correct"]), int(c["test_total"])
+
+
+def accuracy_step(rec: ProbeRecord, task: str, hi: str, lo: str) -> tuple[int, float | None]:
+    """(sign of acc(hi) − acc(lo) by the noise rule, the difference in points)."""
+    a, b = accuracy(rec, task, hi), accuracy(rec, task, lo)
+    if a is None or b is None:
+        return 0, None
+    diff = a[0] / a[1] - b[0] / b[1]
+    se = math.hypot(proportion_se(*a), proportion_se(*b))
+    return difference_sign(diff, se), 100 * diff
+
+
+def capacity_point(rec: ProbeRecord, arm: str) -> dict[str, Any] | None:
+    """The arm's capacity with its standard error, or None when its maximum over N is not
+    bracketed (one N, the best N fully memorised, or the best N the largest)."""
+    cap = (rec.suite.get("capacity") or {}).get(arm) or {}
+    pts = [p for p in cap.get("points") or [] if isinstance(p.get("memorised"), int)]
+    if cap.get("bits_per_param") is None or not pts or not cap.get("params") or not cap.get("alphabet"):
+        return None
+    best_n, k = int(cap["n"]), int(cap["memorised"])
+    bracketed = k < best_n and any(int(p["n"]) > best_n for p in pts)
+    scale = math.log2(int(cap["alphabet"])) / int(cap["params"])
+    # se of bits/param from the binomial count of memorised pairs at the best N
+    se = scale * best_n * proportion_se(k, best_n)
+    return {"value": float(cap["bits_per_param"]), "se": se, "bracketed": bracketed, "n": best_n,
+            "points": len(pts)}
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def claims(rec: ProbeRecord) -> list[Claim]:
+    out = []
+    order = [a for a in PAPER_RETRIEVAL if rec.cell("retrieval", a) is not None]
+    steps = [accuracy_step(rec, "retrieval", hi, lo) for hi, lo in zip(order, order[1:])]
+    measured = ", ".join(f"{rec.label(a)} {fmt(rec.value('retrieval', a), '{:.1f}')}" for a in order)
+    if len(order) < len(PAPER_RETRIEVAL):
+        verdict = INCONCLUSIVE
+        measured += f" (missing: {', '.join(LABELS[a] for a in PAPER_RETRIEVAL if a not in order)})"
+    else:
+        verdict = ordering_verdict(s for s, _ in steps)
+        measured += "; steps " + ", ".join(fmt(d, "{:+.1f}") for _, d in steps) + " points"
+    out.append(Claim("retrieval: standard > Frozen-QK > MixiT (attention retrieves, even with frozen Q/K)",
+                     "test accuracy 100 / 97.0 / 11.2 %", measured or "–", verdict, "retrieval"))
+
+    caps = {a: capacity_point(rec, a) for a in PAPER_CAPACITY}
+    raw = {a: ((rec.suite.get("capacity") or {}).get(a) or {}).get("bits_per_param") for a in PAPER_CAPACITY}
+    measured = ", ".join(f"{rec.label(a)} {fmt(raw[a], '{:.2f}')}" for a in PAPER_CAPACITY if raw[a] is not None)
+    present = [a for a in PAPER_CAPACITY if raw[a] is not None]
+    if len(present) < len(PAPER_CAPACITY):
+        verdict = INCONCLUSIVE
+        measured += f" (missing: {', '.join(LABELS[a] for a in PAPER_CAPACITY if a not in present)})"
+    elif not all(c is not None and c["bracketed"] for c in caps.values()):
+        verdict = INCONCLUSIVE
+        loose = [LABELS[a] for a, c in caps.items() if c is None or not c["bracketed"]]
+        ns = {c["points"] for c in caps.values() if c is not None}
+        measured += (f"; the maximum over N is not bracketed for {', '.join(loose)}"
+                     + (" (one N in the sweep)" if ns == {1} else ""))
+    else:
+        signs = []
+        for hi, lo in zip(PAPER_CAPACITY, list(PAPER_CAPACITY)[1:]):
+            a, b = caps[hi], caps[lo]
+            assert a is not None and b is not None
+            signs.append(difference_sign(a["value"] - b["value"], math.hypot(a["se"], b["se"])))
+        verdict = ordering_verdict(signs)
+    out.append(Claim("memorization capacity: standard > Frozen-QK > MixiT > Frozen-MLP (the MLP memorizes)",
+                     "2.98 / 2.25 / 2.18 / 1.13 bits per parameter", measured or "–", verdict, "capacity"))
+
+    per, signs, missing = [], [], []
+    for task in MIXIT_MATCHES:
+        a, b = accuracy(rec, task, "standard"), accuracy(rec, task, "mixit")
+        if a is None or b is None:
+            missing.append(task)
+            continue
+        short = a[0] / a[1] - b[0] / b[1]
+        se = math.hypot(proportion_se(*a), proportion_se(*b))
+        margin = EQUIVALENCE_PTS / 100
+        within = difference_sign(short, se, margin) == -1  # surely below the margin
+        beyond = difference_sign(short, se, margin) == 1
+        signs.append(1 if within else (-1 if beyond else 0))
+        per.append(f"{COLUMNS.get(task, task)} {fmt(rec.value(task, 'mixit'), '{:.1f}')} vs "
+                   f"{fmt(rec.value(task, 'standard'), '{:.1f}')}")
+    if missing:
+        verdict = INCONCLUSIVE
+    elif all(s == 1 for s in signs):
+        verdict = REPRODUCED
+    elif any(s == -1 for s in signs):
+        verdict = NOT_REPRODUCED
+    else:
+        verdict = INCONCLUSIVE
+    measured = "MixiT vs standard: " + "; ".join(per) + (f" (missing: {', '.join(missing)})" if missing else "")
+    out.append(Claim("MixiT ≈ standard on addition, modular addition, Dyck and sentiment",
+                     "≈ standard (random fixed mixing suffices for these tasks)", measured, verdict, "mixit"))
+    return out
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def _task_header(rec: ProbeRecord, task: str) -> str:
+    head = COLUMNS.get(task, task)
+    if task == "modadd":
+        p = next((c["task_config"].get("p") for c in rec.suite.get("cells") or []
+                  if c.get("task") == "modadd" and isinstance(c.get("task_config"), dict)), None)
+        return f"{head} (p={p})" if p is not None else head
+    return head
+
+
+def _cell_text(rec: ProbeRecord, task: str, arm: str) -> str:
+    v = rec.value(task, arm)
+    if v is None:
+        return "–"
+    text = f"{v:.2f}" if task == CAPACITY else f"{v:.1f}"
+    if task == CAPACITY and ((rec.suite.get("capacity") or {}).get(arm) or {}).get("lower_bound"):
+        text = "≥" + text
+    return text + ("*" if rec.at_edge(task, arm) else "")
+
+
+def block_grid(rec: ProbeRecord) -> str:
+    """The arms × tasks grid of suite.json: test exact-match accuracy (%), capacity in bits/param."""
+    rows = [[rec.label(a["name"])] + [_cell_text(rec, t, a["name"]) for t in rec.tasks] for a in rec.arms]
+    notes = ["`*`: the cell's best LR is at an edge of its sweep."]
+    if any(((rec.suite.get("capacity") or {}).get(a["name"]) or {}).get("lower_bound") for a in rec.arms):
+        notes.append("`≥`: every pair of the largest N was memorised, a lower bound.")
+    return "\n\n".join([md_table(["arm"] + [_task_header(rec, t) for t in rec.tasks], rows), " ".join(notes)])
+
+
+def block_paper(rec: ProbeRecord) -> str:
+    """SPEC §2's numbers for the arms of the suite."""
+    rows = []
+    for a in rec.arms:
+        name = a["name"]
+        ret, cap = PAPER_RETRIEVAL.get(name), PAPER_CAPACITY.get(name)
+        other = "≈ standard on addition, mod. add., Dyck, sentiment" if name == "mixit" else "—"
+        if ret is None and cap is None and name != "mixit":
+            continue
+        rows.append([rec.label(name), "—" if ret is None else (f"{ret:.1f}" if ret < 100 else f"{ret:g}"),
+                     "—" if cap is None else f"{cap:g}", other])
+    return md_table(["arm", "Retrieval", "Memorization bits/param", "other tasks"], rows)
+
+
+def block_claims(rec: ProbeRecord) -> str:
+    note = ("Accuracy in %, capacity in bits per trainable parameter. The suite's tasks are smaller than the "
+            "paper's: the claims compare the arms in the paper's order, not the numbers with the paper's.")
+    return claims_table(claims(rec), note, RULES, RULES_PREAMBLE, __name__, paper="paper")
+
+
+BLOCKS: dict[str, Callable[[ProbeRecord], str]] = {
+    "grid": block_grid,
+    "paper": block_paper,
+    "claims": block_claims,
+}
