@@ -19,6 +19,7 @@ import pytest
 from sanlab import records
 from sanlab.cli import main as sanlab_main
 from sanlab.records import marker, matched
+from sanlab.records.export import export
 from sanlab.study.plan import build_arms, noise_arm, round_lr, run_id
 from sanlab.study.spec import StudySpec
 
@@ -425,7 +426,7 @@ def test_export_leaves_out_checkpoints_and_shards_and_regenerates_the_tables(
     (study / "report").mkdir()
     (study / "report" / "report.md").write_text("# report")
     rec = tmp_path / "records" / "r"
-    records.export(study, rec, log=lambda s: None)
+    export(study, rec, log=lambda s: None)
 
     out = rec / "study"
     assert not list(out.rglob("checkpoints")) and not list(out.rglob("*.bin")) and not (out / "jobs").exists()
@@ -462,7 +463,7 @@ def test_export_drops_an_absolute_data_dir_and_rewrites_run_configs(tmp_path: Pa
     store = study / "results.jsonl"
     store.write_text(store.read_text().replace('"dir": "../../data"', f'"dir": "{shared}"'))
     warnings: list[str] = []
-    records.export(study, tmp_path / "rec", log=warnings.append)
+    export(study, tmp_path / "rec", log=warnings.append)
     out = tmp_path / "rec" / "study"
     assert "dir" not in json.loads((out / "study.json").read_text())["data"]
     assert str(shared) not in (out / "results.jsonl").read_text()

@@ -34,8 +34,8 @@ Modules: `common`, `marker`, `study` (a study record as data, its gaps and floor
 from __future__ import annotations
 
 from sanlab.records.common import Claim, RecordError
-from sanlab.records.export import export
 from sanlab.records.kinds import KINDS, Kind, Loaded, load
 from sanlab.records.readme import check, readme
 
-__all__ = ["KINDS", "Claim", "Kind", "Loaded", "RecordError", "check", "export", "load", "readme"]
+# `sanlab.records.export.export(SOURCE, RECORD_DIR)` copies a study into a record.
+__all__ = ["KINDS", "Claim", "Kind", "Loaded", "RecordError", "check", "load", "readme"]

@@ -36,12 +36,12 @@ from sanlab.study import noise
 # LM log-perplexity. Keys are the variants as `variant_of` names them.
 PAPER = {
     "standard": {"label": "standard", "nlu": 51.9, "ppl": 38.1, "logppl": 2.78},
-    "nonapprox_hybrid": {"label": "Non-approximate, hybrid", "nlu": 52.9, "ppl": 39.4},
+    "nonapprox_hybrid": {"label": "Non-approximate (hybrid)", "nlu": 52.9, "ppl": 39.4},
     "approximate": {"label": "Approximate", "nlu": 50.2, "ppl": 47.9},
     "static_emb_qk": {"label": "StaticEmbQK", "nlu": 49.4, "ppl": 79.9},
     "rnd_emb_qk": {"label": "RndEmbQK", "nlu": 48.0, "ppl": 84.8},
-    "mlp": {"label": "MLP, uniform", "nlu": 40.0, "ppl": 993.5},
-    "nonapprox_uniform": {"label": "Non-approximate, uniform", "nlu": 39.3, "ppl": 9e4},
+    "mlp": {"label": "MLP (uniform)", "nlu": 40.0, "ppl": 993.5},
+    "nonapprox_uniform": {"label": "Non-approximate (uniform)", "nlu": 39.3, "ppl": 9e4},
     "fixed_seq_qk": {"label": "FixedSeqQK"},
     "frozen_qk": {"label": "Frozen-QK", "logppl": 3.07},
     "mixit": {"label": "MixiT", "logppl": 3.73},
@@ -175,7 +175,7 @@ def block_variants(rec: StudyRecord) -> str:
         losses = list(arm_losses(rec, a["name"], big).values())
         m = sum(losses) / len(losses) if losses else None
         ppl = None if m is None or m > 700 else math.exp(m)
-        rows.append([a["name"], p.get("label", "– (not a SPEC §2–3 variant)"), a["label"], fmt_ms(losses),
+        rows.append([a["name"], p.get("label", "– (not a SPEC §2–3 variant)"), a["label"], fmt_ms(losses, "{:.4f}"),
                      fmt(ppl, "{:.1f}"), fmt_ms(list(arm_deltas(rec, a["name"], big).values())),
                      f"{p['ppl']:g}" if "ppl" in p else "–", f"{p['nlu']:g}" if "nlu" in p else "–",
                      f"{p['logppl']:g}" if "logppl" in p else "–"])

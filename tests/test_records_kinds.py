@@ -1,0 +1,229 @@
+"""The record kinds besides the matched study: a probe suite (SPEC §2) and a variants study
+(SPEC §2–3). Their claims come from their results by the same machinery, each verdict
+predicted from planted numbers: a probe difference counts beyond 2 binomial standard
+errors, a variants step beyond the study's noise rule."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sanlab.cli import main
+from sanlab.records import kinds, marker, probes, variants
+from sanlab.records.export import export
+from sanlab.study.plan import build_arms, noise_arm, round_lr, run_id
+from sanlab.study.spec import StudySpec
+
+# --------------------------------------------------------------------------- probes
+
+RETRIEVAL = {"standard": 512, "frozen_qk": 493, "mixit": 40, "san": 512, "frozen_mlp": 512}  # of 512
+# task -> (standard's correct, MixiT's correct, test examples)
+MATCHES = {"addition": (469, 0, 512), "modadd": (24, 3, 24), "dyck": (511, 373, 512), "sentiment": (511, 281, 512)}
+CAPACITY = {"standard": [(1000, 900), (4000, 2400), (16000, 2000)], "frozen_qk": [(1000, 900), (4000, 1800), (16000, 1500)],
+            "mixit": [(1000, 800), (4000, 1600), (16000, 1200)], "frozen_mlp": [(1000, 500), (4000, 700), (16000, 650)]}
+PARAMS = 8000
+
+
+def _cell(task: str, arm: str, correct: int, total: int, n_train: int | None = None) -> dict[str, Any]:
+    key = f"capacity-n{n_train}/{arm}" if task == "capacity" else f"{task}/{arm}"
+    return {"key": key, "task": "memorize" if task == "capacity" else task, "arm": arm, "at_edge": False,
+            "task_config": {"n_train": n_train, "alphabet": 16} if task == "capacity" else {"p": 31},
+            "test_correct": correct, "test_total": total, "test_accuracy": correct / total}
+
+
+def suite(retrieval: dict[str, int] | None = None, matches: dict[str, tuple[int, int, int]] | None = None,
+          capacity: dict[str, list[tuple[int, int]]] | None = None) -> dict[str, Any]:
+    retrieval = RETRIEVAL if retrieval is None else retrieval
+    matches = MATCHES if matches is None else matches
+    capacity = CAPACITY if capacity is None else capacity
+    arms = ["standard", "san", "frozen_qk", "frozen_mlp", "mixit"]
+    cells, table, caps = [], {a: {} for a in arms}, {}
+    for arm, k in retrieval.items():
+        cells.append(_cell("retrieval", arm, k, 512))
+        table[arm]["retrieval"] = 100 * k / 512
+    for task, (ks, km, n) in matches.items():
+        for arm, k in (("standard", ks), ("mixit", km)):
+            cells.append(_cell(task, arm, k, n))
+            table[arm][task] = 100 * k / n
+    for arm, pts in capacity.items():
+        best_n, best_k = max(pts, key=lambda p: p[1])
+        caps[arm] = {"bits_per_param": best_k * 4 / PARAMS, "n": best_n, "memorised": best_k, "params": PARAMS,
+                     "alphabet": 16, "lower_bound": best_k >= best_n,
+                     "points": [{"n": n, "memorised": k} for n, k in pts]}
+        table[arm]["capacity"] = caps[arm]["bits_per_param"]
+        cells += [_cell("capacity", arm, k, n, n) for n, k in pts]
+    return {"quick": False, "tasks": ["addition", "modadd", "capacity", "retrieval", "dyck", "sentiment"],
+            "arms": [{"name": a, "label": probes.LABELS[a]} for a in arms], "table": table, "capacity": caps,
+            "cells": cells}
+
+
+def probe_record(tmp_path: Path, **kw: Any) -> probes.ProbeRecord:
+    rec = tmp_path / "rec"
+    rec.mkdir(parents=True)
+    (rec / "suite.json").write_text(json.dumps(suite(**kw)))
+    (rec / "record.json").write_text(marker.text("probes", ["suite.json"]))
+    loaded = kinds.load(rec)
+    assert loaded.kind.name == "probes"
+    return loaded.data
+
+
+def probe_verdicts(rec: probes.ProbeRecord) -> dict[str, str]:
+    return {c.rule: c.verdict for c in probes.claims(rec)}
+
+
+def test_the_standard_error_of_a_proportion() -> None:
+    p = 494 / 514  # (k + 1) / (n + 2) for 493 of 512
+    assert probes.proportion_se(493, 512) == pytest.approx(math.sqrt(p * (1 - p) / 514))
+    assert probes.proportion_se(512, 512) > 0  # 100% still has an error
+
+
+def test_probe_claims_from_planted_counts(tmp_path: Path) -> None:
+    assert probe_verdicts(probe_record(tmp_path / "a")) == {
+        "retrieval": "reproduced", "capacity": "reproduced", "mixit": "not reproduced"}
+    # Frozen-QK above the standard arm by 6.25 points (2 se ≈ 2.2): the order is reversed.
+    flipped = {**RETRIEVAL, "standard": 480, "frozen_qk": 512}
+    assert probe_verdicts(probe_record(tmp_path / "b", retrieval=flipped))["retrieval"] == "not reproduced"
+    # 512 vs 510 of 512: 0.4 points, within 2 se (0.8): inconclusive.
+    close = {**RETRIEVAL, "frozen_qk": 510}
+    assert probe_verdicts(probe_record(tmp_path / "c", retrieval=close))["retrieval"] == "inconclusive"
+    missing = {k: v for k, v in RETRIEVAL.items() if k != "mixit"}
+    assert probe_verdicts(probe_record(tmp_path / "d", retrieval=missing))["retrieval"] == "inconclusive"
+
+
+def test_mixit_matches_the_standard_arm_within_the_equivalence_margin(tmp_path: Path) -> None:
+    # 1.5 points short on every task, 2 se ≈ 1.4: surely within 5 points.
+    near = {t: (509, 501, 512) for t in probes.MIXIT_MATCHES}
+    assert probe_verdicts(probe_record(tmp_path / "a", matches=near))["mixit"] == "reproduced"
+    # 4.5 points short on addition: within 5 points, but not by more than its noise.
+    edge = {**near, "addition": (509, 486, 512)}
+    assert probe_verdicts(probe_record(tmp_path / "b", matches=edge))["mixit"] == "inconclusive"
+    # MixiT above the standard arm counts as ≈ (it is not behind).
+    above = {**near, "dyck": (400, 512, 512)}
+    assert probe_verdicts(probe_record(tmp_path / "c", matches=above))["mixit"] == "reproduced"
+    # 24 of 24 each on a 24-example test split: 2 se ≈ 10.7 points, so even equal scores
+    # cannot show "within 5 points".
+    small = {**near, "modadd": (24, 24, 24)}
+    assert probe_verdicts(probe_record(tmp_path / "d", matches=small))["mixit"] == "inconclusive"
+
+
+def test_capacity_is_decided_only_when_the_maximum_over_n_is_bracketed(tmp_path: Path) -> None:
+    one_n = {a: [pts[1]] for a, pts in CAPACITY.items()}
+    rec = probe_record(tmp_path / "a", capacity=one_n)
+    claim = next(c for c in probes.claims(rec) if c.rule == "capacity")
+    assert claim.verdict == "inconclusive" and "(one N in the sweep)" in claim.measured
+    rising = {**CAPACITY, "standard": [(1000, 900), (4000, 2400), (16000, 3000)]}  # best at the largest N
+    assert probe_verdicts(probe_record(tmp_path / "b", capacity=rising))["capacity"] == "inconclusive"
+    full = {**CAPACITY, "mixit": [(1000, 1000), (4000, 900)]}  # every pair of its best N memorised
+    assert probe_verdicts(probe_record(tmp_path / "c", capacity=full))["capacity"] == "inconclusive"
+    swapped = {**CAPACITY, "frozen_mlp": CAPACITY["standard"], "standard": CAPACITY["frozen_mlp"]}
+    assert probe_verdicts(probe_record(tmp_path / "d", capacity=swapped))["capacity"] == "not reproduced"
+
+
+def test_probe_blocks_hold_the_suites_numbers(tmp_path: Path) -> None:
+    rec = probe_record(tmp_path)
+    grid = probes.block_grid(rec)
+    assert "| Frozen-QK | – | – | 0.90 | 96.3 | – | – |" in grid  # 1800 × 4 / 8000 bits/param; 493/512
+    assert "| arm | Addition | Mod. add. (p=31) | Memorization bits/param |" in grid
+    assert "| MixiT | 11.2 | 2.18 |" in probes.block_paper(rec)
+    claims = probes.block_claims(rec)
+    for rule in probes.RULES.values():
+        assert rule in claims
+
+
+# --------------------------------------------------------------------------- variants
+
+VSPEC = {
+    "name": "variants", "seeds": [1, 2], "data": {"seq_len": 32, "corpus": "synth", "tokens": 20000},
+    "model": {"d_model": 32, "n_layers": 4, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 512, "state_mixer": "swiglu"},
+    "matching": {"arms": []}, "sweep": {"enabled": False}, "final": {"tokens": [1000]},
+    "arms": [{"name": "nonapprox", "model": {"mixer": "non_approximate"}},
+             {"name": "hyb_nonapprox", "model": {"mixer": "non_approximate", "layout": "hybrid"}},
+             {"name": "approx", "model": {"mixer": "approximate"}},
+             {"name": "static_emb_qk", "model": {"mixer": "static_emb_qk"}},
+             {"name": "mlp", "model": {"mixer": "mlp"}},
+             {"name": "mixit", "model": {"mixer": "mixit", "mixer_options": {"seq_len": 32}}},
+             {"name": "frozen_qk", "train": {"freeze": ["qk"]}},
+             {"name": "san", "model": {"state_mixer": "none"}}],
+}
+LOSS = {"ref": 3.0, "hyb_nonapprox": 3.05, "approx": 3.2, "static_emb_qk": 3.5, "mlp": 4.0, "nonapprox": 5.0,
+        "frozen_qk": 3.3, "mixit": 3.9, "san": 3.4}
+JITTER = {1: 0.001, 2: -0.001}
+NOISE = {1: 0.002, 2: -0.003}  # F = 0.0035
+
+
+def write_variants_study(study: Path, loss: dict[str, float] | None = None, noise: dict[int, float] | None = None) -> Path:
+    loss = LOSS if loss is None else loss
+    noise = NOISE if noise is None else noise
+    spec = StudySpec.model_validate(copy.deepcopy(VSPEC))
+    arms = build_arms(spec)
+    study.mkdir(parents=True)
+    (study / "study.json").write_text(json.dumps(spec.model_dump(mode="json", exclude_unset=True)))
+    ref_lr = round_lr(arms[0].base_lr_for(spec, "muon"))
+    lines = []
+    for seed in spec.seeds:
+        entries = [(a, round_lr(a.base_lr_for(spec, "muon")), loss[a.name] + JITTER[seed]) for a in arms]
+        if seed in noise:
+            entries.append((noise_arm(spec), ref_lr, loss[arms[0].name] + JITTER[seed] + noise[seed]))
+        for arm, lr, value in entries:
+            lines.append(json.dumps({"type": "run", "run_id": run_id(arm, "muon", lr, 1000, seed), "arm": arm.name,
+                                     "optimizer": "muon", "seed": seed, "tokens": 1000, "status": "completed",
+                                     "final": {"val_loss": value}}))
+    (study / "results.jsonl").write_text("\n".join(lines) + "\n")
+    return study
+
+
+def variants_record(tmp_path: Path, **kw: Any) -> Any:
+    write_variants_study(tmp_path / "study", **kw)
+    export(tmp_path / "study", tmp_path / "rec", log=lambda s: None)
+    loaded = kinds.load(tmp_path / "rec")
+    assert loaded.kind.name == "variants"
+    return loaded.data
+
+
+def test_variant_arms_are_recognised_from_what_the_study_built(tmp_path: Path) -> None:
+    rec = variants_record(tmp_path)
+    assert variants.variants(rec) == {"standard": "ref", "nonapprox_uniform": "nonapprox",
+                                      "nonapprox_hybrid": "hyb_nonapprox", "approximate": "approx",
+                                      "static_emb_qk": "static_emb_qk", "mlp": "mlp", "mixit": "mixit",
+                                      "frozen_qk": "frozen_qk"}  # the SAN is none of SPEC §2–3's variants
+
+
+def test_variants_claims_from_planted_losses(tmp_path: Path) -> None:
+    rec = variants_record(tmp_path / "a")
+    v = {c.rule: c.verdict for c in variants.claims(rec)}
+    assert v == {"ppl": "reproduced", "hybrid": "reproduced", "lm": "reproduced", "nlu": "inconclusive"}
+    ppl = next(c for c in variants.claims(rec) if c.rule == "ppl")
+    assert ppl.measured.startswith("at 1K: standard 3.0000, Non-approximate (hybrid) 3.0500, Approximate 3.2000, "
+                                   "StaticEmbQK 3.5000, MLP (uniform) 4.0000, Non-approximate (uniform) 5.0000; steps "
+                                   "+0.0500 ± 0.0000, +0.1500 ± 0.0000, +0.3000 ± 0.0000, +0.5000 ± 0.0000, "
+                                   "+1.0000 ± 0.0000; F = 0.0035")
+    # Approximate and StaticEmbQK swapped: a step reversed beyond the noise.
+    swapped = {**LOSS, "approx": 3.5, "static_emb_qk": 3.2}
+    assert {c.rule: c.verdict for c in variants.claims(variants_record(tmp_path / "b", loss=swapped))}["ppl"] == \
+        "not reproduced"
+    # The hybrid 0.002 behind the standard arm: within F, so the ordering is inconclusive,
+    # while the hybrid still beats the uniform Non-approximate arm.
+    close = {**LOSS, "hyb_nonapprox": 3.002}
+    v = {c.rule: c.verdict for c in variants.claims(variants_record(tmp_path / "c", loss=close))}
+    assert v["ppl"] == "inconclusive" and v["hybrid"] == "reproduced"
+    # No noise pair: nothing is told apart.
+    v = {c.rule: c.verdict for c in variants.claims(variants_record(tmp_path / "d", noise={}))}
+    assert v == {"ppl": "inconclusive", "hybrid": "inconclusive", "lm": "inconclusive", "nlu": "inconclusive"}
+
+
+def test_a_variants_record_gets_its_own_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    variants_record(tmp_path)
+    rec = tmp_path / "rec"
+    assert main(["record", "readme", str(rec)]) == 0
+    text = (rec / "README.md").read_text()
+    for name in variants.BLOCKS:
+        assert f"<!-- records:BEGIN {name} -->" in text
+    assert "<!-- records:BEGIN regions -->" not in text  # a matched study's block
+    row = next(ln for ln in text.splitlines() if ln.startswith("| approx |"))
+    assert "| Approximate |" in row and "| 3.2000 ± 0.0014 |" in row and "| 24.5 |" in row and "| 47.9 |" in row
+    assert main(["record", "check", str(rec)]) == 0
