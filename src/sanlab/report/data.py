@@ -238,9 +238,12 @@ def missing_analyses(data: StudyData) -> list[PairGroup]:
 
 
 def data_dir(data: StudyData) -> Path | None:
-    """The study's prepared data dir, if it can be found from here."""
+    """The study's prepared data dir, if it can be found from here: its `data.dir` as the
+    study was run with it, that path inside the study dir (a record's spec names its own
+    `data`), or the study dir's `data/`."""
     explicit = (data.spec.get("data") or {}).get("dir")
-    for cand in ([Path(explicit)] if explicit else []) + [data.dir / "data"]:
+    cands = [Path(explicit), data.dir / explicit] if explicit else []
+    for cand in cands + [data.dir / "data"]:
         if (cand / "manifest.json").is_file():
             return cand
     return None
