@@ -31,6 +31,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # imported here: `sanlab record --help` needs none of the records' modules
     from sanlab.records.export import export
     from sanlab.records.readme import check, readme
 
