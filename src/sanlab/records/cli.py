@@ -6,6 +6,8 @@ import argparse
 from pathlib import Path
 
 from sanlab.errors import EXIT_OK
+from sanlab.records.export import export
+from sanlab.records.readme import check, readme
 
 _EPILOG = """\
 examples:
@@ -31,10 +33,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # imported here: `sanlab record --help` needs none of the records' modules
-    from sanlab.records.export import export
-    from sanlab.records.readme import check, readme
-
     if args.action == "export":
         export(args.study_dir, args.record_dir)
         return EXIT_OK
