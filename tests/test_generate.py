@@ -131,3 +131,31 @@ def test_bad_sampling_settings_are_user_errors(bad):
 
     with pytest.raises(SanlabError):
         SamplingConfig(**bad)
+
+
+@pytest.mark.parametrize("sigma_length", ["prefix", "row"])
+def test_mixit_cached_decoding_equals_full_forward(sigma_length):
+    """MixiT with weights that depend on the position alone decodes through its V cache,
+    with the logits of a full forward pass at every step (a hybrid with softmax layers too)."""
+    for layout in ("uniform", "hybrid"):
+        model = trained_looking(tiny(mixer="mixit", layout=layout, ffn=True,
+                                     mixer_options={"seq_len": 32, "sigma_length": sigma_length}))
+        prompt = torch.randint(0, 64, (6,), generator=torch.Generator().manual_seed(6))
+        greedy_against_full_forward(model, prompt, steps=10, max_len=32)
+
+
+def test_mixit_with_document_lengths_decodes_by_full_forward():
+    """With sigma_length=document every position's weights depend on the document's length,
+    which grows with the context: no cache, the note says why, and decoding gives the
+    full forward pass's tokens."""
+    model = trained_looking(tiny(mixer="mixit", mixer_options={"seq_len": 32}))
+    dec = Decoder(model, max_len=32)
+    assert not dec.cached and "sigma_length=document" in dec.note
+    prompt = torch.randint(0, 64, (5,), generator=torch.Generator().manual_seed(7))
+    torch.testing.assert_close(dec.prefill(prompt[None]), model(prompt[None])[:, -1])
+    cfg = SamplingConfig(max_new_tokens=8, temperature=0)
+    out = list(generate(model, prompt, cfg, max_len=32))
+    context = prompt.clone()
+    for tok in out:
+        assert tok == int(model(context[None])[0, -1].argmax())
+        context = torch.cat([context, torch.tensor([tok])])

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from sanlab.cli import main
 from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
@@ -142,3 +143,34 @@ def test_corrupt_data_shard_is_one_line(train_data_dir: Path, tmp_path: Path,
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "checksum mismatch" in err, err
         assert not (tmp_path / f"run-{split}" / "checkpoints").exists()
+
+
+def test_fixed_seq_qk_sequence_survives_a_resume(train_data_dir: Path, tmp_path: Path) -> None:
+    """FixedSeqQK's fixed sequence (the held-out split's first tokens) is in every
+    checkpoint: a run resumed from its half-way checkpoint has the same sequence and logs
+    bit-identical losses to the uninterrupted run."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from sanlab.data.shards import heldout_tokens
+
+    args = ["model.mixer=fixed_seq_qk", "model.n_layers=2", "train.steps=8", "train.eval_every=4",
+            "train.milestones=[0.5,1.0]", "train.threads=1"]
+    whole = tmp_path / "whole"
+    assert train(tiny_config(train_data_dir, *args), whole)["status"] == "completed"
+    # the same run stopped at step 4: its half-way checkpoint as `latest`, the log up to there
+    part = tmp_path / "part"
+    shutil.copytree(whole, part)
+    shutil.rmtree(part / "checkpoints" / "latest")
+    shutil.copytree(part / "checkpoints" / "milestone-050", part / "checkpoints" / "latest")
+    shutil.rmtree(part / "checkpoints" / "milestone-100")
+    meta = json.loads((part / "meta.json").read_text())
+    (part / "meta.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+    resume(part)
+    assert exact(metrics(part)) == exact(metrics(whole)) and len(metrics(whole)) == 8
+    expected = torch.from_numpy(heldout_tokens(train_data_dir, 256))
+    for run in (whole, part):
+        saved = load_file(str(run / "checkpoints" / "latest" / "model.safetensors"))
+        for i in range(2):
+            assert torch.equal(saved[f"blocks.{i}.attn.tokens"], expected), (run, i)

@@ -5,6 +5,7 @@ roles; then the variants' own formulas (Taylor, MixiT, non-approximate) and the 
 from __future__ import annotations
 
 import itertools
+import math
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ MIXERS = sorted(mixers.MIXERS)
 STATES = ["none", *sorted(mixers.STATE_MIXERS)]
 # Options some mixers need at this tiny size (MixiT's matrices cover the test rows; Taylor's
 # blocks are smaller than the rows, so the running sums are exercised).
-OPTIONS = {"mixit": {"seq_len": 24}, "approximate": {"chunk": 5}}
+OPTIONS = {"mixit": {"seq_len": 24}, "approximate": {"chunk": 5}, "fixed_seq_qk": {"sequence": "random", "seq_len": 24}}
 SWITCHES = list(itertools.product(("gated", "rezero", "standard", "none"), ("zcrms", "rms"), (False, True),
                                   (False, True)))
 LAYOUTS = ("uniform", "hybrid")
@@ -217,7 +218,7 @@ def test_init_is_owned_by_the_modules(mixer: str) -> None:
         for p in model.parameters():
             p.fill_(7.0)
         for b in model.buffers():
-            b.add_(1.0)
+            b.add_(1)
     moved = {k: v.clone() for k, v in model.named_buffers()}
     model.reset_parameters()
     for k, v in model.named_buffers():
@@ -288,6 +289,115 @@ def test_mixit_matrices_follow_spec2() -> None:
     assert ((std > 0.5 / (T * D) ** 0.5) & (std < 1.5 / T**0.5)).all()
 
 
+def test_mixit_draw_is_the_same_for_any_longer_draw() -> None:
+    """The draw for T is the top-left block of the draw for any longer T, so the matrices of a
+    document of L tokens do not depend on the `seq_len` the module was built for."""
+    u, C = mixers.mixit_draw(4, 20, seed=5)
+    u2, C2 = mixers.mixit_draw(4, 53, seed=5)
+    assert torch.equal(u, u2) and torch.equal(C, C2[:, :20, :20])
+    built = [LM(tiny("mixit", mixer_options={"seq_len": n})).blocks[1].attn for n in (20, 37)]
+    assert torch.equal(built[0].noise, built[1].noise[:, :20, :20])
+    assert torch.equal(built[0].sequence_weights(20), built[1].sequence_weights(20))
+
+
+def _sigma_spec(u: float, T: int, d_h: int) -> float:
+    """SPEC §2's σ_h = 1/√(T·d_h) + U·(1/√T − 1/√(T·d_h)), written out once more."""
+    return 1 / math.sqrt(T * d_h) + u * (1 / math.sqrt(T) - 1 / math.sqrt(T * d_h))
+
+
+LENGTHS = (20, 37, 128)  # a packed row of three documents (the probes' documents are 20–40 tokens)
+
+
+def _packed_patterns(sigma_length: str, seq_len: int = 128) -> tuple[LM, dict[str, torch.Tensor]]:
+    cfg = tiny("mixit", n_layers=4, d_model=64, n_heads=8, n_kv_heads=4,
+               mixer_options={"seq_len": seq_len, "sigma_length": sigma_length})
+    model = LM(cfg).double().eval()
+    T = sum(LENGTHS)
+    tokens = torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(0))
+    seg = torch.cat([torch.full((n,), i) for i, n in enumerate(LENGTHS)])[None]
+    with torch.no_grad(), capture(model, ["blocks.*.attn.pattern"]) as acts:
+        model(tokens, seg)
+    return model, acts
+
+
+def _energy_ratios(model: LM, acts: dict[str, torch.Tensor], T_of: dict[int, int] | None = None) -> dict[int, float]:
+    """Per document length L: the energy Σ_j (A − I)² of the document's last row, over SPEC §2's
+    expectation σ_h(T)²·(L − 1) (row L−1 holds L centred normals: Σ (z_j − z̄)² has mean L − 1),
+    averaged over the noise heads 1…7 of the 4 layers; T = L unless `T_of` says otherwise.
+    Also checks each energy exactly against the draw (σ_h(T)² · Σ_j C²)."""
+    d_h, out, start = model.cfg.head_dim, {}, 0
+    for L in LENGTHS:
+        T = (T_of or {}).get(L, L)
+        ratios = []
+        for i, block in enumerate(model.blocks):
+            A = acts[f"blocks.{i}.attn.pattern"][0]  # (H, T_row, T_row)
+            row = A[:, start + L - 1, start : start + L] - torch.eye(L, dtype=A.dtype)[-1]  # (H, L)
+            for h in range(1, model.cfg.n_heads):
+                sigma = _sigma_spec(float(block.attn.sigma_u[h]), T, d_h)
+                energy = float((row[h] ** 2).sum())
+                exact = sigma**2 * float((block.attn.noise[h, L - 1, :L] ** 2).sum())
+                assert energy == pytest.approx(exact, rel=1e-5), (L, i, h)
+                ratios.append(energy / (sigma**2 * (L - 1)))
+            torch.testing.assert_close(A[:, start + L - 1].sum(-1), torch.ones(model.cfg.n_heads, dtype=A.dtype))
+        out[L] = sum(ratios) / len(ratios)
+        start += L
+    return out
+
+
+def test_mixit_mixes_each_document_at_its_own_length() -> None:
+    """SPEC §2: σ_h is set by the length of the sequence mixed, for packed documents the
+    document's own length. The last row of a 20-, 37- and 128-token document inside one
+    packed row carries the energy σ_h(L)²·(L−1): measured over 28 heads within ±25% (built
+    for the row or for seq_len instead, the 20-token document would show ~1/6 of it)."""
+    model, acts = _packed_patterns("document")
+    ratios = _energy_ratios(model, acts)
+    for L, r in ratios.items():
+        assert 0.75 < r < 1.25, (L, r)
+    # the whole block of each document is SPEC §2's matrix for L tokens (the sink head too)
+    start = 0
+    for L in LENGTHS:
+        for i in range(4):
+            expected = mixers.mixit_matrices(8, L, 8, i).double()  # seed 0: 0·1,000,003 + i
+            got = acts[f"blocks.{i}.attn.pattern"][0, :, start : start + L, start : start + L]
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+        start += L
+
+
+def test_mixit_row_and_prefix_constructions() -> None:
+    """`sigma_length="row"` builds every row for T = seq_len (the construction that made the
+    mixing ~7× weaker on short documents); "prefix" builds row p for T = p + 1."""
+    model, acts = _packed_patterns("row", seq_len=256)
+    ratios = _energy_ratios(model, acts, T_of={L: 256 for L in LENGTHS})
+    assert all(0.75 < r < 1.25 for r in ratios.values()), ratios
+    # prefix: every row p of every document at σ_h(p + 1)
+    model, acts = _packed_patterns("prefix")
+    start = 0
+    for L in LENGTHS:
+        for i, block in enumerate(model.blocks):
+            A = acts[f"blocks.{i}.attn.pattern"][0, :, start : start + L, start : start + L]
+            for p in (1, L // 2, L - 1):
+                for h in range(1, 8):
+                    sigma = _sigma_spec(float(block.attn.sigma_u[h]), p + 1, 8)
+                    expected = sigma**2 * float((block.attn.noise[h, p, : p + 1] ** 2).sum())
+                    assert float(((A[h, p, : p + 1] - torch.eye(p + 1, dtype=A.dtype)[-1]) ** 2).sum()) == \
+                        pytest.approx(expected, rel=1e-5)
+        start += L
+
+
+def test_each_mixit_layer_draws_its_own_matrices() -> None:
+    """Layer i's matrices are `mixit_matrices(…, seed·1,000,003 + i)`: no two layers share them."""
+    seed, L = 3, 24
+    model = LM(tiny("mixit", n_layers=3, mixer_options={"seq_len": L, "seed": seed})).eval()
+    tokens = torch.randint(0, 64, (1, L), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capture(model, ["blocks.*.attn.pattern"]) as acts:
+        model(tokens)
+    pats = [acts[f"blocks.{i}.attn.pattern"][0] for i in range(3)]
+    for i, A in enumerate(pats):
+        torch.testing.assert_close(A, mixers.mixit_matrices(4, L, 8, seed * 1_000_003 + i), rtol=0, atol=1e-6)
+    for i, j in itertools.combinations(range(3), 2):
+        assert (pats[i][1:] - pats[j][1:]).abs().max() > 1e-3, (i, j)
+
+
 def _steps(model: LM, n: int = 3, seed: int = 0) -> None:
     opts = build_optimizers(model, OptimConfig(lr=0.05, adam_lr=0.01))
     g = torch.Generator().manual_seed(seed)
@@ -303,24 +413,29 @@ def _steps(model: LM, n: int = 3, seed: int = 0) -> None:
 def test_mixit_state_survives_training_and_checkpoints(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = LM(tiny("mixit"))
-    fixed = model.blocks[1].attn.mixing.clone()
-    assert not any(n.endswith("mixing") for n, _ in model.named_parameters())  # a buffer, not a parameter
-    wv = model.blocks[1].attn.wv.weight.clone()
+    mixer = model.blocks[1].attn
+    fixed = {n: b.clone() for n, b in mixer.named_buffers()}
+    assert set(fixed) == {"sigma_u", "noise"}
+    assert not any(n.endswith(("noise", "sigma_u")) for n, _ in model.named_parameters())  # buffers, not parameters
+    wv = mixer.wv.weight.clone()
     opts = _steps(model)
-    assert torch.equal(model.blocks[1].attn.mixing, fixed)  # bit-identical after training steps
-    assert not torch.equal(model.blocks[1].attn.wv.weight, wv)  # V and O do train
+    for n, b in mixer.named_buffers():
+        assert torch.equal(b, fixed[n]), n  # bit-identical after training steps
+    assert not torch.equal(mixer.wv.weight, wv)  # V and O do train
     checkpoint.save(tmp_path / "c", model, opts, {"step": 3})
     other = LM(tiny("mixit"))
-    other.blocks[1].attn.mixing.zero_()
+    for b in other.buffers():
+        b.zero_()
     checkpoint.load(tmp_path / "c", other, build_optimizers(other, OptimConfig()), restore_rng=False)
-    assert torch.equal(other.blocks[1].attn.mixing, fixed)  # restored from the checkpoint
+    for n, b in other.blocks[1].attn.named_buffers():
+        assert torch.equal(b, fixed[n]), n  # restored from the checkpoint
 
 
 def test_non_approximate_is_its_formula() -> None:
     """A_ij = softmax_{j ≤ i}(q_j · k_j / √d_h) with q = SiLU(W_q u): the weights of a key do
     not depend on the query."""
     torch.manual_seed(0)
-    cfg = tiny("non_approximate", qk_norm=False, n_layers=1)
+    cfg = tiny("non_approximate", n_layers=1)
     model = LM(cfg).double().eval()
     mixer = model.blocks[0].attn
     tokens = torch.randint(0, 64, (1, 9))
@@ -329,6 +444,76 @@ def test_non_approximate_is_its_formula() -> None:
         u = model.blocks[0].attn_norm(model.embed(tokens) * model.embed_scale)
         q = torch.nn.functional.silu(mixer.wq(u)).view(1, 9, 4, 8)
         k = mixer.wk(u).view(1, 9, 2, 8).repeat_interleave(2, dim=2)
+        s = (q * k).sum(-1).transpose(1, 2) / 8**0.5  # (1, H, T)
+        scores = s[:, :, None, :].expand(1, 4, 9, 9).masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(),
+                                                                 float("-inf"))
+    torch.testing.assert_close(acts["blocks.0.attn.pattern"], torch.softmax(scores, -1))
+
+
+def test_non_approximate_is_spec3_by_default() -> None:
+    """SPEC §3 as written: y_i = W_o Σ_{j ≤ i, same document} softmax_j(q_j·k_j/√d_h) v_j with
+    q = SiLU(W_q u), k = W_k u, v = W_v u and no QK-norm, whatever `model.qk_norm` says;
+    computed here in float64 with explicit sums over a packed batch."""
+    torch.manual_seed(0)
+    cfg = tiny("non_approximate", n_layers=1)
+    assert cfg.qk_norm  # the base architecture's QK-norm is on, and must not reach this mixer
+    model = LM(cfg).double().eval()
+    randomise(model)
+    mixer = model.blocks[0].attn
+    assert mixer.q_norm is None and mixer.k_norm is None
+    assert not any("q_norm" in k or "k_norm" in k for k in count_params(cfg).breakdown)
+    B, T, d, H, Hkv, D = 2, 12, 32, 4, 2, 8
+    with torch.no_grad():
+        mixer.wq.weight.mul_(20.0)  # large, unbounded scores (what a QK-norm would bound)
+        mixer.wk.weight.mul_(20.0)
+    u = torch.randn(B, T, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    from sanlab.model.layers import build_context
+
+    with torch.no_grad():
+        y = mixer(u, build_context(cfg, torch.zeros(B, T, dtype=torch.long), seg))
+        Wq, Wk, Wv, Wo = (getattr(mixer, w).weight for w in ("wq", "wk", "wv", "wo"))
+        expected = torch.zeros(B, T, d, dtype=torch.float64)
+        largest = 0.0
+        for b in range(B):
+            for i in range(T):
+                heads = []
+                for h in range(H):
+                    g = h // (H // Hkv)  # the KV head of query head h
+                    js = [j for j in range(i + 1) if seg[b, j] == seg[b, i]]
+                    scores = []
+                    for j in js:
+                        q = torch.nn.functional.silu(Wq[h * D:(h + 1) * D] @ u[b, j])
+                        k = Wk[g * D:(g + 1) * D] @ u[b, j]
+                        scores.append(sum(float(q[t] * k[t]) for t in range(D)) / math.sqrt(D))
+                    top, largest = max(scores), max(largest, *map(abs, scores))
+                    w = [math.exp(s_ - top) for s_ in scores]
+                    heads.append(sum((w_ / sum(w)) * (Wv[g * D:(g + 1) * D] @ u[b, j]) for w_, j in zip(w, js)))
+                expected[b, i] = Wo @ torch.cat(heads)
+    assert largest > 5  # the scores are not bounded
+    torch.testing.assert_close(y, expected, rtol=1e-9, atol=1e-9)
+
+
+def test_non_approximate_qk_norm_is_its_own_option() -> None:
+    """`mixer_options.qk_norm=true` normalises SiLU(q) and k per head, with the q/k gains in
+    the accounting and the module; `model.qk_norm` does not decide it."""
+    for base_qk in (False, True):
+        on = tiny("non_approximate", qk_norm=base_qk, mixer_options={"qk_norm": True})
+        off = tiny("non_approximate", qk_norm=base_qk)
+        for cfg, has in ((on, True), (off, False)):
+            model = LM(cfg)
+            assert count_params(cfg).breakdown == count_module_params(model).breakdown
+            assert ("blocks.0.attn.q_norm.weight" in dict(model.named_parameters())) == has
+    torch.manual_seed(0)
+    model = LM(tiny("non_approximate", n_layers=1, mixer_options={"qk_norm": True})).double().eval()
+    randomise(model)
+    mixer = model.blocks[0].attn
+    tokens = torch.randint(0, 64, (1, 9))
+    with torch.no_grad(), capture(model, ["blocks.0.attn.pattern"]) as acts:
+        model(tokens)
+        u = model.blocks[0].attn_norm(model.embed(tokens) * model.embed_scale)
+        q = mixer.q_norm(torch.nn.functional.silu(mixer.wq(u)).view(1, 9, 4, 8))
+        k = mixer.k_norm(mixer.wk(u).view(1, 9, 2, 8)).repeat_interleave(2, dim=2)
         s = (q * k).sum(-1).transpose(1, 2) / 8**0.5  # (1, H, T)
         scores = s[:, :, None, :].expand(1, 4, 9, 9).masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(),
                                                                  float("-inf"))
@@ -375,12 +560,138 @@ def test_stream_qk_patterns_are_input_independent(mixer: str) -> None:
         torch.testing.assert_close(pats[0][name], pats[1][name])
 
 
+def _mixer_calls(model: LM, tokens: torch.Tensor, seg: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """Run `model` and return every call of layer 0's mixer as (u, y) (the fixed pass of a
+    stream-QK model calls it first, the real batch last) and the layer's pattern."""
+    calls = []
+    handle = model.blocks[0].attn.register_forward_hook(lambda m, args, out: calls.append((args[0], out)))
+    try:
+        with capture(model, ["blocks.0.attn.pattern"]) as acts:
+            model(tokens, seg)
+    finally:
+        handle.remove()
+    return calls, acts["blocks.0.attn.pattern"]
+
+
+def _v_path(mixer: mixers.SoftmaxAttention, A: torch.Tensor, u: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
+    """W_o(A · W_v u): the mixer's output for pattern A with V from u. (B, T, d)"""
+    B, T, _ = u.shape
+    H, Hkv, D = mixer.n_heads, mixer.n_kv_heads, mixer.head_dim
+    v = (u @ wv.T).view(B, T, Hkv, D).transpose(1, 2).repeat_interleave(H // Hkv, dim=1)  # (B, H, T, D)
+    return (A @ v).transpose(1, 2).reshape(B, T, H * D) @ mixer.wo.weight.T
+
+
+@pytest.mark.parametrize("mixer", ["rnd_emb_qk", "fixed_seq_qk", "static_emb_qk"])
+def test_stream_qk_takes_v_from_the_real_hidden_state(mixer: str) -> None:
+    """SPEC §3: Q and K from the fixed / static stream, V from the real hidden state. The
+    layer's output is W_o(A · W_v u) with u its real normalised input; the gradient w.r.t.
+    W_v is that formula's; and a different fixed stream changes A but not the V path."""
+    torch.manual_seed(0)
+    model = LM(tiny(mixer, n_layers=1, mixer_options=OPTIONS.get(mixer, {}))).double()
+    randomise(model)
+    m = model.blocks[0].attn
+    tokens = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+    calls, A = _mixer_calls(model, tokens, seg)
+    u, y = calls[-1]
+    with torch.no_grad():
+        real_u = model.blocks[0].attn_norm(model.embed(tokens) * model.embed_scale)
+    torch.testing.assert_close(u, real_u)  # the real batch's call sees the real input
+    torch.testing.assert_close(y, _v_path(m, A, real_u, m.wv.weight))
+    R = torch.randn(y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (grad,) = torch.autograd.grad((y * R).sum(), m.wv.weight)
+    wv = m.wv.weight.detach().clone().requires_grad_(True)
+    (formula,) = torch.autograd.grad((_v_path(m, A, real_u, wv) * R).sum(), wv)
+    torch.testing.assert_close(grad, formula)
+    if mixer == "static_emb_qk":
+        return
+    # another fixed stream: the pattern moves, the V path stays the real input's
+    own = m.fixed_input
+
+    def shifted(*args, **kw):  # noqa: ANN002, ANN003
+        x = own(*args, **kw)
+        return x * 3.0 + torch.randn(x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(4))
+
+    m.fixed_input = shifted
+    calls2, A2 = _mixer_calls(model, tokens, seg)
+    assert (A2 - A).abs().max() > 1e-3
+    torch.testing.assert_close(calls2[-1][0], real_u)
+    torch.testing.assert_close(calls2[-1][1], _v_path(m, A2, real_u, m.wv.weight))
+
+
+def test_fixed_seq_qk_without_data_has_no_sequence() -> None:
+    """Built without data: accounting and building work, a forward pass is a clear error
+    (never random ids in its place)."""
+    cfg = tiny("fixed_seq_qk", mixer_options={"seq_len": 24})  # the default sequence="data"
+    model = LM(cfg)
+    assert count_params(cfg).breakdown == count_module_params(model).breakdown
+    assert (model.blocks[0].attn.tokens == mixers.UNSET).all()
+    with pytest.raises(ConfigError, match="fixed_seq_qk: no fixed sequence"):
+        model(torch.randint(0, 64, (1, 8)))
+    model.bind_data(lambda n: torch.arange(8, 8 + min(n, 10)), seq_len=10)  # a held-out split of 10 tokens
+    assert model(torch.randint(0, 64, (1, 10))).shape == (1, 10, 64)
+    with pytest.raises(ConfigError, match="rows of 12 tokens, but its fixed sequence holds 10"):
+        model(torch.randint(0, 64, (1, 12)))
+
+
+def test_fixed_seq_qk_takes_the_first_held_out_document(train_data_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sanlab train` (relative paths, from the working directory) binds the fixed sequence
+    to the held-out split of data.dir: its first document, then the next ones up to
+    `seq_len` tokens; the checkpoint carries it to a model rebuilt from the run dir."""
+    import os
+
+    from safetensors.torch import load_file
+
+    from sanlab.analysis.rundir import RunDir
+    from sanlab.data.regions import BOS_ID, EOS_ID
+    from sanlab.data.shards import unpack_documents
+
+    monkeypatch.chdir(tmp_path)
+    data = os.path.relpath(train_data_dir, tmp_path)
+    argv = ["train", f"data.dir={data}", "data.seq_len=32", "train.steps=2", "train.eval_every=0",
+            "model.d_model=32", "model.n_layers=2", "model.vocab_size=320", "model.mixer=fixed_seq_qk",
+            "model.mixer_options.seq_len=64", "--out", "run"]
+    assert main(argv) == 0
+    docs = unpack_documents(train_data_dir, "val")
+    stream = torch.from_numpy(__import__("numpy").concatenate(docs))[:64]
+    first = torch.from_numpy(docs[0])
+    assert first[0] == BOS_ID and first[-1] == EOS_ID
+    saved = load_file("run/checkpoints/latest/model.safetensors")
+    for i in range(2):
+        seq = saved[f"blocks.{i}.attn.tokens"]
+        assert torch.equal(seq, stream)
+        n = min(len(first), 64)
+        assert torch.equal(seq[:n], first[:n])  # the first held-out document (cut at seq_len if longer)
+    model = RunDir.open("run").load_model("latest")
+    assert torch.equal(model.blocks[0].attn.tokens, stream)
+    model(torch.randint(0, 320, (1, 32)))  # a rebuilt model runs without the data
+
+
+def test_fixed_seq_qk_bad_lengths_are_one_line(train_data_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["train", f"data.dir={train_data_dir}", "data.seq_len=32", "train.steps=1", "model.d_model=32",
+            "model.n_layers=1", "model.vocab_size=320", "model.mixer=fixed_seq_qk",
+            "model.mixer_options.seq_len=16", "--out", str(tmp_path / "run")]
+    assert "fixed_seq_qk: rows of 32 tokens, but its fixed sequence holds model.mixer_options.seq_len=16" in \
+        _error(capsys, *argv)
+    assert not (tmp_path / "run").exists()  # refused before the run dir is written
+
+
 # --------------------------------------------------------------------------- freezes
 
 
-@pytest.mark.parametrize("target,names", [("qk", ("attn.wq.weight", "attn.wk.weight")),
-                                          ("mlp", ("ffn.w_gate.weight", "ffn.w_up.weight", "ffn.w_down.weight"))])
+QK_GAINS = ("attn.q_norm.weight", "attn.k_norm.weight")
+
+
+@pytest.mark.parametrize("target,names", [
+    ("qk", ("attn.wq.weight", "attn.wk.weight", *QK_GAINS)),  # Frozen-QK: everything that shapes the scores
+    ("qk_proj", ("attn.wq.weight", "attn.wk.weight")),  # the narrower freeze: the gains train
+    ("mlp", ("ffn.w_gate.weight", "ffn.w_up.weight", "ffn.w_down.weight")),
+])
 def test_frozen_weights_stay_bit_identical_without_optimizer_state(target: str, names: tuple[str, ...]) -> None:
+    """After optimizer steps the frozen parameters are bit-identical and have no optimizer
+    state; every other parameter (the QK-norm gains under `qk_proj` included) has moved."""
     torch.manual_seed(0)
     model = LM(tiny("softmax", "swiglu"))
     frozen = model.freeze([target])
@@ -392,9 +703,23 @@ def test_frozen_weights_stay_bit_identical_without_optimizer_state(target: str, 
         if n in frozen:
             assert torch.equal(p, before[n]), n
             assert id(p) not in state_params and not p.requires_grad, n
-        elif p.ndim == 2:
+        else:
             assert not torch.equal(p, before[n]), n
     assert {n for n, _ in route(model)["frozen"]} == set(frozen)
+
+
+@pytest.mark.parametrize("mixer", [m for m in MIXERS if issubclass(mixers.MIXERS[m], mixers.SoftmaxAttention)])
+def test_frozen_qk_takes_the_gains_in_every_mixer_that_has_them(mixer: str) -> None:
+    """`qk` freezes W_q, W_k and the q/k gains wherever they exist (non-approximate has
+    gains only with its own QK-norm); `qk_proj` never the gains."""
+    for opts in ({**OPTIONS.get(mixer, {})}, {"qk_norm": True}) if mixer == "non_approximate" else (OPTIONS.get(mixer, {}),):
+        model = LM(tiny(mixer, layout="hybrid", mixer_options=opts))
+        gains = {f"blocks.{i}.{n}" for i in range(2) for n in QK_GAINS} & {n for n, _ in model.named_parameters()}
+        proj = {f"blocks.{i}.attn.{w}.weight" for i in range(2) for w in ("wq", "wk")}
+        assert gains or (mixer == "non_approximate" and not opts.get("qk_norm"))
+        assert set(model.freeze(["qk"])) == proj | gains, opts
+        other = LM(tiny(mixer, layout="hybrid", mixer_options=opts))
+        assert set(other.freeze(["qk_proj"])) == proj
 
 
 @pytest.mark.parametrize("cfg,target", [(tiny("mixit", "swiglu"), "qk"), (tiny("softmax"), "mlp"),
@@ -433,7 +758,7 @@ def test_bad_variant_input_is_one_line(capsys: pytest.CaptureFixture[str], argv:
 @pytest.mark.parametrize("overrides,needle", [
     (["model.mixer=mixit", "model.mixer_options.seq_len=64", 'train.freeze=["qk"]'], "nothing to freeze for 'qk'"),
     (['train.freeze=["mlp"]'], "nothing to freeze for 'mlp'"),
-    (['train.freeze=["attention"]'], "train.freeze.0: Input should be 'qk' or 'mlp'"),
+    (['train.freeze=["attention"]'], "train.freeze.0: Input should be 'qk', 'qk_proj' or 'mlp'"),
 ])
 def test_bad_freeze_through_train_is_one_line(train_data_dir: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str], overrides: list[str],
@@ -454,7 +779,8 @@ def test_analyze_works_on_every_mixer(mixer: str, train_data_dir: Path, tmp_path
 
     from analysis_rundirs import write_run
 
-    opts = {"mixit": {"seq_len": 32}}.get(mixer, OPTIONS.get(mixer, {}))
+    opts = {"mixit": {"seq_len": 32}, "fixed_seq_qk": {"sequence": "random", "seq_len": 32}}.get(
+        mixer, OPTIONS.get(mixer, {}))
     cfg = tiny(mixer, "swiglu", "hybrid", vocab_size=320, mixer_options=opts)
     keep = {"latest": lambda m: None, "milestone-000": lambda m: None, "milestone-100": lambda m: None}
     run = write_run(tmp_path / "run", cfg, checkpoints=keep, data_dir=train_data_dir)

@@ -400,8 +400,8 @@ class TrainConfig(StrictModel):
     wandb: bool = False
     """Also log to Weights & Biases, offline unless WANDB_MODE says otherwise (needs the log extra)."""
     threads: int | None = None  # torch intra-op threads on CPU; None = torch default
-    freeze: list[Literal["qk", "mlp"]] = []
-    """Weights kept at their initialisation (SPEC §2): qk (W_q, W_k: Frozen-QK), mlp (the state mixer's weights: Frozen-MLP); frozen weights get no optimizer state."""
+    freeze: list[Literal["qk", "qk_proj", "mlp"]] = []
+    """Weights kept at their initialisation (SPEC §2): qk (Frozen-QK: W_q, W_k and the QK-norm gains, everything that shapes the scores from content), qk_proj (W_q, W_k only), mlp (the state mixer's weights: Frozen-MLP); frozen weights get no optimizer state."""
 
     @model_validator(mode="after")
     def _check(self) -> "TrainConfig":

@@ -329,3 +329,20 @@ def unpack_documents(data_dir: str | Path, split: str) -> list[np.ndarray]:
     tokens, docs = tokens[keep], docs[keep]
     cuts = np.flatnonzero(np.diff(docs)) + 1
     return np.split(tokens, cuts)
+
+
+def heldout_tokens(data_dir: str | Path, n: int, split: str = "val") -> np.ndarray:
+    """The first `n` tokens of a split's document stream ([BOS] … [EOS] of its first
+    document, then the next ones, in write order; no padding), fewer if it holds fewer.
+    Rows are consecutive pieces of that stream, so only the first few are read."""
+    manifest = load_manifest(data_dir, verify=False)
+    out: list[np.ndarray] = []
+    have = 0
+    for shard in open_split(data_dir, manifest, split):
+        for r in range(len(shard["tokens"])):
+            if have >= n:
+                break
+            keep = shard["docs"][r] >= 0
+            out.append(np.asarray(shard["tokens"][r][keep], np.int64))
+            have += len(out[-1])
+    return np.concatenate(out)[:n] if out else np.zeros(0, np.int64)

@@ -9,9 +9,9 @@ position seen so far, so a new token costs O(context) instead of a forward pass 
 the whole context.
 
 Which mixers have a cached twin is decided by the mixer's registered name
-(`CACHED_MIXERS`); a model with any other mixer decodes by a full forward pass over
-the context at every step (`Decoder.note` says so in one line), which gives the same
-tokens, only slower.
+(`CACHED_MIXERS`; a twin may decline a configuration, `unsupported`); a model with any
+other mixer decodes by a full forward pass over the context at every step
+(`Decoder.note` says so in one line), which gives the same tokens, only slower.
 
 The whole context is one document (segment 0), RoPE positions 0, 1, 2, … as in the
 training rows' first document. When the context would outgrow the cache (the model's
@@ -95,10 +95,56 @@ class CachedSoftmaxAttention(nn.Module):
         return m.wo(y)
 
 
-# registered mixer name -> cached twin; every other mixer decodes by full forward passes
+class CachedMixiT(nn.Module):
+    """The `mixit` mixer (`sanlab.model.mixers.MixiT`) with a V cache: out = W_o(A v) with
+    the rows of the new positions of A for one document of the context's length
+    (`MixiT.sequence_weights`), in fp32. Exact where the weights of position p depend on p
+    alone (`sigma_length` prefix or row); with "document" they depend on the document's
+    length, which grows with every token, so such a model decodes by full forward passes
+    (`unsupported`)."""
+
+    def __init__(self, mixer: nn.Module, batch: int, max_len: int) -> None:
+        super().__init__()
+        self.mixer = mixer
+        dev = mixer.wv.weight.device
+        self.v = torch.zeros(batch, mixer.n_kv_heads, max_len, mixer.head_dim, device=dev)  # (B, Hkv, T_max, D)
+        self.length = 0
+
+    @staticmethod
+    def unsupported(mixer: nn.Module) -> str | None:
+        if mixer.opts.sigma_length == "document":
+            return ("mixit with sigma_length=document (every position's weights depend on the "
+                    "document's length, which grows with the context)")
+        return None
+
+    def forward(self, u: torch.Tensor, ctx: StepContext) -> torch.Tensor:
+        m = self.mixer
+        B, T, _ = u.shape
+        H, Hkv, D = m.n_heads, m.n_kv_heads, m.head_dim
+        s, e = self.length, self.length + T
+        self.v[:, :, s:e] = m.wv(u).view(B, T, Hkv, D).float().transpose(1, 2)
+        self.length = e
+        A = m.sequence_weights(e)[:, s:e].float()  # (H, T, e)
+        y = A @ self.v[:, :, :e].repeat_interleave(H // Hkv, dim=1)  # (B, H, T, D)
+        return m.wo(y.transpose(1, 2).reshape(B, T, H * D).to(u.dtype))
+
+
+# registered mixer name -> cached twin; every other mixer decodes by full forward passes, and so
+# does a mixer whose twin's `unsupported(mixer)` gives a reason
 CACHED_MIXERS: dict[str, Callable[[nn.Module, int, int], nn.Module]] = {
     "softmax": CachedSoftmaxAttention,
+    "mixit": CachedMixiT,
 }
+
+
+def uncached_reason(mixer: nn.Module) -> str | None:
+    """Why `mixer` has no cached twin (its name, or its twin's reason), None when it has one."""
+    name = mixer_name(mixer)
+    twin = CACHED_MIXERS.get(name) if name is not None else None
+    if twin is None:
+        return str(name or "?")
+    check = getattr(twin, "unsupported", None)
+    return check(mixer) if check is not None else None
 
 
 def mixer_name(mixer: nn.Module) -> str | None:
@@ -127,9 +173,9 @@ class Decoder:
         self.model = model
         self.max_len = max_len
         self.batch = batch
-        names = [mixer_name(m) for b in model.blocks for _, m in _block_mixers(b)]
-        uncached = sorted({str(n) for n in names if n not in CACHED_MIXERS})
-        self.cached = use_cache and bool(names) and not uncached
+        mixers = [m for b in model.blocks for _, m in _block_mixers(b)]
+        uncached = sorted({r for r in map(uncached_reason, mixers) if r is not None})
+        self.cached = use_cache and bool(mixers) and not uncached
         self.note = None
         if use_cache and not self.cached:
             self.note = (f"no KV cache for sequence mixer {', '.join(uncached) or '?'}: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +14,7 @@ from sanlab.errors import ConfigError
 from sanlab.model.blocks import Block
 from sanlab.model.kernels import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
 from sanlab.model.layers import HookPoint, build_context, make_norm
-from sanlab.model.mixers import Role, StaticEmbQK, check_model
+from sanlab.model.mixers import Mixer, Role, StaticEmbQK, check_model
 
 
 class LM(nn.Module):
@@ -57,23 +58,35 @@ class LM(nn.Module):
                 roles[name] = "frozen"
         return roles
 
+    def _mixers(self) -> Iterator[tuple[str, Mixer]]:
+        """(name prefix, module) of every sequence and state mixer, in layer order."""
+        for i, block in enumerate(self.blocks):
+            for sub in ("attn", "ffn"):
+                mixer = getattr(block, sub)
+                if mixer is not None:
+                    yield f"blocks.{i}.{sub}", mixer
+
+    def bind_data(self, heldout: Callable[[int], torch.Tensor], seq_len: int) -> None:
+        """Before training on rows of `seq_len` tokens: each mixer takes what it needs from
+        the data (`Mixer.bind_data`; FixedSeqQK its fixed sequence) or refuses the length."""
+        for _, mixer in self._mixers():
+            mixer.bind_data(heldout, seq_len)
+
     def freeze(self, targets: list[str]) -> list[str]:
-        """Keep the weights of `targets` (`train.freeze`: "qk", "mlp") at their initialisation:
-        requires_grad off, so they get no gradient and no optimizer state. Returns the
-        frozen parameter names. A target no layer has is a ConfigError."""
+        """Keep the weights of `targets` (`train.freeze`: "qk", "qk_proj", "mlp") at their
+        initialisation: requires_grad off, so they get no gradient and no optimizer state.
+        Returns the frozen parameter names. A target no layer has is a ConfigError."""
         names: list[str] = []
         for target in targets:
             found = []
-            for i, block in enumerate(self.blocks):
-                for sub in ("attn", "ffn"):
-                    mixer = getattr(block, sub)
-                    if mixer is not None:
-                        found += [f"blocks.{i}.{sub}.{n}" for n in mixer.freezable.get(target, ())]
+            for prefix, mixer in self._mixers():
+                found += [f"{prefix}.{n}" for n in mixer.frozen_names(target)]
             if not found:
                 mixers = ", ".join(dict.fromkeys(self.cfg.layer_mixers))
                 raise ConfigError(f"train.freeze: nothing to freeze for {target!r} in this model "
                                   f"(sequence mixers: {mixers}; state mixer: {self.cfg.state_mixer})")
             names += found
+        names = list(dict.fromkeys(names))  # `qk` and `qk_proj` together name W_q, W_k twice
         params = dict(self.named_parameters())
         for n in names:
             params[n].requires_grad_(False)

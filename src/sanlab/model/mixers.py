@@ -12,7 +12,11 @@ forward pass:
 - `param_roles()`: the role of each parameter (`ROLES`), which the optimizer routing reads;
 - `reset_parameters(std, out_std)`: its own init (`out_std` for matrices that write into
   the residual stream, SPEC §1.1); fixed random state is a buffer and is never re-drawn;
-- `freezable`: the `train.freeze` targets it has (`qk`, `mlp`) and their parameters.
+- `freezable`: the `train.freeze` targets it has (`qk`, `qk_proj`, `mlp`) and their
+  parameters (a name the module does not have, such as a QK-norm gain with QK-norm off,
+  is skipped: `frozen_names`);
+- `bind_data(heldout, seq_len)`: state taken from the data before training (FixedSeqQK's sequence);
+  most mixers take none.
 
 `sanlab.accounting` sums the terms over the layer layout; the registry-driven tests hold
 every registered class's terms against its module (parameters by name, FLOPs against
@@ -30,7 +34,7 @@ from pydantic import Field
 from torch import nn
 
 from sanlab.config import ModelConfig, StrictModel, validate
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, DataError
 from sanlab.model.kernels import attend, fused_qkv_attention, norm_rope, silu_gate
 from sanlab.model.layers import AttentionContext, HookPoint, RMSNorm, apply_rope, make_norm, upcast
 
@@ -68,6 +72,16 @@ class Mixer(nn.Module):
 
     def reset_parameters(self, std: float, out_std: float) -> None:
         raise NotImplementedError
+
+    def frozen_names(self, target: str) -> tuple[str, ...]:
+        """The parameters `train.freeze=[target]` keeps at init: the declared ones this module has."""
+        have = dict(self.named_parameters())
+        return tuple(n for n in self.freezable.get(target, ()) if n in have)
+
+    def bind_data(self, heldout: Callable[[int], torch.Tensor], seq_len: int) -> None:
+        """Before training on rows of `seq_len` tokens: take what the mixer needs from the
+        data (`heldout(n)`: the first n tokens of the held-out split, fewer if it has fewer;
+        `sanlab.data.shards.heldout_tokens`), and refuse a row length it cannot serve."""
 
 
 class SequenceMixer(Mixer):
@@ -199,7 +213,16 @@ class SoftmaxAttention(SequenceMixer):
     """
 
     has_pattern = True
-    freezable = {"qk": ("wq.weight", "wk.weight")}
+    # Frozen-QK (SPEC §2) keeps everything that shapes the scores from content at init: W_q,
+    # W_k and the QK-norm gains (a trainable per-dimension weighting and temperature of the
+    # scores otherwise). `qk_proj` is the narrower freeze of W_q, W_k alone.
+    freezable = {"qk": ("wq.weight", "wk.weight", "q_norm.weight", "k_norm.weight"),
+                 "qk_proj": ("wq.weight", "wk.weight")}
+
+    @classmethod
+    def has_qk_norm(cls, cfg: ModelConfig, opts: Any) -> bool:
+        """Whether q and k are normalised per head: `model.qk_norm` (a variant may decide otherwise)."""
+        return cfg.qk_norm
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, opts: Any) -> None:
         super().__init__(cfg, layer_idx, opts)
@@ -209,8 +232,9 @@ class SoftmaxAttention(SequenceMixer):
         self.wk = nn.Linear(d, Hkv * D, bias=False)
         self.wv = nn.Linear(d, Hkv * D, bias=False)
         self.wo = nn.Linear(H * D, d, bias=False)
-        self.q_norm = make_norm(cfg, D) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg, D) if cfg.qk_norm else None
+        qk_norm = self.has_qk_norm(cfg, opts)
+        self.q_norm = make_norm(cfg, D) if qk_norm else None
+        self.k_norm = make_norm(cfg, D) if qk_norm else None
         self.pattern = HookPoint()
 
     @classmethod
@@ -222,7 +246,7 @@ class SoftmaxAttention(SequenceMixer):
             "wv.weight": d * cfg.n_kv_heads * dh,
             "wo.weight": cfg.n_heads * dh * d,
         }
-        if cfg.qk_norm:
+        if cls.has_qk_norm(cfg, opts):
             # One gain vector of size head_dim shared by all heads, for q and for k (SPEC §1.1).
             p["q_norm.weight"] = dh
             p["k_norm.weight"] = dh
@@ -345,31 +369,93 @@ class RndEmbQK(_StreamQK):
         return x.to(device=device, dtype=embed.weight.dtype)
 
 
+class _FixedSeqOptions(StrictModel):
+    # data: the first held-out tokens of data.dir (real text, SPEC §3; the trainer binds them);
+    # random: token ids drawn from `seed` uniformly over the non-special ids (8 … vocab−1)
+    sequence: Literal["data", "random"] = "data"
+    seed: int = 0  # the draw of sequence="random"
+    seq_len: int = Field(256, gt=0)  # tokens the fixed sequence holds: the longest row it serves
+
+
+UNSET = -1  # a token id of FixedSeqQK's sequence not taken from data (yet)
+
+
 @register_mixer("fixed_seq_qk", short="fixedqk")
 class FixedSeqQK(_StreamQK):
-    """SPEC §3 FixedSeqQK: the fixed sequence is one token sequence, embedded by the model's
-    own (trained) embedding. The model does not read data, so the sequence is drawn from
-    `seed` uniformly over the non-special ids (8 … vocab−1)."""
+    """SPEC §3 FixedSeqQK: the fixed sequence is one real token sequence, embedded by the
+    model's own (trained) embedding: the first `seq_len` tokens of the held-out split of
+    `data.dir`, i.e. its first document ([BOS] … [EOS]), cut at `seq_len` when longer and
+    followed by the next held-out documents when shorter, passed through the layers as one
+    sequence. A row of T tokens reads its first T.
+
+    The ids are a persistent buffer (`tokens`, saved in checkpoints, never trained). A model
+    built without data holds no sequence (every id `UNSET`): accounting, matching and
+    building work, a forward pass is an error until `bind_data` (the trainer, from
+    `data.dir`) or a checkpoint fills it. `sequence="random"` draws the ids from `seed`
+    instead (the construction before real data was used)."""
+
+    Options = _FixedSeqOptions
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int, opts: Any) -> None:
+        super().__init__(cfg, layer_idx, opts)
+        if opts.sequence == "random":
+            g = torch.Generator().manual_seed(opts.seed)
+            low = 8 if cfg.vocab_size > 8 else 0
+            tokens = torch.randint(low, cfg.vocab_size, (opts.seq_len,), generator=g)
+        else:
+            tokens = torch.full((opts.seq_len,), UNSET, dtype=torch.long)
+        self.register_buffer("tokens", tokens)
+
+    def bind_data(self, heldout: Callable[[int], torch.Tensor], seq_len: int) -> None:
+        if seq_len > self.opts.seq_len:
+            raise ConfigError(f"fixed_seq_qk: rows of {seq_len} tokens, but its fixed sequence holds "
+                              f"model.mixer_options.seq_len={self.opts.seq_len}")
+        if self.opts.sequence != "data":
+            return
+        ids = heldout(self.opts.seq_len).to(self.tokens)
+        if len(ids) < seq_len:
+            raise DataError(f"fixed_seq_qk: the held-out split holds {len(ids)} tokens, fewer than the "
+                            f"rows of {seq_len} its fixed sequence must cover")
+        self.tokens.fill_(UNSET)
+        self.tokens[: len(ids)] = ids
 
     def fixed_input(self, embed: nn.Embedding, scale: float, T: int, cfg: ModelConfig,
                     device: torch.device) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.opts.seed)
-        low = 8 if cfg.vocab_size > 8 else 0
-        tokens = torch.randint(low, cfg.vocab_size, (1, T), generator=g).to(device)
-        return embed(tokens) * scale
+        tokens = self.tokens[:T]
+        if T > len(self.tokens) or bool((tokens == UNSET).any()):
+            have = int((self.tokens != UNSET).sum())
+            if have == 0:
+                raise ConfigError("fixed_seq_qk: no fixed sequence (a model built without data: training "
+                                  "binds it from data.dir's held-out split, a checkpoint restores it)")
+            raise ConfigError(f"fixed_seq_qk: rows of {T} tokens, but its fixed sequence holds {have}")
+        return embed(tokens[None].to(device)) * scale
+
+
+class _NonApproximateOptions(StrictModel):
+    # Per-head QK-norm of SiLU(q) and k. Off by default: SPEC §3's scores are unbounded (the
+    # paper's model has no QK-norm); `model.qk_norm` does not decide it for this mixer.
+    qk_norm: bool = False
 
 
 @register_mixer("non_approximate", short="nonapprox")
 class NonApproximate(SoftmaxAttention):
-    """SPEC §3 Non-approximate: no pairwise similarity. q = SiLU(W_q u), k = W_k u (per-head
-    QK-norm if on, no RoPE: a score of one position has no relative offset), and
+    """SPEC §3 Non-approximate: no pairwise similarity. q = SiLU(W_q u), k = W_k u (no RoPE:
+    a score of one position has no relative offset), and
     A_ij = softmax_{j ≤ i}(q_j · k_j / √d_h): each key's weight is independent of the query
-    position, so row i is a running softmax average of v over the document so far.
+    position, so row i is a running softmax average of v over the document so far. No
+    QK-norm unless `mixer_options.qk_norm` turns it on (then SiLU(q) and k are normalised
+    per head, with gains, before the score).
 
     Computed by the attention kernels with a query e₀ and a key s_j·√d_h·e₀ (heads as wide
     as V's, so every backend takes them), so document masking and the pattern hook are
-    those of softmax attention. Same parameters as softmax attention; FLOPs: the
-    projections, the per-position score (2·H·d_h) and A·v."""
+    those of softmax attention. Same parameters as softmax attention (the q/k gains only
+    with its QK-norm); FLOPs: the projections, the per-position score (2·H·d_h) and A·v."""
+
+    Options = _NonApproximateOptions
+
+    @classmethod
+    def has_qk_norm(cls, cfg: ModelConfig, opts: Any) -> bool:
+        return opts.qk_norm
 
     @classmethod
     def flop_terms(cls, cfg: ModelConfig, opts: Any, seq_len: int, causal_half: bool) -> dict[str, int]:
@@ -560,28 +646,72 @@ class MLPMixer(SequenceMixer):
 
 # --------------------------------------------------------------------------- SPEC §2 MixiT
 
+# What sets T in σ_h for the rows of a document (docs/variants.md, "MixiT"):
+#   document  the document's own length L: each document is mixed by SPEC §2's matrix for a
+#             sequence of L tokens (the paper's form; the default)
+#   prefix    row i (document position i) by σ_h(i + 1), the number of tokens it mixes: the
+#             weights never depend on the document's length, so decoding is exact
+#   row       a fixed T = `seq_len` for every row (the construction before the document length
+#             was used: a short document only sees the top-left block of a matrix built for T)
+SigmaLength = Literal["document", "prefix", "row"]
+
 
 class _MixiTOptions(StrictModel):
-    seed: int = 0  # the matrices are drawn from this seed (and the layer index)
-    seq_len: int = Field(256, gt=0)  # the row length T the matrices are built for (σ_h depends on it)
+    seed: int = 0  # the fixed draw comes from this seed (and the layer index)
+    seq_len: int = Field(256, gt=0)  # the longest document the draw covers (and T for sigma_length="row")
+    sigma_length: SigmaLength = "document"  # what sets T in σ_h (see above)
     sink_head: bool = True  # head 0 is the sink head (½I + ½ on column 0)
 
 
-def mixit_matrices(n_heads: int, T: int, head_dim: int, seed: int, sink_head: bool = True) -> torch.Tensor:
-    """SPEC §2's fixed random causal mixing matrices, (H, T, T) fp32.
+def mixit_seed(seed: int, layer_idx: int) -> int:
+    """The seed of layer `layer_idx`'s draw: every layer has its own matrices."""
+    return seed * 1_000_003 + layer_idx
 
-    Per head h: σ_h = 1/√(T·d_h) + U(0,1)·(1/√T − 1/√(T·d_h)); N ~ Normal(0, σ_h²),
-    N ← tril(N); subtract each row's mean over its causal support (so the noise rows are
-    centred); A = tril(I + N − drift): rows sum to 1. Head 0 (with `sink_head`) is ½I
-    plus ½ on column 0."""
+
+def mixit_draw(n_heads: int, T: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fixed random state of SPEC §2's construction, float64: u (H,) ~ U(0,1) (σ_h's
+    mixing coefficient) and C (H, T, T), standard normals on and below the diagonal with
+    each row's mean over its causal support subtracted (so N − drift = σ_h · C).
+
+    Drawn row by row (row i: H·(i+1) normals), so the draw for T is the top-left block of
+    the draw for any longer T: the matrices of a document of L tokens are the same
+    whatever `seq_len` the draw was made for."""
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n_heads, generator=g, dtype=torch.float64)
-    sigma = 1 / math.sqrt(T * head_dim) + u * (1 / math.sqrt(T) - 1 / math.sqrt(T * head_dim))  # (H,)
-    N = torch.randn(n_heads, T, T, generator=g, dtype=torch.float64) * sigma[:, None, None]
-    N = N.tril()
+    Z = torch.zeros(n_heads, T, T, dtype=torch.float64)
+    for i in range(T):
+        Z[:, i, : i + 1] = torch.randn(n_heads, i + 1, generator=g, dtype=torch.float64)
     support = torch.arange(1, T + 1, dtype=torch.float64)[:, None]  # row i has i+1 causal entries
-    drift = N.sum(-1, keepdim=True) / support
-    A = (torch.eye(T, dtype=torch.float64) + N - drift).tril()
+    C = (Z - Z.sum(-1, keepdim=True) / support).tril()
+    return u, C
+
+
+def mixit_sigma(u: torch.Tensor, T: torch.Tensor | int, head_dim: int) -> torch.Tensor:
+    """σ_h = 1/√(T·d_h) + u_h·(1/√T − 1/√(T·d_h)) (SPEC §2), broadcast over u and T."""
+    T = torch.as_tensor(T, dtype=u.dtype, device=u.device)
+    low = (T * head_dim) ** -0.5
+    return low + u * (T**-0.5 - low)
+
+
+def mixit_matrices(n_heads: int, T: int, head_dim: int, seed: int, sink_head: bool = True,
+                   sigma_length: SigmaLength = "document", seq_len: int | None = None) -> torch.Tensor:
+    """SPEC §2's fixed random causal mixing matrices of one sequence of T tokens, (H, T, T) fp32.
+
+    Per head h: N ~ Normal(0, σ_h²), N ← tril(N); subtract each row's mean over its causal
+    support (so the noise rows are centred); A = tril(I + N − drift): rows sum to 1. With
+    `sigma_length="document"` σ_h is σ_h(T) in every row (SPEC §2: T the length of the
+    sequence mixed); "prefix": row i uses σ_h(i + 1); "row": σ_h(seq_len). Head 0 (with
+    `sink_head`) is ½I plus ½ on column 0."""
+    u, C = mixit_draw(n_heads, T, seed)
+    if sigma_length == "document":
+        sigma = mixit_sigma(u, T, head_dim)[:, None, None]  # (H, 1, 1)
+    elif sigma_length == "prefix":
+        sigma = mixit_sigma(u[:, None], torch.arange(1, T + 1, dtype=torch.float64), head_dim)[:, :, None]
+    else:
+        if seq_len is None:
+            raise ValueError("sigma_length='row' needs the seq_len the matrices are built for")
+        sigma = mixit_sigma(u, seq_len, head_dim)[:, None, None]
+    A = torch.eye(T, dtype=torch.float64) + sigma * C
     if sink_head:
         sink = 0.5 * torch.eye(T, dtype=torch.float64)
         sink[:, 0] += 0.5
@@ -592,10 +722,13 @@ def mixit_matrices(n_heads: int, T: int, head_dim: int, seed: int, sink_head: bo
 @register_mixer("mixit", short="mixit")
 class MixiT(SequenceMixer):
     """SPEC §2 MixiT: no Q/K and no RoPE; each head mixes values with a fixed random,
-    input-independent causal matrix (`mixit_matrices`), out = W_o(A v). The matrices are a
-    persistent buffer (`mixing`, saved in checkpoints, never trained or re-drawn). In a
-    packed row token at document position p mixes the tokens of its document with
-    A[p, p'] (so each document gets what it would alone; rows still sum to 1)."""
+    input-independent causal matrix (`mixit_matrices`), out = W_o(A v).
+
+    The fixed draw (`mixit_draw`: u and the centred normals C) is a pair of persistent
+    buffers (`sigma_u`, `noise`; saved in checkpoints, never trained or re-drawn). In a
+    packed row, token t at document position p mixes the tokens of its own document with
+    A[p, p'] = δ + σ_h(T_t)·C[p, p'], where T_t is what `sigma_length` says (the length of
+    t's document by default), so each document gets exactly what it would alone."""
 
     Options = _MixiTOptions
     has_pattern = True
@@ -606,8 +739,9 @@ class MixiT(SequenceMixer):
         self.n_heads, self.n_kv_heads, self.head_dim = H, Hkv, D
         self.wv = nn.Linear(d, Hkv * D, bias=False)
         self.wo = nn.Linear(H * D, d, bias=False)
-        self.register_buffer("mixing", mixit_matrices(H, opts.seq_len, D, opts.seed * 1_000_003 + layer_idx,
-                                                      opts.sink_head))
+        u, C = mixit_draw(H, opts.seq_len, mixit_seed(opts.seed, layer_idx))
+        self.register_buffer("sigma_u", u.float())
+        self.register_buffer("noise", C.float())
         self.pattern = HookPoint()
 
     @classmethod
@@ -627,16 +761,46 @@ class MixiT(SequenceMixer):
         _normal(self.wv.weight, std)
         _normal(self.wo.weight, out_std)
 
+    def _sigma(self, lengths: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """σ_h of each token: lengths (its document's length) and positions (…) -> (H, …)."""
+        mode = self.opts.sigma_length
+        T = lengths if mode == "document" else positions + 1 if mode == "prefix" else self.opts.seq_len
+        u = self.sigma_u.view(-1, *([1] * positions.dim()))
+        return mixit_sigma(u, T, self.head_dim).expand(-1, *positions.shape)
+
+    def bind_data(self, heldout: Callable[[int], torch.Tensor], seq_len: int) -> None:
+        self._check_length(seq_len)  # a document may fill a row
+
+    def _check_length(self, T: int) -> None:
+        if T > self.noise.shape[-1]:
+            raise ConfigError(f"mixit: documents of up to {T} tokens, but its fixed draw covers "
+                              f"model.mixer_options.seq_len={self.noise.shape[-1]}")
+
+    def sequence_weights(self, n: int) -> torch.Tensor:
+        """The mixing weights of one document of `n` tokens, (H, n, n)."""
+        self._check_length(n)
+        pos = torch.arange(n, device=self.noise.device)
+        sigma = self._sigma(torch.full_like(pos, n), pos)  # (H, n)
+        A = torch.eye(n, dtype=self.noise.dtype, device=pos.device) + sigma[..., None] * self.noise[:, :n, :n]
+        if self.opts.sink_head:
+            A[0] = 0.5 * torch.eye(n, dtype=A.dtype, device=A.device)
+            A[0, :, 0] += 0.5
+        return A
+
     def weights(self, ctx: AttentionContext, T: int) -> torch.Tensor:
         """The mixing weights of this batch: (1 or B, H, T, T), zero across documents."""
-        if T > self.mixing.shape[-1]:
-            raise ConfigError(f"mixit: rows of {T} tokens, but its matrices are built for "
-                              f"model.mixer_options.seq_len={self.mixing.shape[-1]}")
         if ctx.single_document:
-            return self.mixing[None, :, :T, :T]
-        pos = ctx.positions  # (B, T)
-        A = self.mixing[:, pos[:, :, None], pos[:, None, :]]  # (H, B, T, T)
-        return A.transpose(0, 1) * ctx.dense_mask
+            return self.sequence_weights(T)[None]
+        pos, seg = ctx.positions, ctx.segment_ids  # (B, T)
+        same = seg[:, :, None] == seg[:, None, :]  # (B, T, T)
+        self._check_length(int(pos.max()) + 1)
+        lengths = same.sum(-1)  # (B, T): the length of each token's document (its segment in the row)
+        sigma = self._sigma(lengths, pos)  # (H, B, T)
+        eye = (pos[:, :, None] == pos[:, None, :]) & same  # (B, T, T)
+        A = eye.to(self.noise.dtype) + sigma[..., None] * self.noise[:, pos[:, :, None], pos[:, None, :]]
+        if self.opts.sink_head:
+            A[0] = 0.5 * eye + 0.5 * (pos[:, None, :] == 0)
+        return A.transpose(0, 1) * ctx.dense_mask  # (B, H, T, T)
 
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape

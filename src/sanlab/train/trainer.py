@@ -114,6 +114,13 @@ def make_plan(cfg: Config, world_size: int) -> Plan:
     return Plan(steps, tokens_per_step, rank_rows, micro, rank_rows // micro, milestones)
 
 
+def _heldout_tokens(cfg: Config, n: int) -> torch.Tensor:
+    """The first n tokens of the held-out split of `data.dir` (fewer if it holds fewer)."""
+    from sanlab.data.shards import heldout_tokens
+
+    return torch.from_numpy(heldout_tokens(cfg.data.dir, n))
+
+
 def _loader(cfg: Config, split: str, rows: int, d: dist.Dist) -> Any:
     """This rank's loader for `split`; `rows` is the global batch (the loader shards it)."""
     from sanlab.data.loader import Loader  # the data package is only needed to train
@@ -241,6 +248,9 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     # The same held-out rows at every evaluation (and in every run of a study), kept in memory.
     val_batches = [{k: v.to(d.device) for k, v in b.items()}
                    for b in _loader(cfg, "val", d.world_size, d).eval_batches(t.eval_rows, plan.micro_rows)]
+    # State a mixer takes from the data (FixedSeqQK: its fixed sequence, the held-out split's
+    # first tokens), or a row length it cannot serve; a resume then restores the checkpoint's.
+    model.bind_data(lambda n: _heldout_tokens(cfg, n), cfg.data.seq_len)
     bf16 = t.precision == "bf16"
 
     def amp() -> contextlib.AbstractContextManager[Any]:
