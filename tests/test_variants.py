@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -877,3 +878,32 @@ def test_run_dir_from_before_ns_precision_ran_bf16_iterations(tmp_path: Path) ->
     fp32 = cfg.model_copy(update={"optim": cfg.optim.model_copy(update={"ns_precision": "fp32"})})
     with pytest.raises(ConfigError, match="different config: optim.ns_precision"):
         rundir.decide(tmp_path, fp32, resume=False, force=False)
+
+
+@pytest.mark.parametrize("mixer,options,key,before", [
+    ("mixit", {"seq_len": 24}, "sigma_length", "row"),
+    ("fixed_seq_qk", {}, "sequence", "random"),
+    ("non_approximate", {}, "qk_norm", True),
+])
+def test_run_dir_from_before_a_default_changed_says_what_it_ran(tmp_path: Path, mixer: str, options: dict,
+                                                                key: str, before: object) -> None:
+    """A run dir written before a variant's option existed ran the old construction: it is not
+    the same run as today's default, and it is the same run as that option set explicitly.
+    Today's config.json stores every option of the mixer."""
+    import json
+
+    from sanlab.config import Config
+    from sanlab.train import rundir
+
+    cfg = Config(model=tiny(mixer, "swiglu", mixer_options=options))
+    stored = rundir.config_json(cfg)
+    assert key in stored["model"]["mixer_options"]
+    stored["model"]["mixer_options"] = dict(options)  # as such runs wrote it
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "completed"}))
+    with pytest.raises(ConfigError, match=re.escape(f"different config: model.mixer_options.{key} ({before!r} in the run dir")):
+        rundir.decide(tmp_path, cfg, resume=False, force=False)
+    old = Config(model=tiny(mixer, "swiglu", mixer_options={**options, key: before}))
+    assert rundir.decide(tmp_path, old, resume=False, force=False).action == "done"
+    (tmp_path / "config.json").write_text(json.dumps(rundir.config_json(cfg)))
+    assert rundir.decide(tmp_path, cfg, resume=False, force=False).action == "done"  # today's: the same run

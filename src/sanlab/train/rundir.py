@@ -34,8 +34,26 @@ _RUN_FILES = (CONFIG_FILE, META_FILE, METRICS_FILE, CHECKPOINTS, "tensorboard", 
 
 
 def config_json(cfg: Config) -> dict[str, Any]:
-    """The config as JSON data (tuples as lists), the form stored in config.json."""
-    return json.loads(cfg.model_dump_json())
+    """The config as JSON data (tuples as lists), the form stored in config.json, with the
+    mixer's options resolved (every option with its value, defaults included), so a run
+    dir says what its variant ran even after a default changes."""
+    data = json.loads(cfg.model_dump_json())
+    from sanlab.model.mixers import mixer_options
+
+    try:
+        data["model"]["mixer_options"] = mixer_options(cfg.model, cfg.model.mixer).model_dump(mode="json")
+    except ConfigError:
+        pass  # an unknown mixer or a bad option: stored as given (building the model refuses it)
+    return data
+
+
+# Mixer options whose default changed, with the value a run written before the option
+# existed ran with (read from its stored model config).
+_OPTIONS_BEFORE: dict[str, dict[str, Any]] = {
+    "mixit": {"sigma_length": lambda model: "row"},  # σ_h built for mixer_options.seq_len
+    "fixed_seq_qk": {"sequence": lambda model: "random"},  # random token ids
+    "non_approximate": {"qk_norm": lambda model: model.get("qk_norm", True)},  # model.qk_norm decided
+}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -69,6 +87,13 @@ def _normalised(stored: Any) -> Any:
     no longer validates is compared as it is."""
     if isinstance(stored, dict) and isinstance(stored.get("optim"), dict) and "ns_precision" not in stored["optim"]:
         stored = {**stored, "optim": {**stored["optim"], "ns_precision": "bf16"}}  # what such runs ran
+    model = stored.get("model") if isinstance(stored, dict) else None
+    if isinstance(model, dict) and isinstance(model.get("mixer_options", {}), dict):
+        before = _OPTIONS_BEFORE.get(model.get("mixer", "softmax"), {})
+        opts = dict(model.get("mixer_options", {}))
+        missing = {k: value(model) for k, value in before.items() if k not in opts}
+        if missing:
+            stored = {**stored, "model": {**model, "mixer_options": {**opts, **missing}}}
     try:
         return config_json(Config.model_validate(stored))
     except ValidationError:
