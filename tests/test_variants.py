@@ -907,3 +907,19 @@ def test_run_dir_from_before_a_default_changed_says_what_it_ran(tmp_path: Path, 
     assert rundir.decide(tmp_path, old, resume=False, force=False).action == "done"
     (tmp_path / "config.json").write_text(json.dumps(rundir.config_json(cfg)))
     assert rundir.decide(tmp_path, cfg, resume=False, force=False).action == "done"  # today's: the same run
+
+
+def test_a_study_times_a_fixed_seq_qk_arm_without_data() -> None:
+    """Timing a step (study plans) needs no data: stand-in ids for the fixed sequence, and
+    a row longer than the sequence is refused there as in training."""
+    from sanlab.config import Config
+    from sanlab.study.speed import _time_config
+
+    base = {"model": {"d_model": 32, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 64,
+                      "mixer": "fixed_seq_qk", "mixer_options": {"seq_len": 32}},
+            "data": {"seq_len": 32}, "train": {"batch_rows": 4, "steps": 1}}
+    timing = _time_config(Config.model_validate(base).model_dump(mode="json"), 1)
+    assert timing["step_s"] > 0 and timing["tokens_per_s"] == pytest.approx(4 * 32 / timing["step_s"])
+    too_long = {**base, "data": {"seq_len": 48}}
+    with pytest.raises(ConfigError, match="rows of 48 tokens"):
+        _time_config(Config.model_validate(too_long).model_dump(mode="json"), 1)

@@ -426,7 +426,8 @@ class FixedSeqQK(_StreamQK):
             have = int((self.tokens != UNSET).sum())
             if have == 0:
                 raise ConfigError("fixed_seq_qk: no fixed sequence (a model built without data: training "
-                                  "binds it from data.dir's held-out split, a checkpoint restores it)")
+                                  "binds it from data.dir's held-out split, a checkpoint restores it; "
+                                  "model.mixer_options.sequence=random draws ids instead)")
             raise ConfigError(f"fixed_seq_qk: rows of {T} tokens, but its fixed sequence holds {have}")
         return embed(tokens[None].to(device)) * scale
 

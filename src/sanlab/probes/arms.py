@@ -19,7 +19,7 @@ from sanlab.errors import ConfigError
 PRESETS: dict[str, tuple[str, ...]] = {
     "standard": ("model.ffn=true",),
     "san": ("model.ffn=false",),  # SPEC §1.1: attention only
-    "frozen_qk": ("model.ffn=true", 'train.freeze=["qk"]'),  # W_q, W_k at their init
+    "frozen_qk": ("model.ffn=true", 'train.freeze=["qk"]'),  # W_q, W_k and the QK-norm gains at their init
     "frozen_mlp": ("model.ffn=true", 'train.freeze=["mlp"]'),  # the FFN's matrices at their init
     "mixit": ("model.ffn=true", "model.mixer=mixit"),
 }
