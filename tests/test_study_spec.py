@@ -152,3 +152,34 @@ def test_identical_trainings_share_one_run(tmp_path: Path) -> None:
     runs = {r.run_id: r for r in plan_study(spec).runs}
     shared = runs["san-L5-d32-muon-lr0.02-1K-s42"]
     assert shared.phases == ["sweep", "final", "noise"]
+
+
+def test_plan_counts_the_runs_boundary_extension_may_add(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each cell can extend `max_extensions` times until its sweep is done: the quick study's
+    4 cells × 2 = 8 more runs at most, beside its 22 planned ones; with results, a cell whose
+    curve turned adds none and one whose next point is planned has one fewer left."""
+    assert main(["study", "plan", str(EXAMPLES / "quick.toml"), "--json", "--no-timing"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert len(plan["runs"]) == 22 and plan["max_extension_runs"] == 8
+    assert main(["study", "plan", str(EXAMPLES / "quick.toml"), "--no-timing"]) == 0
+    out = capsys.readouterr().out
+    assert "22 runs + up to 8 sweep extensions" in out
+    assert "total: 22 runs + up to 8 sweep extensions," in out
+
+    spec = load_spec(write(tmp_path, BASE.format(data=tmp_path)), ["sweep.max_extensions=3"])
+    arms = plan_study(spec).arms
+    assert len(arms) == 4 and plan_study(spec).max_extension_runs == 4 * 3
+
+    def rec(arm: str, m: float, loss: float) -> dict:
+        return {"arm": arm, "optimizer": "muon", "phases": ["sweep"], "multiplier": m, "tokens": spec.sweep.tokens,
+                "seed": spec.sweep_seed, "status": "completed", "final": {"val_loss": loss}}
+
+    records = {f"{a}-{m}": rec(a, m, loss) for a, curve in
+               (("san", {0.5: 3.0, 1.0: 2.9, 2.0: 3.1}),  # turned: done, no extension
+                ("iso_param", {0.5: 3.0, 1.0: 2.9, 2.0: 2.8}))  # best at the top edge: ×4 planned next
+               for m, loss in curve.items()}
+    p = plan_study(spec, None, records)
+    assert p.extension_room.get(("san", "muon"), 0) == 0
+    assert p.extension_room[("iso_param", "muon")] == 3 - 1
+    assert any(r.arm == "iso_param" and r.note == "boundary extension" for r in p.runs)
+    assert p.max_extension_runs == 0 + 2 + 3 + 3

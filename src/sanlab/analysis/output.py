@@ -1,4 +1,4 @@
-"""Writing `sanlab analyze` results (JSON + CSV) and printing them as rich tables.
+"""Writing `sanlab analyze` results (JSON + CSV) and printing them as tables (`sanlab.tables`).
 
 Files in the output dir (every CSV has a `run` column; NaN is written empty):
 
@@ -7,11 +7,13 @@ Files in the output dir (every CSV has a `run` column; NaN is written empty):
                                entropy_floor, loss_above_floor (region / exercise rows, where
                                the data has an entropy floor; empty otherwise)
     deltas.csv                 run, vs, grouping, group, tokens, token_share, loss_a, loss_b,
-                               delta, weighted, contribution
+                               delta, weighted, contribution, delta_lo, delta_hi (95% per-token
+                               bootstrap interval of delta; region and exercise rows)
     delta_identity.csv         run, vs, grouping, aggregate_delta, weighted_sum, abs_error, rel_error
     spectra.csv                run, milestone, layer, type, stable_rank, effective_rank, spectral_norm
     spectra_by_type.csv        run, milestone, type, layers, stable_rank, effective_rank, spectral_norm
-    crystallisation.csv        run, type, milestone (empty: never settled), tol, distances
+    crystallisation.csv        run, type, milestone (empty: never settled), tol, distances,
+                               rank_changes (spectrum shape and stable-rank change per step)
     attention_heads.csv        run, layer, head, entropy, concentration, sink, local_0 … local_3
     attention_layers.csv       run, layer, head_diversity and the head means of the above
     stream.csv                 run, hook, rms, max_abs, rep_rank
@@ -28,8 +30,12 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from rich.console import Console
-from rich.table import Table
+from sanlab.tables import Output, Table
+
+# A region or exercise type with fewer scored tokens in the sample is too thin to read (the
+# tables say so, the report greys it, `--eval-rows auto` takes enough rows). Here, not in
+# sanlab.analysis.evaluate, so that the report reads it without importing torch.
+MIN_GROUP_TOKENS = 200
 
 
 def _clean(x: Any) -> Any:
@@ -73,7 +79,8 @@ def tables(result: dict) -> dict[str, list[dict]]:
             t["spectra_by_type"] += [{"run": name, **row} for row in sp["per_type"]]
             t["crystallisation"] += [
                 {"run": name, "type": c["type"], "milestone": c["milestone"], "tol": sp["tol"],
-                 "distances": " ".join(f"{d:.4g}" for d in c["distances"])}
+                 "distances": " ".join(f"{d:.4g}" for d in c["distances"]),
+                 "rank_changes": " ".join(f"{d:.4g}" for d in c.get("rank_changes", []))}
                 for c in sp["crystallisation"]
             ]  # fmt: skip
         att = r.get("attention")
@@ -113,32 +120,39 @@ def _f(x: Any, fmt: str = ".4g") -> str:
 
 
 def _table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
-    t = Table(title=title, title_justify="left")
+    t = Table(title)
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        t.column(c, "left" if i == 0 else "right")
     for r in rows:
         t.add_row(*[_f(x) if not isinstance(x, str) else x for x in r])
     return t
 
 
-def print_tables(result: dict, console: Console) -> None:
+def print_tables(result: dict, out: Output) -> None:
     """Summary tables: losses by region and type, paired Δs with the identity check,
     spectra per type with crystallisation points, attention and stream per layer."""
     sample = result.get("sample")
     if sample:
-        console.print(
+        out.note(
             f"evaluation sample: {sample['rows']} rows × {sample['seq_len']} tokens = "
             f"{sample['tokens']} scored tokens from {sample['data_dir']} (checkpoint {result['checkpoint']})"
         )
+    thin_noted = False
     for name, r in result["runs"].items():
         ls = r.get("losses")
         if ls:
             floor = "entropy_floor" in ls
+            thin = [f"{g['group']} {g['tokens']}" for grouping in ("region", "exercise") for g in ls[grouping]
+                    if g["tokens"] < MIN_GROUP_TOKENS]
+            if thin and not thin_noted:
+                thin_noted = True
+                out.note(f"note: fewer than {MIN_GROUP_TOKENS} scored tokens in this sample for {', '.join(thin)}: "
+                         "their loss and Δ rest on too few tokens to read (`--eval-rows auto` takes enough rows)")
             for grouping in ("region", "exercise"):
                 title = f"{name}: loss by {grouping} (mean {ls['loss']:.4f} over {ls['tokens']} tokens"
                 if floor:
                     title += f"; entropy floor {ls['entropy_floor']:.4f}, above it {ls['loss_above_floor']:.4f}"
-                console.print(_table(
+                out.table(_table(
                     title + ")",
                     (grouping, "tokens", "token share", "loss", "loss share", *(("floor", "above floor") if floor else ())),
                     ((g["group"], g["tokens"], g["token_share"], g["loss"], g["loss_share"],
@@ -150,9 +164,10 @@ def print_tables(result: dict, console: Console) -> None:
             by = {(row["type"], row["milestone"]): row for row in sp["per_type"]}
             crystal = {c["type"]: c["milestone"] for c in sp["crystallisation"]}
             types = [c["type"] for c in sp["crystallisation"]]
-            console.print(_table(
+            out.table(_table(
                 f"{name}: mean stable rank per matrix type at each milestone; effective rank at the last; "
-                f"settled = crystallisation point (spectrum change < {sp['tol']})",
+                f"settled = from this milestone on, each step changes the spectrum's shape by < {sp['tol']} "
+                f"and its mean stable rank by < {sp['tol']:.0%}",
                 ("type", *(f"{m:.0%}" for m in milestones), "eff. rank", "settled"),
                 ((t, *(by[(t, m)]["stable_rank"] if (t, m) in by else None for m in milestones),
                   by[(t, milestones[-1])]["effective_rank"] if (t, milestones[-1]) in by else None,
@@ -161,7 +176,7 @@ def print_tables(result: dict, console: Console) -> None:
         att = r.get("attention")
         if att:
             norm = ", min–max normalised" if result.get("attention_normalized") else ""
-            console.print(_table(
+            out.table(_table(
                 f"{name}: attention per layer (mean over heads{norm})",
                 ("layer", "entropy", "‖A‖_F", "sink", "local₀", "local₁", "local₂", "head div."),
                 ((str(a["layer"]), *(a[k] for k in ("entropy", "concentration", "sink", "local_0", "local_1",
@@ -169,7 +184,7 @@ def print_tables(result: dict, console: Console) -> None:
             ))  # fmt: skip
         if r.get("stream"):
             gates = {f"blocks.{g['layer']}.resid_post": g for g in r.get("gates") or []}
-            console.print(_table(
+            out.table(_table(
                 f"{name}: residual stream (σ(g) / α per sublayer; rank = entropy effective rank, centred)",
                 ("point", "gate attn", "gate ffn", "RMS", "max |x|", "rank"),
                 ((row["hook"].replace("blocks.", "").replace(".resid_post", " out").replace(".resid_pre", " in"),
@@ -182,7 +197,7 @@ def print_tables(result: dict, console: Console) -> None:
             if not v:
                 continue
             ident = v["identity"]
-            console.print(_table(
+            out.table(_table(
                 f"Δ = {c['run']} − {c['vs']} by {grouping}: aggregate {ident['aggregate_delta']:+.4f}, "
                 f"token-weighted sum {ident['weighted_sum']:+.4f} (rel. error {ident['rel_error']:.1e})",
                 (grouping, "token share", c["run"], c["vs"], "Δ", "share·Δ", "of aggregate"),
@@ -190,4 +205,4 @@ def print_tables(result: dict, console: Console) -> None:
                   g["contribution"]) for g in v["rows"]),
             ))  # fmt: skip
         if c.get("recorded_val_delta") is not None:
-            console.print(f"recorded final val-loss Δ (meta.json): {c['recorded_val_delta']:+.4f}")
+            out.note(f"recorded final val-loss Δ (meta.json): {c['recorded_val_delta']:+.4f}")

@@ -11,6 +11,7 @@ from sanlab.cliargs import non_negative_float, positive_int
 from sanlab.config import Config, ModelConfig, apply_overrides, load_toml
 from sanlab.errors import ConfigError
 from sanlab.matching import POLICIES, TARGETS, Arm, match
+from sanlab.tables import Output, Table, add_format_flag
 
 _EPILOG = """\
 The reference is a sanlab run config: a TOML file with [model] and [data] sections
@@ -58,6 +59,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="also print every FLOP term and every parameter term per arm")
     parser.add_argument("--json", action="store_true", help="print a JSON list of arms instead of tables")
+    add_format_flag(parser)
 
 
 def _qualify(item: str) -> str:
@@ -106,40 +108,37 @@ def _fmt_m(n: int) -> str:
 _TERM_TITLES = {"attn_proj": "attn proj", "attn_scores": "attn q·kᵀ", "attn_mix": "attn A·v", "ffn": "FFN"}
 
 
-def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool, breakdown: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool, breakdown: bool,
+                  out: Output) -> None:
     attn = "causal half" if causal_half else "full square"
-    table = Table(title=f"Matched arms (T={seq_len}, policy {policy}, attention FLOPs {attn})")
+    table = Table(f"Matched arms (T={seq_len}, policy {policy}, attention FLOPs {attn})")
     for col, justify in (("arm", "left"), ("config", "left"), ("total params", "right"),
                          ("non-emb params", "right"), ("train GFLOPs / token", "right"), ("mismatch", "right")):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+        table.column(col, justify)  # type: ignore[arg-type]
     for a in arms:
         mismatch = "—" if a.role == "reference" else f"{a.mismatch:+.2%} {_MATCHED[a.role]}"
         table.add_row(a.name, a.label, _fmt_m(a.params.total), _fmt_m(a.params.non_embedding),
                       f"{a.flops.train / 1e9:.3f}", mismatch)
-    console = Console()
-    console.print(table)
+    out.table(table)
     if not breakdown:
         return
-    terms = Table(title="MFLOPs per token by term, all layers (training = 3 × forward; exact in --json)")
-    terms.add_column("arm")
+    terms = Table("MFLOPs per token by term, all layers (training = 3 × forward; exact in --json)")
+    terms.column("arm")
     names = list(dict.fromkeys(n for a in arms for n in a.flops.term_names()))
     for col in (*names, "forward", "train"):
-        terms.add_column(_TERM_TITLES.get(col, col), justify="right")
+        terms.column(_TERM_TITLES.get(col, col), "right")
     for a in arms:
         f = a.flops
         terms.add_row(a.name, *(f"{v / 1e6:.1f}" for v in (*(f.term(n) for n in names), f.forward, f.train)))
-    console.print(terms)
-    params = Table(title="Parameters by term, all layers (names as in the model, layer prefix removed)")
-    params.add_column("arm")
+    out.table(terms)
+    params = Table("Parameters by term, all layers (names as in the model, layer prefix removed)")
+    params.column("arm")
     pnames = list(dict.fromkeys(n for a in arms for n in a.params.breakdown))
     for col in pnames:
-        params.add_column(col, justify="right")
+        params.column(col, "right")
     for a in arms:
         params.add_row(a.name, *(f"{a.params.breakdown.get(n, 0):,}" for n in pnames))
-    console.print(params)
+    out.table(params)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -157,5 +156,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([a.to_dict() for a in arms], indent=2))
     else:
-        _print_tables(arms, seq_len, args.policy, args.causal_half, args.breakdown)
+        with Output(args.format) as out:
+            _print_tables(arms, seq_len, args.policy, args.causal_half, args.breakdown, out)
     return 0

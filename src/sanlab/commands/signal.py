@@ -39,14 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
+    from sanlab.tables import add_format_flag
+
+    add_format_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from sanlab.analysis.stream import signal_propagation
+    from sanlab.tables import Output, Table
     from sanlab.config import load_config
 
     path = next((a for a in args.args if "=" not in a), None)
@@ -68,24 +70,19 @@ def run(args: argparse.Namespace) -> int:
 
     rows = signal_propagation(cfg, args.depths, args.rows, args.seq_len, args.seed, device)
 
-    table = Table(
-        title=(
-            f"Residual stream at init: d={cfg.d_model}, ffn={cfg.ffn}, residual={cfg.residual}, "
-            f"norm={cfg.norm}, scale_out_init={cfg.scale_out_init}"
-        )
-    )
+    table = Table(f"Residual stream at init: d={cfg.d_model}, ffn={cfg.ffn}, residual={cfg.residual}, "
+                  f"norm={cfg.norm}, scale_out_init={cfg.scale_out_init}")
     for col in ("depth", "E‖x₀‖²", "E‖x_L‖²", "E‖x_L‖²/E‖x₀‖²", "max over layers"):
-        table.add_column(col, justify="right")
+        table.column(col, "right")
     for r in rows:
         table.add_row(str(r["depth"]), f"{r['e0']:.4g}", f"{r['eL']:.4g}", f"{r['ratio']:.4f}", f"{r['max_ratio']:.4f}")
-    console = Console()
-    console.print(table)
+    out = Output(args.format)
+    out.table(table)
     if len(rows) > 1:
         first, last = rows[0], rows[-1]
-        console.print(
-            f"ratio ×{last['ratio'] / first['ratio']:.2f} from depth {first['depth']} to {last['depth']} "
-            "(Theorem 1: bounded for gated residuals with W_o std s/√(2L))"
-        )
+        out.note(f"ratio ×{last['ratio'] / first['ratio']:.2f} from depth {first['depth']} to {last['depth']} "
+                 "(Theorem 1: bounded for gated residuals with W_o std s/√(2L))")
+    out.close()
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"model": cfg.model_dump(), "rows": rows}, indent=1))

@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rich.table import Table
-
 from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.config import format_tokens
-from sanlab.study.table import make_console
+from sanlab.tables import Output, Table, add_format_flag
 
 _EPILOG = """\
 examples:
@@ -37,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.add_argument("--out", help="a study dir whose results refine the plan (locked LRs)")
     p.add_argument("--json", action="store_true", help="machine-readable plan")
+    add_format_flag(p)
     p.add_argument("--no-timing", action="store_true",
                    help="do not time the arms' training steps (local runner); scale "
                         "runner.tokens_per_s by FLOPs per token instead")
@@ -48,10 +47,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                    help="then analyse the final pairs and write the report (as `sanlab report DIR --analyze`)")
     s = sub.add_parser("status", help="progress of a study dir")
     s.add_argument("dir")
-    s.add_argument("--json", action="store_true")
+    s.add_argument("--json", action="store_true", help="the runs and counts as JSON data")
+    add_format_flag(s)
     t = sub.add_parser("table", help="the gap table and the LR sweep table of a study dir")
     t.add_argument("dir")
-    t.add_argument("--json", action="store_true")
+    t.add_argument("--json", action="store_true", help="the gaps, noise floor, sweep and locks as JSON data")
+    add_format_flag(t)
 
 
 def _fmt_params(n: int) -> str:
@@ -95,38 +96,38 @@ def _plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
         return EXIT_OK
-    console = make_console()
-    arms = Table(title=f"Arms of study '{spec.name}' (T={spec.data.seq_len})")
+    out = Output(args.format)
+    arms = Table(f"Arms of study '{spec.name}' (T={spec.data.seq_len})")
     for col in ("arm", "role", "config", "total params", "non-emb params", "train GFLOPs/token", "mismatch"):
-        arms.add_column(col, justify="left" if col in ("arm", "role", "config") else "right")
+        arms.column(col, "left" if col in ("arm", "role", "config") else "right")
     for a in plan.arms:
         arms.add_row(a.name, a.role, a.label, _fmt_params(a.params_total),
                      _fmt_params(a.params_non_embedding), f"{a.flops_per_token / 1e9:.4f}",
                      "—" if a.mismatch is None else f"{a.mismatch:+.2%}")
-    console.print(arms)
-    runs = Table(title=f"{len(plan.runs)} runs")
-    runs.add_column("run id", no_wrap=True)
-    for col in ("phase", "arm", "config", "params", "GFLOPs/tok", "tokens", "lr", "seed",
-                "PFLOPs", "est. time", "note"):
-        runs.add_column(col, justify="right" if col in ("params", "GFLOPs/tok", "tokens", "lr", "seed",
-                                                        "PFLOPs", "est. time") else "left")
+    out.table(arms)
+    ext = plan.max_extension_runs
+    runs = Table(f"{len(plan.runs)} runs" + (f" + up to {ext} sweep extensions" if ext else ""))
+    numeric = ("params", "GFLOPs/tok", "tokens", "lr", "seed", "PFLOPs", "est. time")
+    for col in ("run id", "phase", "arm", "config", *numeric, "note"):
+        runs.column(col, "right" if col in numeric else "left")
     for r in plan.runs:
         runs.add_row(r.run_id, r.phase, r.arm, model_label(r.config.model), _fmt_params(r.params_total),
                      f"{r.flops_per_token / 1e9:.4f}", format_tokens(r.tokens), f"{r.lr:g}",
                      str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
                      _fmt_seconds(plan.run_seconds(r)), r.note)
-    console.print(runs)
+    out.table(runs)
     for note in plan.notes:
-        console.print(f"note: {note}", highlight=False)
+        out.note(f"note: {note}")
     how = ("each arm's training step timed on this machine (start-up, steps and evaluations; "
            "`--no-timing` to skip)" if plan.speeds else
            f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
            "scaled by FLOPs/token)")
-    ext = plan.extension_seconds
-    upto = (f" (up to {_fmt_seconds(plan.total_seconds + ext)} if every sweep extends {plan.max_extensions} "
-            "times)" if ext else "")
-    console.print(f"total: {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)}{upto} "
-                  f"with {plan.workers} run(s) in parallel, from {how}", highlight=False)
+    ext_s = plan.extension_seconds
+    upto = f" (up to {_fmt_seconds(plan.total_seconds + ext_s)} with every extension)" if ext and ext_s else ""
+    out.note(f"total: {len(plan.runs)} runs" + (f" + up to {ext} sweep extensions" if ext else "")
+             + f", {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)}{upto} "
+             f"with {plan.workers} run(s) in parallel, from {how}")
+    out.close()
     return EXIT_OK
 
 
@@ -179,18 +180,19 @@ def _status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"runs": rows, "counts": counts, "report": report}, indent=2))
         return EXIT_OK
-    console = make_console()
-    table = Table(title=f"Study '{spec.name}' in {args.dir}")
+    out = Output(args.format)
+    table = Table(f"Study '{spec.name}' in {args.dir}")
     for col in ("run id", "phase", "status", "val loss", "wall", "note"):
-        table.add_column(col)
+        table.column(col, "right" if col in ("val loss", "wall") else "left")
     for row in rows:
         table.add_row(row["run_id"], row["phase"], row["status"],
                       "" if row["val_loss"] is None else f"{row['val_loss']:.4f}",
                       "" if row["wall_s"] is None else _fmt_seconds(row["wall_s"]), row["note"])
-    console.print(table)
-    console.print(", ".join(f"{v} {k}" for k, v in sorted(counts.items())), highlight=False)
+    out.table(table)
+    out.note(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if report is not None:
-        console.print(f"report: {report}", highlight=False)
+        out.note(f"report: {report}")
+    out.close()
     return EXIT_OK
 
 
@@ -226,7 +228,8 @@ def _table(args: argparse.Namespace) -> int:
         return EXIT_OK
     spec = load_saved_spec(args.dir)
     _note_damaged(store)
-    print_tables(spec, build_arms(spec), store.runs(), make_console())
+    with Output(args.format) as out:
+        print_tables(spec, build_arms(spec), store.runs(), out)
     return EXIT_OK
 
 

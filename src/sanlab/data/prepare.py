@@ -23,7 +23,6 @@ from typing import Any, Iterator, Literal
 
 from pydantic import model_validator
 from rich.console import Console
-from rich.table import Table
 
 from sanlab import __version__
 from sanlab.config import StrictModel, Tokens, apply_overrides, load_toml, parse_tokens
@@ -42,6 +41,7 @@ from sanlab.data.tokenizer import (
 )
 from sanlab.errors import ConfigError, DataError
 from sanlab.paths import check_out_dir, raise_no_space, staged_dir
+from sanlab.tables import Output, Table, add_format_flag
 
 CORPORA = ("synth", "text", "hf", "kjv")
 _ENCODE_CHUNK = 256  # documents per batched encode call
@@ -130,9 +130,13 @@ def _check_out(out: Path, force: bool) -> None:
 # --------------------------------------------------------------------------- prepare
 
 
-def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False, console: Console | None = None) -> dict[str, Any]:
-    """Tokenize and pack `cfg`'s corpus into `out`; returns the manifest."""
+def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False,
+            console: Console | Output | None = None) -> dict[str, Any]:
+    """Tokenize and pack `cfg`'s corpus into `out`; returns the manifest. With a `console`
+    (a rich console, or a `sanlab.tables.Output`) it reports progress and the summary."""
     out = Path(out)
+    if console is not None and not isinstance(console, Output):
+        console = Output.to_console(console)
     if cfg.corpus == "synth" and cfg.tokens is None:
         raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
     check_out_dir(out)
@@ -153,7 +157,7 @@ def _read_floor(out: Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
     return json.loads((out / name).read_text()) if name else None
 
 
-def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, Any]:
+def _build(cfg: PrepareConfig, tmp: Path, console: Output | None) -> dict[str, Any]:
     stream = enumerate(corpus_documents(cfg))
     budget = cfg.tokens
 
@@ -175,7 +179,7 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
         if not sample:
             raise DataError("the corpus yielded no training documents")
         if console is not None:
-            console.print(f"training a {cfg.vocab_size}-token BPE on {sum(map(len, sample)):,} characters")
+            console.progress(f"training a {cfg.vocab_size}-token BPE on {sum(map(len, sample)):,} characters")
         tok = train_tokenizer(sample, cfg.vocab_size)
     # The manifest's vocab_size is the model's embedding size: the one asked for, even when
     # the BPE ran out of merges on a small corpus (ids then simply never reach the top rows).
@@ -266,12 +270,12 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Console | None) -> dict[str, 
 
 
 def _share_table(title: str, counts: dict[str, int], total: int, floors: dict[str, Any] | None = None) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("")
-    table.add_column("tokens", justify="right")
-    table.add_column("share", justify="right")
+    table = Table(title)
+    table.column("")
+    table.column("tokens", "right")
+    table.column("share", "right")
     if floors is not None:
-        table.add_column("entropy floor", justify="right")
+        table.column("entropy floor", "right")
     for name, n in counts.items():
         if n:
             row = [name, f"{n:,}", f"{100 * n / max(total, 1):.1f}%"]
@@ -282,33 +286,45 @@ def _share_table(title: str, counts: dict[str, int], total: int, floors: dict[st
     return table
 
 
+def _groups(counts: dict[str, int]) -> list[str]:
+    return [k for k, n in counts.items() if n]
+
+
 def print_summary(
-    manifest: dict[str, Any], console: Console, out: Path | None = None, floor: dict[str, Any] | None = None
+    manifest: dict[str, Any], console: Output | Console, out: Path | None = None, floor: dict[str, Any] | None = None
 ) -> None:
-    """Documents, tokens, rows per split, region / exercise-type token shares (training split),
-    and the entropy floor where the corpus has one (`sanlab.data.floor`)."""
-    table = Table(title=f"prepared {manifest['corpus']} corpus" + (f" → {out}" if out else ""), title_justify="left")
+    """Documents, tokens, rows per split; region / exercise-type token shares (training
+    split) where the corpus has more than one of them (plain text is one region, `other`,
+    and one type, so a one-row table would say nothing); and the entropy floor where the
+    corpus has one (`sanlab.data.floor`)."""
+    o = console if isinstance(console, Output) else Output.to_console(console)
+    table = Table(f"prepared {manifest['corpus']} corpus" + (f" → {out}" if out else ""))
     for col in ("split", "documents", "tokens", "rows", "padding"):
-        table.add_column(col, justify="right" if col != "split" else "left")
+        table.column(col, "right" if col != "split" else "left")
     for name, s in manifest["splits"].items():
         table.add_row(name, f"{s['documents']:,}", f"{s['tokens']:,}", f"{s['rows']:,}", f"{s['pad_tokens']:,}")
-    console.print(table)
+    o.table(table)
     train = manifest["splits"]["train"]
     ft = floor["splits"]["train"] if floor else None
-    console.print(_share_table("train tokens by region", train["region_tokens"], train["tokens"],
-                               ft["region"] if ft else None))  # fmt: skip
-    console.print(_share_table("train tokens by exercise type", train["exercise_tokens"], train["tokens"],
-                               ft["exercise"] if ft else None))  # fmt: skip
+    for what, key, floors in (("region", "region_tokens", ft["region"] if ft else None),
+                              ("exercise type", "exercise_tokens", ft["exercise"] if ft else None)):
+        groups = _groups(train[key])
+        if len(groups) > 1:
+            o.table(_share_table(f"train tokens by {what}", train[key], train["tokens"], floors))
+        else:
+            one = f"'{groups[0]}'" if groups else "none"
+            o.note(f"no {what} table: every training token is of one {what} ({one})"
+                   + (" — plain text has no chat turns" if what == "region" else ""))
     if ft:
         fv = floor["splits"]["val"]
         val_floor = "–" if fv["nats_per_token"] is None else f"{fv['nats_per_token']:.4f}"
-        console.print(f"entropy floor {ft['nats_per_token']:.4f} nats/token (train), {val_floor} (val): a lower "
-                      f"bound on any model's mean loss on these documents ({FLOOR_FILE})")
+        o.note(f"entropy floor {ft['nats_per_token']:.4f} nats/token (train), {val_floor} (val): a lower "
+               f"bound on any model's mean loss on these documents ({FLOOR_FILE})")
         if floor.get("world"):
             wd = floor["world"]
-            console.print(f"world: {wd['facts']:,} facts ({wd['people']:,} people, {wd['cities']:,} cities)")
-    console.print(f"vocab {manifest['vocab_size']:,} (BPE uses {manifest['tokenizer_vocab_size']:,}) · "
-                  f"seq_len {manifest['seq_len']} · seed {manifest['seed']}")
+            o.note(f"world: {wd['facts']:,} facts ({wd['people']:,} people, {wd['cities']:,} cities)")
+    o.note(f"vocab {manifest['vocab_size']:,} (BPE uses {manifest['tokenizer_vocab_size']:,}) · "
+           f"seq_len {manifest['seq_len']} · seed {manifest['seed']}")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -322,6 +338,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     parser.add_argument("items", nargs="*", metavar="INPUT|key=value",
                         help="input files or dirs (text), a dataset name (hf), and key=value overrides")  # fmt: skip
+    add_format_flag(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> PrepareConfig:
@@ -346,5 +363,6 @@ def config_from_args(args: argparse.Namespace) -> PrepareConfig:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    prepare(cfg, args.out, force=args.force, console=Console())
+    with Output(args.format) as out:
+        prepare(cfg, args.out, force=args.force, console=out)
     return 0

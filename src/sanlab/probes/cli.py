@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> N
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"data, runs and results go here (default {DEFAULT_OUT}); reruns reuse finished runs")
     parser.add_argument("--list", action="store_true", help="list the tasks and arm presets and exit")
+    from sanlab.tables import add_format_flag
+
+    add_format_flag(parser)
 
 
 def _list(console: object) -> int:
@@ -72,22 +75,20 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     again.arms = again.arms if again.arms is not None else args.arms
     again.arm = [*args.arm, *again.arm]
     again.out = again.out if again.out != DEFAULT_OUT else args.out
+    again.format = again.format if again.format != "text" else args.format
     return again
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     args = _reparse(args)
 
     from sanlab.data.probes import TASKS
     from sanlab.probes.arms import available_presets, check_available, resolve_arms
     from sanlab.probes.runner import Overrides, run_cells
     from sanlab.probes.suite import CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results, write_results
+    from sanlab.tables import Output
 
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console = Console(highlight=False, width=120)  # logs: room for the grid
+    console = Output(args.format)
     if args.list:
         return _list(console)
     tasks_given = [i for i in args.items if "=" not in i]
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
         arms = available_presets()
         skipped = [n for n in ("frozen_qk", "frozen_mlp", "mixit") if n not in {a.name for a in arms}]
         if skipped:
-            console.print(f"arms: {', '.join(a.name for a in arms)} ({', '.join(skipped)}: not available "
-                          "in this build)")
+            console.note(f"arms: {', '.join(a.name for a in arms)} ({', '.join(skipped)}: not available "
+                         "in this build)")
     else:
         arms = resolve_arms(["standard", "san"])
     opts = ov.options_model(args.quick)
@@ -131,21 +132,21 @@ def run(args: argparse.Namespace) -> int:
     cells = build_cells(tasks, arms, ov, opts, args.quick, out)
     t0 = time.time()
     stem = "suite" if args.suite else f"probe-{tasks[0]}"
-    console.print(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
+    console.progress(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
                   f"{opts.runner.workers} worker(s) × {opts.runner.threads} thread(s) → {out}")
 
     def save_so_far() -> None:
         write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
 
     def on_round(n: int, runs: int) -> None:
-        console.print(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
+        console.progress(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
 
     def progress(cell: object, point: object, done: int) -> None:
         c, p = cell, point
         te = "—" if p.test_accuracy is None else f"{100 * p.test_accuracy:.1f}%"
         va = "—" if p.val_accuracy is None else f"{100 * p.val_accuracy:.1f}%"
         err = f" — {p.error}" if p.error else ""
-        console.print(f"  [{done}] {c.key} lr {p.lr:.3g} (×{p.multiplier:g}): {p.status}  val {va}  test {te}  "
+        console.progress(f"  [{done}] {c.key} lr {p.lr:.3g} (×{p.multiplier:g}): {p.status}  val {va}  test {te}  "
                       f"({p.wall_s or 0:.0f} s, {time.time() - t0:.0f} s in all){err}")
         save_so_far()  # a stopped suite keeps every finished run's numbers in its results
 
@@ -154,12 +155,12 @@ def run(args: argparse.Namespace) -> int:
     print_cells(res, console)
     print_table(res, console)
     json_path, csv_path = write_results(res, out, stem)
-    console.print(f"wrote {json_path} and {csv_path} ({res['wall_s']:.0f} s)")
+    console.note(f"wrote {json_path} and {csv_path} ({res['wall_s']:.0f} s)")
     failed = [p for c in cells for p in c.points.values() if p.status not in ("completed", "diverged")]
     if failed:
-        console.print(f"[red]{len(failed)} run(s) failed; rerun the same command to retry them[/red]")
-        return 1
-    return 0
+        console.note(f"{len(failed)} run(s) failed; rerun the same command to retry them", style="red")
+    console.close()
+    return 1 if failed else 0
 
 
 def os_access_writable(path: Path) -> bool:

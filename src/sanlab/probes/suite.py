@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rich.console import Console
-from rich.table import Table
+
+from sanlab.tables import Output, Table
 
 from sanlab.probes.arms import LABELS, Arm
 from sanlab.probes.capacity import capacity, trainable_from_meta
@@ -111,15 +112,15 @@ def _fmt_capacity(cap: dict[str, Any]) -> str:
     return ("≥" + text) if cap.get("lower_bound") and text != "—" else text
 
 
-def print_table(res: dict[str, Any], console: Console) -> None:
+def print_table(res: dict[str, Any], console: Output | Console) -> None:
     """Arms × tasks (test exact-match accuracy in %, capacity in bits/param), then SPEC §2's anchors."""
+    console = console if isinstance(console, Output) else Output.to_console(console)
     tasks = res["tasks"]
     edge = {(s["arm"], s["key"].split("/")[0]) for s in res["cells"] if s["at_edge"]}
-    t = Table(title="probe suite: test exact-match accuracy (%), memorization in bits/param",
-              title_justify="left")
-    t.add_column("arm")
+    t = Table("probe suite: test exact-match accuracy (%), memorization in bits/param")
+    t.column("arm")
     for task in tasks:
-        t.add_column(COLUMNS.get(task, task), justify="right")
+        t.column(COLUMNS.get(task, task), "right")
     for a in res["arms"]:
         row = []
         for task in tasks:
@@ -129,36 +130,37 @@ def print_table(res: dict[str, Any], console: Console) -> None:
                           for k in edge)
             row.append(cell + ("*" if at_edge else ""))
         t.add_row(a["label"], *row)
-    console.print(t)
+    console.table(t)
     if any(s["at_edge"] for s in res["cells"]):
-        console.print("* the selected LR is still at an edge of its sweep (the sweep hit sweep.max_extensions)")
+        console.note("* the selected LR is still at an edge of its sweep (the sweep hit sweep.max_extensions)")
     if any(c.get("lower_bound") for c in res["capacity"].values()):
-        console.print("≥ every pair of the largest N was memorised: a lower bound (add a larger N to capacity.ns)")
+        console.note("≥ every pair of the largest N was memorised: a lower bound (add a larger N to capacity.ns)")
     anchors = [(a, res["anchors"].get(a["name"]) or {}) for a in res["arms"]]
     if any(v for _, v in anchors):
-        p = Table(title="SPEC §2 anchors (paper)", title_justify="left")
-        p.add_column("arm")
+        p = Table("SPEC §2 anchors (paper)")
+        p.column("arm")
         for task in tasks:
-            p.add_column(COLUMNS.get(task, task), justify="right")
+            p.column(COLUMNS.get(task, task), "right")
         for a, v in anchors:
             if v:
                 p.add_row(LABELS.get(a["name"], a["name"]), *[_fmt(v.get(task), task) for task in tasks])
-        console.print(p)
+        console.table(p)
     if res["capacity"]:
         for name, cap in res["capacity"].items():
             pts = ", ".join(f"N={p['n']}: {p['memorised']}" for p in cap["points"])
             if cap.get("bits_per_param") is not None:
-                console.print(f"capacity {name}: {cap['bits_per_param']:.3f} bits/param = {cap['memorised']} labels "
+                console.note(f"capacity {name}: {cap['bits_per_param']:.3f} bits/param = {cap['memorised']} labels "
                               f"× log2({cap['alphabet']}) / {cap['params']:,} trainable params (best N={cap['n']}, "
                               f"{cap['chance']:.0f} of them expected by chance; memorised {pts})"
-                              + (" — a lower bound" if cap.get("lower_bound") else ""), highlight=False)
+                              + (" — a lower bound" if cap.get("lower_bound") else ""))
 
 
-def print_cells(res: dict[str, Any], console: Console) -> None:
+def print_cells(res: dict[str, Any], console: Output | Console) -> None:
     """One line per cell: the locked LR, val / test accuracy, trainable parameters."""
-    t = Table(title="per arm: LR locked by the sweep, exact-match accuracy", title_justify="left")
+    console = console if isinstance(console, Output) else Output.to_console(console)
+    t = Table("per arm: LR locked by the sweep, exact-match accuracy")
     for col in ("task", "arm", "lr (×base)", "val acc", "test acc", "correct", "trainable params"):
-        t.add_column(col, justify="left" if col in ("task", "arm") else "right")
+        t.column(col, "left" if col in ("task", "arm") else "right")
     for s in res["cells"]:
         lr = "—" if s["lr"] is None else f"{s['lr']:.3g} (×{s['multiplier']:g})" + ("*" if s["at_edge"] else "")
         va, te = s["val_accuracy"], s["test_accuracy"]
@@ -166,7 +168,7 @@ def print_cells(res: dict[str, Any], console: Console) -> None:
                   "—" if te is None else f"{100 * te:.1f}%",
                   "—" if s["test_correct"] is None else f"{s['test_correct']}/{s['test_total']}",
                   "—" if s["trainable_params"] is None else f"{s['trainable_params']:,}")
-    console.print(t)
+    console.table(t)
 
 
 def _csv_num(value: Any) -> str:

@@ -47,7 +47,8 @@ from sanlab.study.plan import (
 from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
-from sanlab.study.table import locks, make_console, print_tables
+from sanlab.study.table import locks, print_tables
+from sanlab.tables import Output
 
 SPEC_FILE = "study.json"
 RUNS = "runs"  # run dirs: DIR/runs/RUN_ID
@@ -140,7 +141,7 @@ class Study:
                  runner: LocalRunner | SlurmRunner | None = None) -> None:
         self.spec = spec
         self.dir = Path(study_dir)
-        self.console = console or make_console()
+        self.console = console or Output().console
         self.train_fn = train_fn
         self.store = ResultStore(self.dir)
         self.runner = runner or make_runner(spec.runner, self.dir)
@@ -247,7 +248,7 @@ class Study:
         finals = merge(final_runs(self.spec, self.arms, lock, self.data_dir))
         self._execute(finals, "final + noise-floor runs")
         records = self.store.runs()
-        print_tables(self.spec, self.arms, records, self.console)
+        print_tables(self.spec, self.arms, records, Output.to_console(self.console))
         bad = sorted(rid for rid in self.attempted if records[rid].get("status") not in FINAL_STATUSES)
         if bad:
             self.console.print(f"[red]{len(bad)} run(s) did not finish: {', '.join(bad)} "

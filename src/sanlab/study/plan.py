@@ -287,6 +287,14 @@ class StudyPlan:
     # run id -> measured {step_s, eval_s, ready_s} of its shape (sanlab.study.speed)
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
     max_extensions: int = 0  # sweep rounds boundary extension may add (0: extension off)
+    # (arm, optimizer) -> sweep points boundary extension may still add beyond `runs`
+    extension_room: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def max_extension_runs(self) -> int:
+        """The most runs boundary extension can add to `runs` (each cell's remaining
+        extension budget, summed): the plan's "N runs + up to M sweep extensions"."""
+        return sum(self.extension_room.values())
 
     def run_seconds(self, run: PlannedRun) -> float:
         """Time estimate of one run. Timed shapes: start-up and building the model +
@@ -332,13 +340,15 @@ class StudyPlan:
 
     @property
     def extension_seconds(self) -> float:
-        """The most boundary extension can add: `max_extensions` more sweep rounds, each one
-        more point per sweep cell, run side by side."""
+        """The most boundary extension can add: as many more sweep rounds as the most room
+        any cell has left, each one more point per cell that can still extend, run side
+        by side."""
         per_cell: dict[tuple[str, str], PlannedRun] = {}
         for r in self.runs:
-            if "sweep" in r.phases:
+            if "sweep" in r.phases and self.extension_room.get((r.arm, r.optimizer), 0) > 0:
                 per_cell.setdefault((r.arm, r.optimizer), r)
-        return self.max_extensions * self.makespan(per_cell.values())
+        rounds = max(self.extension_room.values(), default=0)
+        return rounds * self.makespan(per_cell.values()) if per_cell else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -353,6 +363,7 @@ class StudyPlan:
             "total_flops": self.total_flops,
             "est_seconds": self.total_seconds,
             "est_extension_seconds": self.extension_seconds,
+            "max_extension_runs": self.max_extension_runs,
             "tokens_per_s": self.tokens_per_s,
             "workers": self.workers,
             "timed": sorted({r.arm for r in self.runs if r.run_id in self.speeds}),
@@ -377,6 +388,7 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
     runs: list[PlannedRun] = []
     notes: list[str] = []
     known_locks: dict[tuple[str, str], float] = dict(locks or {})
+    room: dict[tuple[str, str], int] = {}
     if spec.sweep.enabled:
         ext = (f"boundary extension on (×2 / ×½ steps, at most {spec.sweep.max_extensions} per cell)"
                if spec.sweep.extend else "boundary extension off")
@@ -387,9 +399,12 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
             tried = sorted(set(results) | set(spec.sweep.multipliers))
             decision = cell_decision(spec, results)
             runs += sweep_runs(spec, arm, opt, tried, data_dir)
-            if decision.pending and set(decision.pending) - set(tried):
+            planned = set(decision.pending) - set(tried)
+            if decision.pending and planned:
                 runs += sweep_runs(spec, arm, opt, decision.pending, data_dir,
                                    note="boundary extension")
+            if spec.sweep.extend and not decision.done:
+                room[(arm.name, opt)] = max(0, spec.sweep.max_extensions - decision.extensions - len(planned))
     provisional = {}
     for arm, opt in cells(spec, arms):
         if (arm.name, opt) not in known_locks:
@@ -402,4 +417,5 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
                      "so their LR and run id may change")
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
     extensions = spec.sweep.max_extensions if spec.sweep.enabled and spec.sweep.extend else 0
-    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions)
+    return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions,
+                     extension_room=room)

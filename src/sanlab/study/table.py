@@ -1,7 +1,8 @@
 """The study's answer as tables: the gap table and the LR sweep table (SPEC §1.4, §1.6).
 
 Both are computed from the spec and the results store alone, so they can be printed at
-any time, also while a study is still running (missing cells show as "…").
+any time, also while a study is still running (missing cells show as "—"). They are
+`sanlab.tables.Table`s, printed in any of the formats of `sanlab.tables`.
 
 Gap: Δ = arm − reference validation loss (nats; negative = the arm is ahead of the
 reference), per seed pair (the same seed in both arms) and as mean ± spread (sample
@@ -19,9 +20,6 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rich.console import Console
-from rich.table import Table
-
 from sanlab.study.plan import (
     StudyArm,
     cell_decision,
@@ -34,13 +32,9 @@ from sanlab.study.plan import (
 from sanlab.config import format_tokens
 from sanlab.study import noise
 from sanlab.study.spec import StudySpec
+from sanlab.tables import Output, Table
 
-
-def make_console() -> Console:
-    """A terminal's own width; 160 columns when writing to a file or pipe (logs, CI), where
-    rich would otherwise squeeze the wide study tables into 80."""
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+MISSING = "—"  # a cell whose run has not finished (or cannot exist yet)
 
 
 def _loss(records: Mapping[str, dict], run_id: str) -> float | None:
@@ -148,12 +142,12 @@ def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
 
 
 def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
-    return "…" if v is None else fmt.format(v)
+    return MISSING if v is None else fmt.format(v)
 
 
 def verdict(g: Gap, floor: Gap | None) -> str:
     if g.mean is None:
-        return "…"
+        return MISSING
     favours = g.arm if g.mean < 0 else g.reference
     size = None if floor is None else noise.floor_size(floor.per_seed.values())
     if size is None:
@@ -169,21 +163,21 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
     floor = noise[0] if noise else None
     ref = arms[0]
     seeds = ", ".join(f"s{s}" for s in spec.seeds)
-    table = Table(title=f"Gap to the reference ({ref.name}: {ref.label}) — Δ = arm − {ref.name} "
-                        f"validation loss, nats; Δ < 0: the arm is ahead (seed pairs {seeds})")
+    table = Table(f"Gap to the reference ({ref.name}: {ref.label}) — Δ = arm − {ref.name} "
+                  f"validation loss, nats; Δ < 0: the arm is ahead (seed pairs {seeds})")
     for col, j in (("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
                    (f"{ref.name} loss", "right"), ("arm loss", "right"), ("Δ per seed", "right"),
                    ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")):
-        table.add_column(col, justify=j)  # type: ignore[arg-type]
+        table.column(col, j)  # type: ignore[arg-type]
     for g in rows:
-        per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or "…"
-        ms = "…" if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
+        per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING
+        ms = MISSING if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
         table.add_row(f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
                       _f(g.ref_loss, "{:.4f}"), _f(g.arm_loss, "{:.4f}"), per, ms,
                       _f(g.percent, "{:+.2f}%"), verdict(g, floor))
     if floor is not None:
-        per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or "…"
-        ms = "…" if floor.mean is None else _f(floor.mean) + (
+        per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or MISSING
+        ms = MISSING if floor.mean is None else _f(floor.mean) + (
             "" if floor.spread is None else f" ± {floor.spread:.4f}")
         table.add_section()
         table.add_row(f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
@@ -226,26 +220,28 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
     """SPEC §1.4's layout: multipliers as columns, best in bold, the locked LR; plus warnings."""
     rows = sweep_rows(spec, arms, records)
     mults = sorted(set(spec.sweep.multipliers).union(*(r.losses.keys() for r in rows)))
-    table = Table(title=f"LR sweep: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
-                        f"seed {spec.sweep_seed} (best in bold)")
-    table.add_column("arm × optimizer")
-    table.add_column("base LR", justify="right")
+    table = Table(f"LR sweep: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
+                  f"seed {spec.sweep_seed} (best in bold)")
+    table.column("arm × optimizer")
+    table.column("base LR", "right")
     for m in mults:
-        table.add_column(f"{m:g}×", justify="right")
-    table.add_column("lock", justify="right")
+        table.column(f"{m:g}×", "right")
+    table.column("lock", "right")
     warnings = []
     for r in rows:
         cells_ = []
-        for m in mults:
+        best = []
+        for k, m in enumerate(mults):
             if m not in r.losses:
-                cells_.append("" if m not in spec.sweep.multipliers or r.done else "…")
+                cells_.append("" if m not in spec.sweep.multipliers or r.done else MISSING)
             elif r.losses[m] is None:
                 cells_.append("div/fail")
             else:
-                txt = f"{r.losses[m]:.4f}"
-                cells_.append(f"[bold]{txt}[/bold]" if m == r.best else txt)
-        lock = "…" if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else "")
-        table.add_row(f"{r.arm} {r.optimizer}", f"{r.base_lr:g}", *cells_, lock)
+                cells_.append(f"{r.losses[m]:.4f}")
+                if m == r.best:
+                    best.append(2 + k)
+        lock = MISSING if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else "")
+        table.add_row(f"{r.arm} {r.optimizer}", f"{r.base_lr:g}", *cells_, lock, bold=best)
         if r.at_edge:
             warnings.append(f"warning: {r.arm} {r.optimizer}: best LR {r.lock:g} is still at an edge "
                             "of the sweep (extension off or limit reached); the optimum may lie beyond")
@@ -263,16 +259,16 @@ def throughput(records: Mapping[str, dict]) -> dict[str, float]:
 
 
 def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-                 console: Console) -> None:
+                 out: Output) -> None:
+    """The sweep table (with its warnings), the gap table and the measured throughput."""
     lock = locks(spec, arms, records, set(records))
     if spec.sweep.enabled:
         table, warnings = sweep_table(spec, arms, records)
-        console.print(table)
+        out.table(table)
         for w in warnings:
-            console.print(f"[yellow]{w}[/yellow]")
-    console.print(gap_table(spec, arms, records, lock))
+            out.note(w, style="yellow")
+    out.table(gap_table(spec, arms, records, lock))
     tps = throughput(records)
     if tps:
-        console.print("measured throughput (training tokens/s per run): "
-                      + ", ".join(f"{a.name} {tps[a.name]:,.0f}" for a in arms if a.name in tps),
-                      highlight=False)
+        out.note("measured throughput (training tokens/s per run): "
+                 + ", ".join(f"{a.name} {tps[a.name]:,.0f}" for a in arms if a.name in tps))
