@@ -174,3 +174,33 @@ def test_fixed_seq_qk_sequence_survives_a_resume(train_data_dir: Path, tmp_path:
         saved = load_file(str(run / "checkpoints" / "latest" / "model.safetensors"))
         for i in range(2):
             assert torch.equal(saved[f"blocks.{i}.attn.tokens"], expected), (run, i)
+
+
+def test_sigint_records_the_val_loss_of_the_step_it_stopped_at(train_data_dir: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """With evaluation only at the end (eval_every=0), a run stopped by SIGINT is evaluated
+    where it stopped: its record and its last line carry that step's validation loss (the
+    value an uninterrupted run evaluating every step logs there), formatted; the resume
+    ends with the final one."""
+    every = tmp_path / "every"
+    assert train(tiny_config(train_data_dir, *RUN[:3], "train.eval_every=1"), every)["status"] == "completed"
+    val = {r["step"]: r["val_loss"] for r in metrics(every)}
+    run = tmp_path / "run"
+    args = [f"data.dir={train_data_dir}", *TINY, *RUN[:3], "train.eval_every=0"]
+    proc = subprocess.Popen([sys.executable, "-m", "sanlab", "train", *args, "--out", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_step(proc, run, 5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_INTERRUPTED
+    meta = json.loads((run / "meta.json").read_text())
+    stopped = meta["final"]["steps"]
+    assert meta["status"] == "interrupted" and 5 <= stopped < STEPS
+    assert meta["final"]["val_loss"] == val[stopped]  # bit-identical: evaluation draws no random numbers
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"interrupted: {run}  steps {stopped}  train_loss ")
+    assert f"  val_loss {val[stopped]:.4f}  (" in last and "None" not in last
+    assert main(["train", "--out", str(run), "--resume"]) == EXIT_OK
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"completed: {run}  steps {STEPS}  train_loss ") and f"val_loss {val[STEPS]:.4f}" in last
+    assert "val_loss" not in metrics(run)[stopped - 1]  # the log has the uninterrupted run's rows

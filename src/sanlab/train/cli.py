@@ -8,6 +8,7 @@ disk filled up while writing (the previous checkpoint is intact).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
@@ -76,7 +77,27 @@ def run(args: argparse.Namespace) -> int:
         # Under torchrun a non-zero exit makes the launcher stop the other ranks: only rank 0
         # reports the run's status (and so the job's exit code) once it has written it.
         return dist.exit_worker(EXIT_OK)
-    final = meta.get("final", {})
-    print(f"{meta['status']}: {args.out}  steps {final.get('steps')}  "
-          f"train_loss {final.get('train_loss')}  val_loss {final.get('val_loss')}")
+    print(final_line(meta, args.out))
     return dist.exit_worker(_EXIT.get(meta["status"], EXIT_OK))
+
+
+def _num(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) and math.isfinite(value) else "n/a"
+
+
+def final_line(meta: dict, out: object) -> str:
+    """`completed: RUN  steps 400  train_loss 5.6609  val_loss 5.8744  (1.6M tokens, 35.8k tokens/s)`:
+    the losses at the step the run ended (an interrupted run is evaluated where it stopped;
+    n/a where there is no finite value, as after a divergence)."""
+    from sanlab.config import format_tokens
+
+    final = meta.get("final") or {}
+    line = (f"{meta.get('status')}: {out}  steps {final.get('steps')}  train_loss {_num(final.get('train_loss'))}"
+            f"  val_loss {_num(final.get('val_loss'))}")
+    extra = []
+    if isinstance(final.get("tokens"), int):
+        extra.append(f"{format_tokens(final['tokens'])} tokens")
+    tps = meta.get("tokens_per_s")
+    if isinstance(tps, (int, float)) and math.isfinite(tps):
+        extra.append(f"{tps / 1000:.1f}k tokens/s")
+    return line + (f"  ({', '.join(extra)})" if extra else "")

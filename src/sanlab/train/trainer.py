@@ -309,7 +309,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     log = RunLog(out, cfg, plan.steps, start, enabled=d.is_main)
     if note := emulated_bf16_note(cfg):
         log.message(note)
-    status, row = "running", {}
+    status, row, stop_eval = "running", {}, {}
     try:
         if start == 0:
             meta["init"] = evaluate(model, val_batches, amp, d)
@@ -385,6 +385,11 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
                 if not saved:
                     save(done)
                 status = "interrupted"
+                if "val_loss" not in row:
+                    # the run's record gets the validation loss of the step it stopped at (the
+                    # checkpoint is already written and evaluation draws no random numbers, so
+                    # the resumed run is unchanged; metrics.jsonl keeps the uninterrupted rows)
+                    stop_eval = evaluate(model, val_batches, amp, d)
                 log.message(f"interrupted at step {done}; resume with --resume")
                 break
         else:
@@ -404,7 +409,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     meta.update({
         "status": status,
         "final": {"train_loss": last_loss if last_loss is not None and math.isfinite(last_loss) else None,
-                  **trainer_state["last_eval"],
+                  **trainer_state["last_eval"], **stop_eval,
                   "tokens": done_steps * plan.tokens_per_step, "steps": done_steps},
         "train_time_s": train_time,  # optimizer steps only, summed over resumes
         "tokens_per_s": done_steps * plan.tokens_per_step / train_time if train_time else None,
