@@ -69,3 +69,31 @@ def test_decompose_without_counts_has_no_frequency() -> None:
     out = L.decompose(torch.ones(8), t)
     assert "frequency" not in out and out["loss"] == 1.0
     assert [r["group"] for r in out["exercise"]] == ["math", "rag"]
+
+
+def test_bootstrap_interval_is_the_percentile_interval_of_resampled_means() -> None:
+    """The interval is the 2.5 / 97.5 % quantiles of the means of 1000 resamples; for 4000
+    independent draws that is mean ± 1.96·sd/√N to within a few percent, and the same
+    seed gives the same interval."""
+    torch.manual_seed(0)
+    d = 0.3 + 2.0 * torch.randn(4000, dtype=torch.float64)
+    lo, hi = L.bootstrap_interval(d)
+    half = 1.96 * float(d.std()) / 4000 ** 0.5
+    assert lo < float(d.mean()) < hi
+    assert (hi - lo) / 2 == pytest.approx(half, rel=0.08)
+    assert (lo + hi) / 2 == pytest.approx(float(d.mean()), abs=0.1 * half)
+    assert L.bootstrap_interval(d) == (lo, hi)
+    assert L.bootstrap_interval(torch.full((50,), 0.25)) == pytest.approx((0.25, 0.25))
+
+
+def test_compare_bounds_region_and_exercise_deltas_only() -> None:
+    t = _table()
+    a = torch.tensor([1.0, 2.0, 3.0, 1.0, 2.0, 1.0, 4.0, 5.0])
+    b = torch.tensor([1.5, 1.0, 2.0, 1.0, 1.0, 2.0, 4.0, 3.0])
+    cmp = L.compare(a, b, t)
+    for grouping in ("region", "exercise"):
+        for row in cmp[grouping]["rows"]:
+            assert row["delta_lo"] <= row["delta"] <= row["delta_hi"]
+    query = next(r for r in cmp["region"]["rows"] if r["group"] == "query")  # Δs +1, +1: no spread
+    assert (query["delta_lo"], query["delta_hi"]) == pytest.approx((1.0, 1.0))
+    assert all("delta_lo" not in r for r in cmp["position"]["rows"])

@@ -96,3 +96,27 @@ def test_run_without_milestones_is_a_clear_error(tmp_path: Path) -> None:
     run = RunDir.open(write_run(tmp_path / "run", TINY))
     with pytest.raises(CheckpointError, match="no milestone checkpoints.*available: latest"):
         S.run_spectra(run)
+
+
+def test_a_growing_top_singular_value_is_not_settled() -> None:
+    """The normalised spectrum of [x, 1, …, 1] (200 values) barely moves as x grows 2 → 4 → 8
+    (total variation < 0.02 per step) while the stable rank (x² + 199) / x² falls 50.75 →
+    13.4 → 4.1: the type has not settled, whatever the shape alone says; a spectrum that
+    keeps its shape and its stable rank (a uniform scale-up) settles at once."""
+
+    def spike(x: float) -> torch.Tensor:
+        s = torch.ones(200, dtype=torch.float64)
+        s[0] = x
+        return s
+
+    flat = torch.linspace(2.0, 1.0, 200, dtype=torch.float64)
+    ms = [(f, {(0, "down"): spike(x), (0, "Q"): c * flat}) for f, x, c in ((0.0, 2, 1), (0.5, 4, 2), (1.0, 8, 3))]
+    res = S.spectra_over_milestones(ms, tol=0.02)
+    down = next(c for c in res.crystallisation if c["type"] == "down")
+    assert all(d < 0.02 for d in down["distances"])  # the shape rule alone would call it settled at 0
+    ranks = [r["stable_rank"] for r in res.per_type if r["type"] == "down"]
+    assert ranks == pytest.approx([(x * x + 199) / (x * x) for x in (2, 4, 8)])
+    assert down["rank_changes"] == pytest.approx([abs(b - a) / a for a, b in zip(ranks, ranks[1:])])
+    assert down["milestone"] is None
+    q = next(c for c in res.crystallisation if c["type"] == "Q")
+    assert q["milestone"] == 0.0 and q["rank_changes"] == pytest.approx([0.0, 0.0])

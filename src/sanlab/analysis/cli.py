@@ -35,6 +35,11 @@ def _sections(text: str) -> set[str]:
     return chosen
 
 
+def eval_rows_arg(text: str) -> int | str:
+    """`--eval-rows`: a positive number of rows, or `auto`."""
+    return "auto" if text.strip().lower() == "auto" else positive_int(text)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories to analyse")
     parser.add_argument("--vs", type=Path, default=None, metavar="RUN_DIR",
@@ -43,8 +48,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="where to write results (default: <first RUN_DIR>/analysis)")
     parser.add_argument("--checkpoint", default="latest", metavar="NAME",
                         help="checkpoint to evaluate: latest, milestone-050 or 50 (default latest)")
-    parser.add_argument("--eval-rows", type=positive_int, default=32, metavar="N",
-                        help="held-out rows in the evaluation sample (default 32)")
+    parser.add_argument("--eval-rows", type=eval_rows_arg, default=32, metavar="N|auto",
+                        help="held-out rows in the evaluation sample (default 32); auto: the fewest rows "
+                             "in which every region and exercise type has 200 scored tokens")
     parser.add_argument("--batch-rows", type=positive_int, default=None, metavar="N",
                         help="rows per forward pass (default 4 on CPU, 16 on CUDA)")
     parser.add_argument("--data", type=Path, default=None, metavar="DIR",
@@ -57,6 +63,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="spectrum change (total variation) below which a matrix type counts as "
                              "crystallised (default 0.02)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    from sanlab.tables import add_format_flag
+
+    add_format_flag(parser)
 
 
 def _device(choice: str) -> str:
@@ -78,14 +87,14 @@ def _names(paths: list[Path]) -> list[str]:
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `sanlab analyze` computes, as one JSON-ready dict."""
     from sanlab.analysis import losses as L
-    from sanlab.analysis.evaluate import evaluate, load_sample
+    from sanlab.analysis.evaluate import MIN_GROUP_TOKENS, evaluate, load_sample, rows_for_groups
     from sanlab.analysis.rundir import RunDir, check_data_tokenizer, check_same_tokenizer, checkpoint_name
     from sanlab.analysis.spectra import DEFAULT_TOL, run_spectra
     from sanlab.analysis.stream import gate_values
     from sanlab.data.floor import FLOOR_FILE, load_floor
     from sanlab.data.floor import rates as floor_rates
 
-    if args.eval_rows <= 0:
+    if args.eval_rows != "auto" and args.eval_rows <= 0:
         raise ConfigError(f"--eval-rows must be positive, got {args.eval_rows}")
     if args.batch_rows is not None and args.batch_rows <= 0:
         raise ConfigError(f"--batch-rows must be positive, got {args.batch_rows}")
@@ -133,10 +142,18 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = runs[0].data_dir(args.data)
         for run, own in zip(runs, data_dirs):
             check_data_tokenizer(run, own, data_dir)
-        sample = load_sample(data_dir, args.eval_rows)
+        rows_rule = f"--eval-rows {args.eval_rows}"
+        n_rows = args.eval_rows
+        if n_rows == "auto":
+            n_rows, short = rows_for_groups(data_dir)
+            rows_rule = (f"auto: the fewest validation rows with {MIN_GROUP_TOKENS} scored tokens in every region "
+                         "and exercise type" + (f" (not reached in {n_rows} rows: "
+                                               + ", ".join(f"{k} {v}" for k, v in short.items()) + ")" if short else ""))
+        sample = load_sample(data_dir, n_rows)
         table = sample.token_table()
         result["sample"] = {
             "data_dir": str(data_dir),
+            "rows_rule": rows_rule,
             "rows": sample.rows,
             "seq_len": int(sample.inputs.shape[1]),
             "tokens": len(table),
@@ -216,9 +233,8 @@ def _try_data_dir(run: Any) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from sanlab.analysis.output import print_tables, write_outputs
+    from sanlab.tables import Output
 
     from sanlab.paths import check_out_dir
 
@@ -229,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     result["seconds"] = time.perf_counter() - t0
     out_dir = check_out_dir(args.out if args.out is not None else args.runs[0] / "analysis")
     files = write_outputs(result, out_dir)
-    console = Console()
-    print_tables(result, console)
-    console.print(f"analysis took {result['seconds']:.1f} s; wrote {len(files)} files to {out_dir}")
+    with Output(args.format) as out:
+        print_tables(result, out)
+        out.note(f"analysis took {result['seconds']:.1f} s; wrote {len(files)} files to {out_dir}")
     return 0

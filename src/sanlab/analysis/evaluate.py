@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from sanlab.analysis.attention import AttentionCollector
 from sanlab.analysis.losses import TokenTable
 from sanlab.analysis.metrics import segment_positions
+from sanlab.analysis.output import MIN_GROUP_TOKENS
 from sanlab.analysis.stream import StreamCollector, stream_hooks
 from sanlab.errors import DataError
 from sanlab.data.regions import PAD_ID
@@ -99,6 +100,41 @@ def load_sample(data_dir: str | Path, rows: int) -> EvalSample:
         exercise_names=tuple(loader.exercise_names),
         token_counts=torch.from_numpy(counts) if counts is not None else None,
     )
+
+
+MAX_AUTO_ROWS = 1024
+
+
+def rows_for_groups(data_dir: str | Path, min_tokens: int = MIN_GROUP_TOKENS,
+                    max_rows: int = MAX_AUTO_ROWS) -> tuple[int, dict[str, int]]:
+    """The fewest rows of the validation split's fixed order (the analysis sample is a
+    prefix of it) in which every region and exercise type that occurs in the first
+    `max_rows` rows has at least `min_tokens` scored tokens; all of those rows when some
+    group never gets there. Returns (rows, {group: its scored tokens} for the groups that
+    stay short, empty when none does)."""
+    import numpy as np
+
+    from sanlab.data.loader import Loader
+    from sanlab.data.regions import REGION_NAMES
+
+    loader = Loader(data_dir, split="val", batch_rows=1, verify=False)
+    n = min(max_rows, loader.n_rows)
+    if n == 0:
+        raise DataError(f"{data_dir}: the validation split has no rows")
+    b = next(loader.eval_batches(n, batch_rows=n))
+    mask = b["loss_mask"].numpy()  # (R, T)
+    ex = np.asarray(loader.doc_exercise)[b["doc_ids"].clamp_min(0).numpy()]
+    names = [f"region {r}" for r in REGION_NAMES] + [f"exercise {e}" for e in loader.exercise_names]
+    per_row = np.stack([
+        *((mask & (b["region_ids"].numpy() == i)).sum(1) for i in range(len(REGION_NAMES))),
+        *((mask & (ex == i)).sum(1) for i in range(len(loader.exercise_names))),
+    ], axis=1)  # (R, groups)
+    cum = per_row.cumsum(0)
+    present = cum[-1] > 0
+    ok = (cum[:, present] >= min_tokens).all(1)
+    if ok.any():
+        return int(np.argmax(ok)) + 1, {}
+    return n, {names[g]: int(cum[-1, g]) for g in np.flatnonzero(present & (cum[-1] < min_tokens))}
 
 
 @dataclass

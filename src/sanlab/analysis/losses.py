@@ -23,6 +23,11 @@ from torch import Tensor
 from sanlab.data.regions import REGION_NAMES
 
 POSITION_EDGES: tuple[int, ...] = (0, 16, 64, 256, 1024)
+# The paired Δ of a region / exercise group gets a per-token bootstrap interval (what the
+# report draws where one seed pair is all there is).
+BOOTSTRAP_GROUPINGS: tuple[str, ...] = ("region", "exercise")
+BOOTSTRAP_SAMPLES = 1000
+BOOTSTRAP_LEVEL = 0.95
 FREQUENCY_RANK_EDGES: tuple[int, ...] = (0, 10, 100, 1000, 10000)
 
 
@@ -92,11 +97,13 @@ def group_table(loss: Tensor, groups: Tensor, names: tuple[str, ...]) -> list[di
     return rows
 
 
-def delta_table(loss_a: Tensor, loss_b: Tensor, groups: Tensor, names: tuple[str, ...]) -> list[dict]:
+def delta_table(loss_a: Tensor, loss_b: Tensor, groups: Tensor, names: tuple[str, ...], *,
+                interval: bool = False) -> list[dict]:
     """Paired Δ = A − B per group on the same tokens.
 
     `weighted` = token_share · Δ is the group's contribution to the aggregate Δ;
-    `contribution` its fraction of the aggregate.
+    `contribution` its fraction of the aggregate. With `interval`, `delta_lo` and
+    `delta_hi` bound Δ by a per-token bootstrap (`bootstrap_interval`).
     """
     if loss_a.shape != loss_b.shape:
         raise ValueError(f"paired losses differ in shape: {tuple(loss_a.shape)} vs {tuple(loss_b.shape)}")
@@ -111,19 +118,41 @@ def delta_table(loss_a: Tensor, loss_b: Tensor, groups: Tensor, names: tuple[str
             continue
         la, lb = float(a[sel].mean()), float(b[sel].mean())
         weighted = k / n * (la - lb)
-        rows.append(
-            {
-                "group": name,
-                "tokens": k,
-                "token_share": k / n,
-                "loss_a": la,
-                "loss_b": lb,
-                "delta": la - lb,
-                "weighted": weighted,
-                "contribution": weighted / agg if agg else float("nan"),
-            }
-        )
+        row = {
+            "group": name,
+            "tokens": k,
+            "token_share": k / n,
+            "loss_a": la,
+            "loss_b": lb,
+            "delta": la - lb,
+            "weighted": weighted,
+            "contribution": weighted / agg if agg else float("nan"),
+        }
+        if interval:
+            row["delta_lo"], row["delta_hi"] = bootstrap_interval(a[sel] - b[sel], seed=g)
+        rows.append(row)
     return rows
+
+
+def bootstrap_interval(diff: Tensor, samples: int = BOOTSTRAP_SAMPLES, level: float = BOOTSTRAP_LEVEL,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of per-token paired differences (N,):
+    `samples` resamples of N tokens with replacement (a seeded generator: the same
+    interval every time). Tokens are treated as independent, which they are not within a
+    document, so the interval is a lower bound on the uncertainty of the group's Δ."""
+    d = diff.to(torch.float64).flatten().cpu()
+    n = d.numel()
+    if n == 0:
+        return float("nan"), float("nan")
+    g = torch.Generator().manual_seed(seed)
+    chunk = max(1, min(samples, (1 << 22) // n))  # at most ~4M indices in memory at once
+    means = []
+    for start in range(0, samples, chunk):
+        idx = torch.randint(n, (min(chunk, samples - start), n), generator=g)
+        means.append(d[idx].mean(dim=1))
+    m = torch.cat(means)
+    alpha = (1 - level) / 2
+    return float(torch.quantile(m, alpha)), float(torch.quantile(m, 1 - alpha))
 
 
 def delta_identity(loss_a: Tensor, loss_b: Tensor, rows: list[dict]) -> dict:
@@ -172,7 +201,7 @@ def compare(loss_a: Tensor, loss_b: Tensor, table: TokenTable, token_counts: Ten
     """Paired Δ tables (A − B) by every grouping, each with its identity check."""
     out: dict = {"tokens": len(table)}
     for key, (g, names) in groupings(table, token_counts).items():
-        rows = delta_table(loss_a, loss_b, g, names)
+        rows = delta_table(loss_a, loss_b, g, names, interval=key in BOOTSTRAP_GROUPINGS)
         out[key] = {"rows": rows, "identity": delta_identity(loss_a, loss_b, rows)}
     return out
 

@@ -2,15 +2,20 @@
 
 For every hidden matrix (Q, K, V, O and FFN gate / up / down) in every layer and at every
 milestone: stable rank, entropy effective rank and spectral norm; their mean per matrix
-type; and per type the *crystallisation point*, the first milestone after which the
-normalised singular-value spectrum no longer changes by `tol` or more between consecutive
-milestones (mean total-variation distance over layers). The paper finds routing matrices
-(Q, K) crystallise within the first quarter while content matrices (V, O, down) keep
-gaining stable rank.
+type; and per type the *crystallisation point*: the first milestone after which, between
+every pair of consecutive milestones, neither the spectrum's shape nor its stable rank
+changes by `tol` or more — the shape as the total-variation distance between normalised
+singular-value spectra (mean over layers), the stable rank as the relative change of the
+type's mean stable rank (the curve the report draws). The shape alone is not enough: a
+matrix whose top singular value grows while the rest stay put keeps a nearly constant
+normalised spectrum (its top value carries a small share of the sum) while its stable
+rank ‖W‖²_F/‖W‖²₂ falls steeply. The paper finds routing matrices (Q, K) crystallise
+within the first quarter while content matrices (V, O, down) keep gaining stable rank.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -120,20 +125,33 @@ def spectra_over_milestones(
 
     crystal: list[dict] = []
     types = sorted({t for _, sp in milestones for (_, t) in sp}, key=_type_key)
+    mean_rank = {(r["milestone"], r["type"]): r["stable_rank"] for r in per_type}
     for typ in types:
         distances: list[float] = []
-        for (_, a), (_, b) in zip(milestones, milestones[1:]):
+        rank_changes: list[float] = []
+        for (fa, a), (fb, b) in zip(milestones, milestones[1:]):
             keys = [k for k in a if k[1] == typ and k in b]
             distances.append(sum(M.spectrum_distance(a[k], b[k]) for k in keys) / max(len(keys), 1))
-        idx = M.crystallisation_index(distances, tol)
+            rank_changes.append(relative_change(mean_rank.get((fa, typ)), mean_rank.get((fb, typ))))
+        changes = [math.nan if math.isnan(d) or math.isnan(r) else max(d, r) for d, r in zip(distances, rank_changes)]
+        idx = M.crystallisation_index(changes, tol)
         crystal.append(
             {
                 "type": typ,
                 "milestone": milestones[idx][0] if idx is not None else None,
                 "distances": distances,
+                "rank_changes": rank_changes,
             }
         )
     return SpectraResult(per_matrix, per_type, crystal, tol)
+
+
+def relative_change(a: float | None, b: float | None) -> float:
+    """|b − a| / |a|: how much a curve moves between two milestones (NaN when undefined,
+    which never counts as settled)."""
+    if a is None or b is None or not math.isfinite(a) or not math.isfinite(b) or a == 0:
+        return math.nan
+    return abs(b - a) / abs(a)
 
 
 def run_spectra(run: RunDir, tol: float = DEFAULT_TOL, device: str | torch.device = "cpu") -> SpectraResult:
