@@ -43,3 +43,14 @@ def load_benchmark(monkeypatch: pytest.MonkeyPatch):
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     return importlib.import_module
+
+
+@pytest.fixture(scope="session")
+def synthetic_report(tmp_path_factory: pytest.TempPathFactory):
+    """The report of `tests/report_study.py`'s study, every figure drawn, built once per
+    session: (Report, its dir)."""
+    import report_study
+    from sanlab.report.build import build
+
+    root = tmp_path_factory.mktemp("synthetic-report")
+    return build(report_study.study(root), root / "report"), root / "report"

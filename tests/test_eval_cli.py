@@ -168,3 +168,43 @@ def test_invented_people_are_outside_the_world() -> None:
     for p in people:
         for w in p.name.lower().split():
             assert not any(w in x or x in w for x in words), p.name
+
+
+def test_synth_cloze_asks_for_the_final_answer(tmp_path: Path) -> None:
+    """Each SYNTH cloze item is a held-out document up to the last statement of one of its
+    short answers, after the reasoning trace closes: the context runs past `</think>` and
+    continues with the target exactly as the document does."""
+    from sanlab.config import apply_overrides
+    from sanlab.data.prepare import PrepareConfig, prepare
+    from sanlab.data.regions import END_THINK
+    from sanlab.data.shards import doc_metadata, load_manifest
+    from sanlab.data.synth import SynthConfig, document
+    from sanlab.data.tokenizer import load_tokenizer
+    from sanlab.eval.builtin import _val_documents
+
+    data = tmp_path / "synth"
+    prepare(apply_overrides(PrepareConfig, {}, ["tokens=30000", "seq_len=64", "vocab_size=320", "val_frac=0.5"]), data)
+    manifest = load_manifest(data)
+    items = _val_documents(data, manifest, 200, load_tokenizer(data))
+    cfg = SynthConfig(**manifest["config"]["synth"])
+    docs = [document(cfg, int(manifest["seed"]), int(s)) for s in doc_metadata(data, manifest, "val")["source"]]
+    assert len(items) >= 30
+    for context, target in items:
+        doc = next(d for d in docs if d.text.startswith(context + " " + target))
+        assert target in doc.targets and len(target.split()) <= 4
+        assert END_THINK in context  # the answer, not the trace or the question
+        assert (context + " " + target) not in doc.text[: doc.text.index(END_THINK)]
+
+
+def test_results_table_shows_each_tasks_main_metric_with_its_stderr() -> None:
+    from sanlab.eval.cli import results_table
+
+    records = [{"run": "runs/san", "checkpoint": "latest", "tasks": {
+        "sanlab_grounded_qa": {"metrics": {"acc": 0.295, "acc_stderr": 0.0323, "acc_norm": 0.3}},
+        "sanlab_cloze": {"metrics": {"perplexity": 80.1, "acc": 0.0255, "acc_stderr": 0.0126}},
+        "sanlab_kjv_ppl": {"metrics": {"word_perplexity": 900.0, "bits_per_byte": 4.5519,
+                                       "bits_per_byte_stderr": float("nan")}}}}]
+    t = results_table(records, ["sanlab_grounded_qa", "sanlab_cloze", "sanlab_kjv_ppl"])
+    assert [c.name for c in t.columns] == ["run", "sanlab_grounded_qa\nacc", "sanlab_cloze\nacc",
+                                           "sanlab_kjv_ppl\nbits_per_byte"]
+    assert t.rows == [["san", "0.2950 ± 0.0323", "0.0255 ± 0.0126", "4.5519"]]

@@ -169,3 +169,53 @@ def test_report_code_imports_without_torch() -> None:
                           "assert 'torch' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def _analysis(rid: str, ref: str, deltas: dict[str, float], tokens: int = 300) -> dict:
+    """An analysis.json of one seed pair as `sanlab analyze ARM --vs REF` writes it (the
+    region and exercise tables only)."""
+    def table(names: dict[str, float]) -> dict:
+        n = tokens * len(names)
+        rows = [{"group": g, "tokens": tokens, "token_share": tokens / n, "loss_a": 4.0 + d, "loss_b": 4.0,
+                 "delta": d, "weighted": d / len(names), "contribution": 0.0} for g, d in names.items()]
+        agg = sum(r["weighted"] for r in rows)
+        return {"rows": rows, "identity": {"aggregate_delta": agg, "weighted_sum": agg, "abs_error": 0.0,
+                                           "rel_error": 0.0}}
+
+    return {"runs": {rid: {}, ref: {}}, "sample": {"rows": 8, "exercises": ["math", "rag"]},
+            "comparisons": [{"run": rid, "vs": ref, "region": table(deltas),
+                             "exercise": table({"math": deltas["query"], "rag": deltas["trace"]})}]}
+
+
+def test_region_and_exercise_delta_is_the_mean_and_sample_sd_of_the_analysed_pairs(
+        fake_study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two analysed seed pairs of iso_param with query Δ −0.1 and +0.1: the report's table says
+    +0.0000 ± 0.1414 (sample sd, n − 1; the population sd would be 0.1000), and its figure's
+    error bar is the same."""
+    import shutil
+
+    from sanlab.report import plots
+    from sanlab.report.data import load
+    from sanlab.study.cli import table_json
+
+    study = tmp_path / "study"
+    shutil.copytree(fake_study, study, ignore=shutil.ignore_patterns("report"))
+    (gap,) = [g for g in table_json(study)["gaps"] if g["arm"] == "iso_param"]
+    for seed, sign in (("1", -1.0), ("2", 1.0)):
+        ids = gap["runs"][seed]
+        d = study / "analysis" / f"final-muon-1000-s{seed}"
+        d.mkdir(parents=True)
+        (d / "analysis.json").write_text(json.dumps(_analysis(ids["arm"], ids["reference"],
+                                                             {"query": sign * 0.1, "trace": -0.2 + sign * 0.05})))
+    assert main(["report", str(study)]) == 0
+    capsys.readouterr()
+    md = (study / "report" / "report.md").read_text()
+    region = md.split("**Δ by region", 1)[1].split("\n\n", 2)[1].splitlines()
+    header = [c.strip() for c in region[0].strip("|").split("|")]
+    row = next([c.strip() for c in ln.strip("|").split("|")] for ln in region[2:] if ln.startswith("| iso_param"))
+    assert row[header.index("query")] == "+0.0000 ± 0.1414"
+    assert row[header.index("trace")] == f"{-0.2:+.4f} ± {0.05 * 2 ** 0.5:.4f}"
+    exercise = md.split("**Δ by exercise", 1)[1].split("\n\n", 2)[1]
+    assert "| iso_param | +0.0000 ± 0.1414 | -0.2000 ± 0.0707 |" in exercise
+    st = plots.group_stats(load(study), "region")
+    assert st["cells"]["iso_param"]["query"]["err"] == pytest.approx((0.1 * 2 ** 0.5,) * 2)

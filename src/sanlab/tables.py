@@ -8,8 +8,8 @@ with `--format` (`add_format_flag`):
     text   rich box tables. On a terminal they fit its width (a cell too wide for it folds
            onto a second line; nothing is cut). Off a terminal (a file, a pipe, CI) a table
            is never cut and no cell is wrapped: it is laid out at COLUMNS (default 80) when
-           it fits and at its own natural width when it does not; prose is written one
-           line per note, unwrapped, so `grep` finds it whole.
+           it fits and at its own natural width when it does not; its title and the prose
+           are written one line each, unwrapped, so `grep` finds them whole.
     md     GitHub Markdown: each table as a pipe table under its bold title, prose as
            paragraphs (paste it into a README, an issue or a lab notebook).
     csv    each table as a CSV block: a `# title` line, the header, the rows; blocks apart
@@ -195,13 +195,18 @@ class Output:
     def _text_table(self, t: Table) -> None:
         from rich.measure import Measurement
 
-        r = rich_table(t)
         c = self.console
         if c.is_terminal:
-            c.print(r)
+            c.print(rich_table(t))
             return
-        # Off a terminal: the table's natural width when COLUMNS is too narrow for it, so
+        # Off a terminal: the title on a line of its own (never wrapped into the table's
+        # width), and the table at its natural width when COLUMNS is too narrow for it, so
         # no cell is ever cut or wrapped (a file has no right edge).
+        from rich.text import Text
+
+        r = rich_table(t, title=False)
+        if t.title:
+            c.print(Text(t.title, style="bold"), soft_wrap=True)
         need = Measurement.get(c, c.options.update(width=100_000), r).maximum
         width = c.width
         c.width = max(width, need)
@@ -211,12 +216,12 @@ class Output:
             c.width = width
 
 
-def rich_table(t: Table) -> Any:
+def rich_table(t: Table, *, title: bool = True) -> Any:
     """The rich Table of `t` (cells as plain text: no markup is interpreted)."""
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    r = RichTable(title=t.title or None)
+    r = RichTable(title=(t.title or None) if title else None)
     for col in t.columns:
         r.add_column(col.name, justify=col.justify, overflow="fold")
     for i, row in enumerate(t.rows):

@@ -12,11 +12,14 @@ atomically); a runs × tasks table is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from sanlab.errors import ConfigError, SanlabError
 
@@ -40,7 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-iters", type=int, default=1000, metavar="N",
                         help="bootstrap resamples for the stderr of non-mean metrics such as perplexity "
                              "(lm-eval's default is 100000; default here 1000)")
-    parser.add_argument("--verbose", action="store_true", help="show lm-eval's own log")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show lm-eval's own log and progress bars (default: sanlab's own output only)")
+    from sanlab.tables import add_format_flag
+
+    add_format_flag(parser)
 
 
 def _require_lm_eval() -> None:
@@ -90,8 +97,27 @@ def _metrics(task_result: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argparse.Namespace) -> dict[str, Any]:
-    """Run the tasks on one run dir; write and return its results record."""
+@contextlib.contextmanager
+def _lm_eval_output(verbose: bool) -> Iterator[None]:
+    """lm-eval's own chatter (its `print`s such as "bootstrapping for stddev", progress
+    bars, dataset builder lines) held back unless `verbose`; shown on stderr if the
+    evaluation fails, so a failure keeps its context."""
+    if verbose:
+        yield
+        return
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held), contextlib.redirect_stderr(held):
+            yield
+    except BaseException:
+        sys.stderr.write(held.getvalue()[-4000:])
+        raise
+
+
+def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argparse.Namespace,
+                 out: Any = None) -> dict[str, Any]:
+    """Run the tasks on one run dir; write and return its results record. Notes and
+    warnings go to `out` (a `sanlab.tables.Output`; stdout when None)."""
     import lm_eval
     import lm_eval.evaluator
     from lm_eval.tasks import TaskManager
@@ -101,6 +127,7 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     from sanlab.eval.run import open_run
     from sanlab.train.rundir import read_json, write_json
 
+    say = out.note if out is not None else print
     loaded = open_run(path, args.checkpoint, args.data, args.device)
     eval_dir = loaded.run.path / "eval"
     task_dir = eval_dir / "tasks"
@@ -113,9 +140,12 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
             raise SanlabError(f"{task_dir}: cannot write the built-in tasks ({e.strerror or e})") from None
         for t, why in builtin_record["skipped"].items():
             if t in wanted:
-                print(f"sanlab: note: {loaded.run.path}: {t} skipped ({why})")
+                say(f"sanlab: note: {loaded.run.path}: {t} skipped ({why})")
                 wanted.remove(t)
-    manager = TaskManager(include_path=str(task_dir) if task_dir.is_dir() else None, include_defaults=needs_defaults)
+    verbose = bool(getattr(args, "verbose", False))
+    with _lm_eval_output(verbose):
+        manager = TaskManager(include_path=str(task_dir) if task_dir.is_dir() else None,
+                              include_defaults=needs_defaults)
     unknown = [t for t in wanted if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (lm-eval knows {len(manager.all_tasks)} tasks; "
@@ -125,11 +155,12 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     # an error line outside a repository); the run dir's meta.json has the commit that matters
     lm_eval.evaluator.get_git_commit_hash = lambda: None
     t0 = time.time()
-    results = lm_eval.simple_evaluate(model=model, tasks=wanted, limit=args.limit, task_manager=manager,
-                                      bootstrap_iters=args.bootstrap_iters, log_samples=False)
+    with _lm_eval_output(verbose):
+        results = lm_eval.simple_evaluate(model=model, tasks=wanted, limit=args.limit, task_manager=manager,
+                                          bootstrap_iters=args.bootstrap_iters, log_samples=False)
     if model.truncated:
-        print(f"sanlab: warning: {loaded.run.path}: {model.truncated} requests longer than seq_len="
-              f"{loaded.seq_len} were truncated from the left")
+        say(f"sanlab: warning: {loaded.run.path}: {model.truncated} requests longer than seq_len="
+            f"{loaded.seq_len} were truncated from the left")
     out_file = eval_dir / f"results-{loaded.checkpoint}.json"
     record = read_json(out_file) or {"run": str(loaded.run.path), "checkpoint": loaded.checkpoint, "tasks": {}}
     for task, res in results["results"].items():
@@ -165,10 +196,9 @@ def _shown(task: str, metrics: dict[str, float]) -> list[tuple[str, str]]:
     return []
 
 
-def print_table(records: list[dict[str, Any]], tasks: list[str]) -> None:
-    from rich.table import Table
-
-    from sanlab.study.table import make_console
+def results_table(records: list[dict[str, Any]], tasks: list[str]) -> Any:
+    """Runs × tasks, each task's main metric ± its stderr (`sanlab.tables.Table`)."""
+    from sanlab.tables import Table
 
     cells: list[dict[str, str]] = []
     headers: list[str] = []
@@ -184,13 +214,13 @@ def print_table(records: list[dict[str, Any]], tasks: list[str]) -> None:
                 if head not in headers:
                     headers.append(head)
         cells.append(row)
-    table = Table(title=f"zero-shot, checkpoint {records[0]['checkpoint']}")
-    table.add_column("run")
+    table = Table(f"zero-shot, checkpoint {records[0]['checkpoint']}")
+    table.column("run")
     for h in headers:
-        table.add_column(h, justify="right")
+        table.column(h, "right")
     for rec, row in zip(records, cells):
         table.add_row(Path(rec["run"]).name, *(row.get(h, "—") for h in headers))
-    make_console().print(table)
+    return table
 
 
 def run(args: argparse.Namespace) -> int:
@@ -207,8 +237,12 @@ def run(args: argparse.Namespace) -> int:
 
     for p in args.runs:  # every run dir readable before hours of evaluation start
         RunDir.open(p)
-    records = [evaluate_run(p, tasks, needs_defaults, args) for p in args.runs]
-    print_table(records, tasks)
+    from sanlab.tables import Output
+
+    out = Output(args.format)
+    records = [evaluate_run(p, tasks, needs_defaults, args, out) for p in args.runs]
+    out.table(results_table(records, tasks))
     for rec in records:
-        print(f"results: {Path(rec['run']) / 'eval' / ('results-' + rec['checkpoint'] + '.json')}")
+        out.note(f"results: {Path(rec['run']) / 'eval' / ('results-' + rec['checkpoint'] + '.json')}")
+    out.close()
     return 0

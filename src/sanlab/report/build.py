@@ -34,15 +34,17 @@ class Section:
     blocks: list[Block] = field(default_factory=list)
 
     def figure(self, fn: Any, data: StudyData, out: Path, name: str, caption: str, *args: Any) -> None:
-        """Draw one figure into `out/name`, or a placeholder with the reason it is missing."""
+        """Draw one figure into `out/name` (its caption: `caption` plus the figure's own
+        notes), or a placeholder with the reason it is missing."""
         path = out / name
-        reason = fn(data, path, *args)
-        if reason is None:
-            self.blocks.append(Block("figure", caption, path=path))
+        drawn = fn(data, *args)
+        if isinstance(drawn, plots.Drawn):
+            plots.save(drawn, path)
+            self.blocks.append(Block("figure", " ".join([caption.rstrip(".") + ".", *drawn.notes]), path=path))
         else:
             if path.exists():
                 path.unlink()  # a stale figure from an earlier report would contradict the placeholder
-            self.blocks.append(Block("placeholder", f"{caption.split(':')[0]}: {reason}"))
+            self.blocks.append(Block("placeholder", f"{caption.split(':')[0]}: {drawn}"))
 
 
 @dataclass
@@ -52,15 +54,19 @@ class Report:
     figures: list[Path]
 
 
+MISSING = "—"  # a value that does not exist (yet)
+
+
 def _f(v: Any, fmt: str = "{:+.4f}") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "…"
+        return MISSING
     return fmt.format(v)
 
 
 def _mean_sd(v: list[float]) -> str:
+    """Mean ± the sample standard deviation (n − 1) over analysed seed pairs."""
     if not v:
-        return "…"
+        return MISSING
     m = sum(v) / len(v)
     if len(v) < 2:
         return f"{m:+.4f}"
@@ -131,7 +137,7 @@ def header(data: StudyData) -> Section:
         rows = [[a["name"], a["role"], a["label"], plots._fmt_count(a["params_total"]),
                  plots._fmt_count(a["params_non_embedding"]), f"{a['flops_per_token'] / 1e9:.4f}",
                  "—" if a.get("mismatch") is None else f"{a['mismatch']:+.2%}",
-                 f"{tps[a['name']]:,.0f}" if a["name"] in tps else "…"] for a in arms]
+                 f"{tps[a['name']]:,.0f}" if a["name"] in tps else MISSING] for a in arms]
         s.blocks.append(Block("table", "Arms, their accounting and the training throughput they ran at "
                                        "(tokens/s per run, mean over finished runs)",
                               ["arm", "role", "config", "params", "non-emb params", "train GFLOPs/token",
@@ -142,9 +148,10 @@ def header(data: StudyData) -> Section:
 
 def curves(data: StudyData, out: Path) -> Section:
     s = Section("Training curves")
-    s.figure(plots.plot_loss_curves, data, out, "loss_curves.png",
-             "Loss curves: training loss per step and validation loss against tokens (log scale); "
-             "final and noise-floor runs solid, LR-sweep runs faint and dashed")
+    s.figure(plots.draw_loss_curves, data, out, "loss_curves.png",
+             "Loss curves: training and validation loss against tokens (log scale); final runs solid, "
+             "the noise-floor control arm dashed (its curve lies on the reference's), LR-sweep runs faint "
+             "and dotted")
     return s
 
 
@@ -165,14 +172,14 @@ def sweep(data: StudyData, out: Path) -> Section:
                 else:
                     cells.append(f"**{losses[m]:.4f}**" if r.get("best") is not None and m == float(r["best"])
                                  else f"{losses[m]:.4f}")
-            lock = "…" if r.get("lock") is None else f"{r['lock']:g}" + (" (edge!)" if r.get("at_edge") else "")
+            lock = MISSING if r.get("lock") is None else f"{r['lock']:g}" + (" (edge!)" if r.get("at_edge") else "")
             table.append([f"{r['arm']} {r['optimizer']}", f"{r['base_lr']:g}", *cells, lock])
         title = ((data.tables or {}).get("titles") or {}).get("sweep") or "LR sweep"
         s.blocks.append(Block("table", title, ["arm × optimizer", "base LR", *(f"{m:g}×" for m in mults), "lock"],
                               table))
     for w in (data.tables or {}).get("sweep_warnings", []):
         s.blocks.append(Block("warning", w.removeprefix("warning: ")))
-    s.figure(plots.plot_sweep, data, out, "sweep.png",
+    s.figure(plots.draw_sweep, data, out, "sweep.png",
              "LR sweep: validation loss against learning rate per arm × optimizer; the star and the "
              "dotted line mark the locked LR")
     return s
@@ -192,8 +199,8 @@ def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
 
 
 def _gap_row(g: dict, name: str, verdict: str) -> list[str]:
-    per = " ".join(f"s{k}: {v:+.4f}" for k, v in g["per_seed"].items()) or "…"
-    ms = "…" if g.get("mean") is None else _f(g["mean"]) + ("" if g.get("spread") is None else f" ± {g['spread']:.4f}")
+    per = " ".join(f"s{k}: {v:+.4f}" for k, v in g["per_seed"].items()) or MISSING
+    ms = MISSING if g.get("mean") is None else _f(g["mean"]) + ("" if g.get("spread") is None else f" ± {g['spread']:.4f}")
     return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("reference_loss"), "{:.4f}"),
             _f(g.get("arm_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
 
@@ -209,13 +216,13 @@ def gap(data: StudyData, out: Path) -> Section:
             s.blocks.append(Block("table", title, cols, rows))
         else:
             s.blocks.append(Block("placeholder", "Gap table: no arm has a locked LR yet"))
-    s.figure(plots.plot_gaps, data, out, "gaps.png",
+    s.figure(plots.draw_gaps, data, out, "gaps.png",
              "Δ per matched arm: bars are the mean over seed pairs, error bars their sd, dots the "
              "single seed pairs; the grey band is the noise floor")
-    s.figure(plots.plot_delta_vs_budget, data, out, "delta_vs_budget.png",
+    s.figure(plots.draw_delta_vs_budget, data, out, "delta_vs_budget.png",
              "Δ vs token budget: the gap of each arm at every final budget (SPEC §1.6: the iso-param "
              "gap shrinks with tokens)")
-    s.figure(plots.plot_delta_vs_size, data, out, "delta_vs_size.png",
+    s.figure(plots.draw_delta_vs_size, data, out, "delta_vs_size.png",
              "Δ vs model size: each arm's gap against its non-embedding parameter count")
     return s
 
@@ -253,30 +260,32 @@ def localisation(data: StudyData, out: Path) -> Section:
                                "Σ share·Δ (exercises)", "rel. error", "recorded val Δ"], rows))
         for grouping in ("region", "exercise"):
             cr = plots.comparison_rows(data, grouping)
-            groups: list[str] = []
-            for a in cr:
-                groups += [g for g in cr[a] if g not in groups]
-            if grouping == "region":
-                groups.sort(key=lambda g: plots.REGIONS.index(g) if g in plots.REGIONS else 99)
+            st = plots.group_stats(data, grouping)
+            groups = st["groups"]
             table = [[a, *(_mean_sd(cr[a].get(g, {}).get("delta", [])) for g in groups)] for a in cr]
             if table:
-                s.blocks.append(Block("table", f"Δ by {grouping}, nats (mean ± sd over analysed seed pairs)",
-                                      ["arm", *groups], table))
-    s.figure(plots.plot_grouped_deltas, data, out, "delta_by_region.png",
+                table.append(["N tokens", *(f"{st['tokens'].get(g, 0):,}" + (" (too few)" if g in st["thin"] else "")
+                                             for g in groups)])
+                caption = (f"Δ by {grouping}, nats (mean ± sample sd over analysed seed pairs; N: analysed tokens "
+                           f"per group, fewer than {plots.MIN_GROUP_TOKENS} marked too few)")
+                if st["absent"]:
+                    caption += f"; absent from the analysed sample: {', '.join(st['absent'])}"
+                s.blocks.append(Block("table", caption, ["arm", *groups], table))
+    s.figure(plots.draw_grouped_deltas, data, out, "delta_by_region.png",
              "Δ by region (query / trace / answer / other)", "region")
-    s.figure(plots.plot_grouped_deltas, data, out, "delta_by_exercise.png",
+    s.figure(plots.draw_grouped_deltas, data, out, "delta_by_exercise.png",
              "Δ by exercise type", "exercise")
     return s
 
 
 def inside(data: StudyData, out: Path) -> Section:
     s = Section("Inside the models")
-    s.figure(plots.plot_spectra, data, out, "spectra.png",
+    s.figure(plots.draw_spectra, data, out, "spectra.png",
              "Weight spectra: mean stable rank ‖W‖²_F/‖W‖²₂ per matrix type across milestone "
-             "checkpoints; a hollow diamond marks where the type's spectrum settled (crystallised)")
-    s.figure(plots.plot_attention, data, out, "attention.png",
+             "checkpoints; a hollow diamond marks where the type settled (crystallised)")
+    s.figure(plots.draw_attention, data, out, "attention.png",
              "Attention metrics per layer (mean over heads) for one final run per arm")
-    s.figure(plots.plot_stream, data, out, "stream.png",
+    s.figure(plots.draw_stream, data, out, "stream.png",
              "Residual stream: RMS of each block's output and the residual gates per layer")
     return s
 

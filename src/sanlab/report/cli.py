@@ -26,6 +26,15 @@ examples:
 """
 
 
+def _rows(text: str) -> int | str:
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of rows or auto, got {text!r}") from None
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = _EPILOG
@@ -34,8 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"where to write the report (default: STUDY_DIR/{REPORT_DIR})")
     parser.add_argument("--analyze", action="store_true",
                         help="run `sanlab analyze` for the final pairs that have no analysis yet")
-    parser.add_argument("--eval-rows", type=int, default=32, metavar="N",
-                        help="held-out rows per analysis with --analyze (default 32)")
+    parser.add_argument("--eval-rows", type=_rows, default="auto", metavar="N|auto",
+                        help="held-out rows per analysis with --analyze (default auto: the fewest rows in "
+                             "which every region and exercise type has 200 scored tokens)")
 
 
 def _write(path: Path, text: str) -> None:
@@ -45,13 +55,13 @@ def _write(path: Path, text: str) -> None:
 
 
 def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = False,
-                eval_rows: int = 32, log=print) -> tuple[Path, list[int]]:
+                eval_rows: int | str = "auto", log=print) -> tuple[Path, list[int]]:
     """Write the report; (path of report.html, corrupt results lines that were skipped)."""
     from sanlab.report import html, md
     from sanlab.report.build import build
     from sanlab.report.data import analyze_groups, load, load_analyses, missing_analyses
 
-    if eval_rows <= 0:
+    if eval_rows != "auto" and (not isinstance(eval_rows, int) or eval_rows <= 0):
         raise DataError(f"--eval-rows must be positive, got {eval_rows}")
     data = load(study_dir)  # first: a dir that is not a study gets no report dir
     out = out if out is not None else study_dir / REPORT_DIR

@@ -249,7 +249,7 @@ def data_dir(data: StudyData) -> Path | None:
     return None
 
 
-def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> str | None:
+def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "auto") -> str | None:
     """`sanlab analyze ARMS… --vs REFERENCE --out STUDY/analysis/GROUP` for one group, in
     this process; None, or the one-line error of a run that cannot be analysed."""
     from sanlab.analysis import cli as analysis  # torch: only when --analyze asks for it
@@ -278,7 +278,7 @@ def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int = 32) -> 
     return None
 
 
-def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int = 32,
+def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int | str = "auto",
                    log: Callable[[str], Any] = print) -> list[str]:
     """Analyse the groups one after another (each uses every core); the error lines of the
     ones that failed."""

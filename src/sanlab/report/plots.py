@@ -1,14 +1,19 @@
 """The report's figures: matplotlib with the Agg backend, one PNG per figure.
 
-Each `plot_*` function takes the study's plain data and a path; it writes the PNG and
-returns None, or returns the reason it has nothing to draw (the report shows that
-reason as the section's placeholder). Nothing here imports torch.
+Each `draw_*` function takes the study's plain data and returns a `Drawn` (the figure,
+plus the sentences its caption must add: the rule behind a marker, what was greyed out
+or left out and why), or the reason it has nothing to draw (the report shows that reason
+as the section's placeholder). `save` writes a `Drawn` as a PNG. The artists a test
+checks carry a `gid` ("smooth:RUN_ID", "floor:ARM", …), so tests read what was drawn
+from the figure's data, never from pixels. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -19,19 +24,46 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from sanlab.analysis.output import MIN_GROUP_TOKENS  # noqa: E402  (torch-free)
 from sanlab.report.data import StudyData  # noqa: E402
 
 DPI = 110
-COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]
+COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # the arms' colours
 REGIONS = ("query", "trace", "answer", "other")
+# Matrix types get a palette of their own (ColorBrewer Dark2), never an arm's colour; routing
+# matrices solid, content matrices dashed.
+TYPE_COLORS: dict[str, str] = {"Q": "#1b9e77", "K": "#d95f02", "V": "#7570b3", "O": "#e7298a",
+                               "gate": "#66a61e", "up": "#e6ab02", "down": "#a6761d"}
+TYPE_STYLES: dict[str, str] = {"Q": "-", "K": "-", "V": "--", "O": "--", "gate": ":", "up": ":", "down": "--"}
+OTHER_TYPE_COLORS = ("#666666", "#1f1f1f", "#999999", "#4d4d4d")
+SMOOTH_FRACTION = 0.05  # the training-loss EMA spans this share of a run's logged steps
+# SPEC §3's attention metrics, one line each (sanlab.analysis.metrics.attention_sums)
+ATTENTION_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("entropy", "entropy (nats)",
+     "entropy: −Σⱼ Aᵢⱼ log Aᵢⱼ of a query's attention, mean over queries (uniform over i+1 keys gives log(i+1))"),
+    ("sink", "sink mass",
+     "sink mass: the attention a query puts on its segment's first token, mean over the later queries"),
+    ("local_0", "local focus, distance 0",
+     "local focus (distance 0): Aᵢᵢ, the attention a query puts on its own position"),
+    ("head_diversity", "head diversity",
+     "head diversity: the standard deviation of Aᵢⱼ across heads, mean over the causal triangle"),
+)
 
 
-def _save(fig: Figure, path: Path) -> None:
-    """Write the PNG atomically (readers never see half a file)."""
+@dataclass
+class Drawn:
+    """A drawn figure and what its caption must add."""
+
+    fig: Figure
+    notes: list[str] = field(default_factory=list)
+
+
+def save(drawn: Drawn, path: Path) -> None:
+    """Write the PNG atomically (readers never see half a file) and free the figure."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, format="png")
-    plt.close(fig)
+    drawn.fig.savefig(tmp, dpi=DPI, format="png")
+    plt.close(drawn.fig)
     os.replace(tmp, path)
 
 
@@ -68,13 +100,13 @@ def _fmt_num(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _panels(n: int, width: float, height: float) -> tuple[Any, list[Any]]:
+def _panels(n: int, width: float, height: float, **share: Any) -> tuple[Any, list[Any]]:
     """A figure of `n` panels, at most 3 a row, each `width` × `height` inches; the unused
     cells of the last row are hidden. Returns the figure and the `n` axes in order."""
     cols = min(n, 3)
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(width * cols, height * nrows), squeeze=False,
-                             constrained_layout=True)
+                             constrained_layout=True, **share)
     flat = list(axes.flat)
     for ax in flat[n:]:
         ax.set_visible(False)
@@ -94,115 +126,177 @@ def arm_colors(data: StudyData) -> dict[str, Any]:
     return {a: COLORS[i % len(COLORS)] for i, a in enumerate(arm_order(data))}
 
 
+def noise_arm_name(data: StudyData) -> str | None:
+    floor = (data.tables or {}).get("noise_floor") or []
+    return floor[0]["arm"] if floor else None
+
+
 def _label(data: StudyData, arm: str) -> str:
     for a in (data.tables or {}).get("arms", []):
         if a["name"] == arm:
             return f"{arm} ({a['label']})"
-    return arm
+    return arm if arm != noise_arm_name(data) else f"{arm} (noise-floor control)"
 
 
 # --------------------------------------------------------------------------- training curves
 
 
-def plot_loss_curves(data: StudyData, path: Path) -> str | None:
-    """Train loss against tokens per arm (log x); final runs solid, sweep runs faint."""
+def ema(values: Sequence[float], span: int) -> list[float]:
+    """Debiased exponential moving average, α = 2 / (span + 1): m_t = (1 − α) m_{t−1} + α x_t
+    from m_0 = 0, divided by 1 − (1 − α)^t so the first points are not pulled to 0."""
+    alpha = 2.0 / (span + 1)
+    out, m = [], 0.0
+    for t, x in enumerate(values, 1):
+        m = (1 - alpha) * m + alpha * x
+        out.append(m / (1 - (1 - alpha) ** t))
+    return out
+
+
+def smoothing_span(n_points: int) -> int:
+    return max(1, round(SMOOTH_FRACTION * n_points))
+
+
+def run_kind(data: StudyData, run_id: str) -> str:
+    """`final`, `noise` (the noise-floor control arm's runs), `sweep` or `live` (not in the
+    store yet)."""
+    if run_id in data.live:
+        return "live"
+    rec = data.records.get(run_id, {})
+    phases = rec.get("phases") or []
+    if rec.get("arm") is not None and rec.get("arm") == noise_arm_name(data) or phases == ["noise"]:
+        return "noise"
+    return "final" if "final" in phases or "noise" in phases else "sweep"
+
+
+def draw_loss_curves(data: StudyData) -> Drawn | str:
+    """Training loss (smoothed, the raw per-step loss faint behind) and validation loss
+    against tokens per run; the noise-floor control arm dashed, sweep runs faint and dotted."""
     if not data.curves:
         return "no run has logged a training step yet (metrics.jsonl)"
     colors = arm_colors(data)
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(12, 5.0), constrained_layout=True)
-    seen: set[str] = set()
-    vals = False
     order = arm_order(data)
 
-    def key(item: tuple[str, Any]) -> tuple[int, str]:
-        arm = data.records.get(item[0], {}).get("arm")
-        return (order.index(arm) if arm in order else len(order), item[0])
+    def key(item: tuple[str, Any]) -> tuple[int, int, str]:
+        arm = data.arm_of(item[0])
+        kind = run_kind(data, item[0])
+        # sweep runs first (underneath), the noise control last (its dashes over the reference)
+        return ({"sweep": 0, "final": 1, "live": 1, "noise": 2}[kind],
+                order.index(arm) if arm in order else len(order), item[0])
 
+    seen: set[str] = set()
+    spans: set[int] = set()
+    few_evals = False
     for rid, c in sorted(data.curves.items(), key=key):
-        rec = data.records.get(rid, {})
         arm = data.arm_of(rid)
-        final = any(p in ("final", "noise") for p in rec.get("phases", [])) or rid in data.live
-        noise_only = rec.get("phases") == ["noise"]
+        kind = run_kind(data, rid)
         col = colors.get(arm, "grey")
-        label = _label(data, arm) if final and arm not in seen else None
-        if label:
+        label = None
+        if kind != "sweep" and arm not in seen:
             seen.add(arm)
+            label = _label(data, arm)
+        ls = "--" if kind == "noise" else (":" if kind == "sweep" else "-")
         if c.tokens:
-            ax_t.plot(c.tokens, c.loss, color=col, lw=1.4 if final else 0.8,
-                      alpha=0.9 if final else 0.35, ls=(":" if noise_only else "-") if final else "--",
-                      label=label)
+            span = smoothing_span(len(c.loss))
+            smooth = ema(c.loss, span)
+            if kind in ("final", "live"):
+                spans.add(span)
+                ax_t.plot(c.tokens, c.loss, color=col, lw=0.6, alpha=0.22, gid=f"raw:{rid}")
+            ax_t.plot(c.tokens, smooth, color=col, ls=ls, lw=0.9 if kind == "sweep" else 1.7,
+                      alpha=0.45 if kind == "sweep" else 0.95, label=label, gid=f"smooth:{rid}")
         if c.val_tokens:
-            vals = True
-            ax_v.plot(c.val_tokens, c.val_loss, color=col, marker="o" if final else "x",
-                      ms=5 if final else 4, alpha=0.9 if final else 0.4, ls="-" if final else ":",
-                      lw=1.2 if final else 0.8)
-    val_ticks = sorted({t for c in data.curves.values() for t in c.val_tokens})
-    for ax, title in ((ax_t, "training loss (per step)"), (ax_v, "validation loss")):
-        few = ax is ax_v and 0 < len(val_ticks) <= 8
-        _log_axis(ax, fmt=_fmt_count if few else None, ticks=val_ticks if few else None)
+            if kind != "sweep" and len(c.val_tokens) < 3:
+                few_evals = True
+            ax_v.plot(c.val_tokens, c.val_loss, color=col, ls=ls,
+                      marker="x" if kind == "sweep" else ("s" if kind == "noise" else "o"),
+                      ms=3.5 if kind == "sweep" else 4, lw=0.8 if kind == "sweep" else 1.4,
+                      alpha=0.45 if kind == "sweep" else 0.95, mfc="none" if kind == "noise" else col,
+                      gid=f"val:{rid}")
+    for ax, title in ((ax_t, "training loss (EMA-smoothed; raw per step faint)"), (ax_v, "validation loss")):
+        _log_axis(ax)
         ax.set_xlabel("tokens seen")
         ax.set_ylabel("loss (nats/token)")
-        ax.set_title(title)
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-    if not vals:
+    if not any(c.val_tokens for c in data.curves.values()):
         ax_v.text(0.5, 0.5, "no validation loss logged yet", ha="center", va="center",
                   transform=ax_v.transAxes, color="grey")
     if data.live:
         ax_t.text(0.01, 0.01, f"{len(data.live)} run(s) still going are drawn as far as they got",
                   transform=ax_t.transAxes, fontsize=8, color="grey")
     handles, labels = ax_t.get_legend_handles_labels()
-    handles.append(plt.Line2D([], [], color="grey", ls="--", alpha=0.5))
-    labels.append("sweep runs (faint, dashed)")
-    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=min(len(labels), 4))
-    _save(fig, path)
-    return None
+    handles += [plt.Line2D([], [], color="grey", ls="-", lw=1.7), plt.Line2D([], [], color="grey", lw=0.6, alpha=0.3),
+                plt.Line2D([], [], color="grey", ls="--", lw=1.7), plt.Line2D([], [], color="grey", ls=":", alpha=0.6)]
+    labels += ["final runs, smoothed", "raw per-step loss", "noise-floor control (dashed)", "LR-sweep runs (dotted)"]
+    fig.legend(handles, labels, fontsize=8, loc="outside lower center", ncol=4)
+    notes = []
+    if spans:
+        s = sorted(spans)
+        notes.append("Training loss: an exponential moving average over "
+                     + (f"~{s[0]}" if len(s) == 1 else f"~{s[0]}–{s[-1]}")
+                     + " logged steps (5% of each run's), the raw per-step loss faint behind it.")
+    if few_evals:
+        notes.append("Some final runs were evaluated fewer than 3 times (set train.eval_every for a "
+                     "validation curve).")
+    return Drawn(fig, notes)
 
 
 # --------------------------------------------------------------------------- LR sweep
 
 
-def plot_sweep(data: StudyData, path: Path) -> str | None:
-    """Validation loss against LR per arm × optimizer: the U-curves, lock marked."""
-    rows = (data.tables or {}).get("sweep", [])
+def sweep_points(row: dict[str, Any]) -> tuple[list[tuple[float, float]], list[float], float | None]:
+    """((LR, loss − the cell's best) of finished points, LRs that diverged / failed, the best loss)."""
+    pts = sorted((float(m), v) for m, v in row["losses"].items())
+    ok = [(row["base_lr"] * m, v) for m, v in pts if v is not None]
+    best = min((v for _, v in ok), default=None)
+    return [(x, v - best) for x, v in ok] if best is not None else [], \
+        [row["base_lr"] * m for m, v in pts if v is None], best
+
+
+def draw_sweep(data: StudyData) -> Drawn | str:
+    """Validation loss minus each cell's best against LR, one panel per arm × optimizer, all
+    panels on one y scale; the lock marked."""
     if not (data.spec.get("sweep") or {}).get("enabled", True):
         return "the LR sweep is off in this study (every arm trains at its base LR)"
-    rows = [r for r in rows if any(v is not None for v in r["losses"].values())]
+    rows = [r for r in (data.tables or {}).get("sweep", []) if any(v is not None for v in r["losses"].values())]
     if not rows:
         return "no sweep point has finished yet"
-    fig, axes = _panels(len(rows), 4.4, 3.6)
+    fig, axes = _panels(len(rows), 4.4, 3.6, sharey=True)
     colors = arm_colors(data)
-    for ax, r in zip(axes, rows):
-        pts = sorted((float(m), v) for m, v in r["losses"].items())
-        ok = [(r["base_lr"] * m, v) for m, v in pts if v is not None]
-        bad = [r["base_lr"] * m for m, v in pts if v is None]
+    top = max((d for r in rows for _, d in sweep_points(r)[0]), default=0.0) or 0.01
+    for i, (ax, r) in enumerate(zip(axes, rows)):
+        ok, bad, best = sweep_points(r)
         col = colors.get(r["arm"], "C0")
-        ax.plot([x for x, _ in ok], [y for _, y in ok], "o-", color=col)
+        ax.plot([x for x, _ in ok], [y for _, y in ok], "o-", color=col, gid=f"sweep:{r['arm']}:{r['optimizer']}")
         if bad:
-            top = max(y for _, y in ok) if ok else 0
             ax.plot(bad, [top] * len(bad), "x", color="red", ms=9, label="diverged / failed")
         title = f"{r['arm']} · {r['optimizer']}"
+        if best is not None:
+            title += f"  (best {best:.4f})"
         if r.get("lock") is not None:
             ax.axvline(r["lock"], color="black", ls=":", lw=1)
-            best = dict(ok).get(r["lock"])
-            if best is None and r.get("best") is not None:
-                best = dict((float(m), v) for m, v in r["losses"].items()).get(float(r["best"]))
-            if best is not None:
-                ax.plot([r["lock"]], [best], "*", color="gold", mec="black", ms=15, zorder=5,
+            at = dict(ok).get(r["lock"])
+            if at is not None:
+                ax.plot([r["lock"]], [at], "*", color="gold", mec="black", ms=15, zorder=5,
                         label=f"locked LR {r['lock']:g}")
         if r.get("at_edge"):
             title += "\n⚠ never turned: best LR at the sweep's edge"
             ax.set_facecolor("#fff3e0")
         elif not r.get("done"):
             title += "\n(sweep still running)"
-        ax.set_title(title, fontsize=10, color="#b45309" if r.get("at_edge") else "black")
+        ax.set_title(title, fontsize=9.5, color="#b45309" if r.get("at_edge") else "black")
         _log_axis(ax, fmt=lambda v: f"{v:g}", ticks=[r["base_lr"] * float(m) for m in r["losses"]])
         ax.set_xlabel("learning rate")
-        ax.set_ylabel("val loss")
+        if i % 3 == 0:
+            ax.set_ylabel("val loss − the cell's best (nats)")
+        ax.axhline(0, color="grey", lw=0.6)
         ax.grid(alpha=0.3, which="both")
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    _save(fig, path)
-    return None
+            ax.legend(fontsize=8, loc="upper center")
+    axes[0].set_ylim(-0.05 * top, 1.12 * top)
+    return Drawn(fig, ["Every panel shows the validation loss minus its own cell's best, on one shared y "
+                       "axis, so how flat each arm's optimum is compares directly (each best loss is in "
+                       "its panel's title)."])
 
 
 # --------------------------------------------------------------------------- gaps
@@ -214,25 +308,49 @@ def _floor_size(data: StudyData) -> float | None:
     return floor[0].get("size") if floor else None
 
 
-def plot_gaps(data: StudyData, path: Path) -> str | None:
-    """Δ per matched arm (mean, sd over seed pairs as error bars, seed pairs as dots), noise band."""
+def floor_label(g: dict[str, Any], size: float | None) -> str | None:
+    """The bar's annotation: the study table's verdict against the noise floor, without the
+    arm ("55× floor", "within noise"); None before there is a floor."""
+    verdict = g.get("verdict") or ""
+    if "floor yet" in verdict or size is None:
+        return None
+    m = re.search(r"(\d[\d,.]*×\s*floor)", verdict)
+    if m:
+        return m.group(1)
+    if "noise" in verdict:
+        return "within noise"
+    return f"{abs(g['mean']) / max(size, 1e-12):.0f}× floor"
+
+
+def draw_gaps(data: StudyData) -> Drawn | str:
+    """Δ per matched arm (mean, sd over seed pairs as error bars, seed pairs as dots), each
+    bar labelled with its size in noise floors, the floor's band."""
     gaps = [g for g in (data.tables or {}).get("gaps", []) if g.get("mean") is not None]
     if not gaps:
         return "no matched pair of final runs has finished yet"
     colors = arm_colors(data)
-    fig, ax = plt.subplots(figsize=(min(15.0, max(5.5, 1.1 * len(gaps) + 2.5)), 4.6), constrained_layout=True)
+    fig, ax = plt.subplots(figsize=(min(15.0, max(5.5, 1.1 * len(gaps) + 2.5)), 4.8), constrained_layout=True)
     xs = range(len(gaps))
+    size = _floor_size(data)
+    lo = min(0.0, *(g["mean"] - (g.get("spread") or 0) for g in gaps), *(v for g in gaps for v in g["per_seed"].values()))
+    hi = max(0.0, *(g["mean"] + (g.get("spread") or 0) for g in gaps), *(v for g in gaps for v in g["per_seed"].values()))
+    pad = 0.08 * ((hi - lo) or 1.0)
     for x, g in zip(xs, gaps):
         col = colors.get(g["arm"], "C0")
         ax.bar(x, g["mean"], color=col, alpha=0.75, yerr=g.get("spread") or 0, capsize=6,
-               error_kw={"lw": 1.2})
+               error_kw={"lw": 1.2}, gid=f"bar:{g['arm']}:{g['optimizer']}:{g['tokens']}")
         seeds = list(g["per_seed"].values())
         ax.plot([x] * len(seeds), seeds, "o", color="black", ms=4, zorder=4,
                 label="seed pairs" if x == 0 else None)
-    size = _floor_size(data)
+        text = floor_label(g, size)
+        if text:
+            end = g["mean"] + math.copysign((g.get("spread") or 0) + pad / 3, g["mean"] or 1)
+            ax.text(x, end, text, ha="center", va="top" if g["mean"] < 0 else "bottom", fontsize=9,
+                    fontweight="bold", gid=f"floor:{g['arm']}:{g['optimizer']}:{g['tokens']}")
     if size is not None:
-        ax.axhspan(-size, size, color="grey", alpha=0.2, label=f"noise floor ±{size:.4f}")
+        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{size:.4f}", gid="noise-band")
     ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylim(lo - pad, hi + pad)
     ax.set_xticks(list(xs))
     multi = len({(g["optimizer"], g["tokens"]) for g in gaps}) > 1
     crowded = len(gaps) > 8
@@ -244,8 +362,11 @@ def plot_gaps(data: StudyData, path: Path) -> str | None:
     ax.set_title(_delta_title(data), fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
-    return None
+    notes = []
+    if size is not None:
+        notes.append(f"Each bar's label is its |Δ| in noise floors (floor = {size:.4f} nats, the larger of "
+                     "the control pair's mean gap and its seed spread), as the gap table's verdict.")
+    return Drawn(fig, notes)
 
 
 def _arm_role(g: dict) -> str:
@@ -263,7 +384,7 @@ def _delta_title(data: StudyData) -> str:
     return "Δ per matched arm; error bars: sd over seed pairs"
 
 
-def plot_delta_vs_budget(data: StudyData, path: Path) -> str | None:
+def draw_delta_vs_budget(data: StudyData) -> Drawn | str:
     """Δ against the final token budget per arm (SPEC §1.6: the iso-param gap shrinks)."""
     gaps = [g for g in (data.tables or {}).get("gaps", []) if g.get("mean") is not None]
     budgets = sorted({g["tokens"] for g in gaps})
@@ -271,12 +392,33 @@ def plot_delta_vs_budget(data: StudyData, path: Path) -> str | None:
         return "the study has one final token budget (list several in final.tokens for this axis)"
     if len(budgets) < 2:
         return "fewer than two budgets have a finished pair yet"
-    return _delta_line(data, gaps, path, key="tokens", xlabel="final token budget",
-                       title="Δ vs token budget")
+    fig, ax = plt.subplots(figsize=(8.0, 4.4), constrained_layout=True)
+    colors = arm_colors(data)
+    order = arm_order(data)
+    opts = sorted({g["optimizer"] for g in gaps})
+    for arm, opt in sorted({(g["arm"], g["optimizer"]) for g in gaps},
+                           key=lambda k: order.index(k[0]) if k[0] in order else 99):
+        sel = sorted((g for g in gaps if (g["arm"], g["optimizer"]) == (arm, opt)), key=lambda g: g["tokens"])
+        style = ("o-", "s--", "^:")[opts.index(opt) % 3]
+        ax.errorbar([g["tokens"] for g in sel], [g["mean"] for g in sel], yerr=[g.get("spread") or 0 for g in sel],
+                    fmt=style, capsize=4, color=colors.get(arm, "C0"), label=f"{arm} · {opt}",
+                    gid=f"budget:{arm}:{opt}")
+    _floor_band(data, ax)
+    _log_axis(ax, ticks=budgets)
+    ax.set_xlabel("final token budget")
+    ax.set_ylabel("Δ val loss (nats)")
+    ax.set_title("Δ vs token budget (each arm a series over budgets)", fontsize=10)
+    ax.grid(alpha=0.3)
+    _legend_right(ax)
+    return Drawn(fig)
 
 
-def plot_delta_vs_size(data: StudyData, path: Path) -> str | None:
-    """Δ against the arm's non-embedding parameter count, where the arms differ in size."""
+ROLE_MARKERS = {"iso-param": "o", "iso-FLOP": "s", "iso-depth": "^"}
+
+
+def draw_delta_vs_size(data: StudyData) -> Drawn | str:
+    """Δ against the arm's non-embedding parameter count, one point per arm × budget: the
+    arms are matched by different criteria, so no line joins them."""
     gaps = [g for g in (data.tables or {}).get("gaps", []) if g.get("mean") is not None]
     size = {a["name"]: a["params_non_embedding"] for a in (data.tables or {}).get("arms", [])}
     sizes = {size.get(g["arm"]) for g in gaps} - {None}
@@ -285,32 +427,33 @@ def plot_delta_vs_size(data: StudyData, path: Path) -> str | None:
     rows = [{**g, "size": size[g["arm"]]} for g in gaps if g["arm"] in size]
     fig, ax = plt.subplots(figsize=(8.0, 4.4), constrained_layout=True)
     colors = arm_colors(data)
-    markers = "os^Dv<>p"
-    for k, (opt, tokens) in enumerate(sorted({(g["optimizer"], g["tokens"]) for g in rows})):
-        sel = sorted((g for g in rows if (g["optimizer"], g["tokens"]) == (opt, tokens)), key=lambda g: g["size"])
-        ax.plot([g["size"] for g in sel], [g["mean"] for g in sel], "-", color="grey", lw=0.8, zorder=1)
-        ax.plot([], [], markers[k % len(markers)], color="grey", ls="-", label=f"{opt} {_fmt_tokens(tokens)}")
-        for g in sel:
-            ax.errorbar(g["size"], g["mean"], yerr=g.get("spread") or 0, fmt=markers[k % len(markers)],
-                        capsize=4, color=colors.get(g["arm"], "C0"))
+    multi = len({(g["optimizer"], g["tokens"]) for g in rows}) > 1
+    for g in rows:
+        ax.errorbar(g["size"], g["mean"], yerr=g.get("spread") or 0, fmt=ROLE_MARKERS.get(g["role"], "D"),
+                    ls="none", capsize=4, ms=8, color=colors.get(g["arm"], "C0"),
+                    gid=f"size:{g['arm']}:{g['optimizer']}:{g['tokens']}")
+        ax.annotate(g["role"] + (f" · {g['optimizer']} {_fmt_tokens(g['tokens'])}" if multi else ""),
+                    (g["size"], g["mean"]), textcoords="offset points", xytext=(7, 5), fontsize=8)
     for arm in sorted({g["arm"] for g in rows}, key=lambda a: size[a]):
-        ax.plot([], [], "s", color=colors.get(arm, "C0"), label=f"{arm} ({_fmt_count(size[arm])} params)")
+        role = next(g["role"] for g in rows if g["arm"] == arm)
+        ax.plot([], [], ROLE_MARKERS.get(role, "D"), ls="none", color=colors.get(arm, "C0"),
+                label=f"{arm} ({_fmt_count(size[arm])} params)")
     _floor_band(data, ax)
     _log_axis(ax, fmt=_fmt_count, ticks=sorted({g["size"] for g in rows}))
     ax.set_xlabel("arm's non-embedding parameters")
     ax.set_ylabel("Δ val loss (nats)")
-    ax.set_title("Δ vs model size (arms of this study)", fontsize=10)
+    ax.set_title("Δ vs model size: one point per matched arm (not a size series)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     _legend_right(ax)
-    _save(fig, path)
-    return None
+    return Drawn(fig, ["Points, not a line: each arm is matched to the reference by a different criterion "
+                       "(parameters, FLOPs, depth), so their sizes are not a ladder of one architecture."])
 
 
 def _floor_band(data: StudyData, ax: Any) -> None:
     size = _floor_size(data)
     if size is not None:
-        ax.axhspan(-size, size, color="grey", alpha=0.2, label=f"noise floor ±{size:.4f}")
-    ax.axhline(0, color="black", lw=0.8)
+        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{size:.4f}", gid="noise-band")
+    ax.axhline(0, color="black", lw=0.8, gid="zero")
 
 
 def _legend_right(ax: Any) -> None:
@@ -318,33 +461,13 @@ def _legend_right(ax: Any) -> None:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
-def _delta_line(data: StudyData, gaps: list[dict], path: Path, *, key: str, xlabel: str,
-                title: str) -> str | None:
-    fig, ax = plt.subplots(figsize=(8.0, 4.4), constrained_layout=True)
-    colors = arm_colors(data)
-    for (arm, opt) in sorted({(g["arm"], g["optimizer"]) for g in gaps}, key=lambda k: arm_order(data).index(k[0])
-                             if k[0] in arm_order(data) else 99):
-        sel = sorted((g for g in gaps if (g["arm"], g["optimizer"]) == (arm, opt)), key=lambda g: g[key])
-        opts = sorted({g["optimizer"] for g in gaps})
-        style = ("o-", "s--", "^:")[opts.index(opt) % 3]
-        ax.errorbar([g[key] for g in sel], [g["mean"] for g in sel], yerr=[g.get("spread") or 0 for g in sel],
-                    fmt=style, capsize=4, color=colors.get(arm, "C0"), label=f"{arm} · {opt}")
-    _floor_band(data, ax)
-    _log_axis(ax, ticks=sorted({g[key] for g in gaps}))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("Δ val loss (nats)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    _legend_right(ax)
-    _save(fig, path)
-    return None
-
-
 # --------------------------------------------------------------------------- localisation
 
 
 def comparison_rows(data: StudyData, grouping: str) -> dict[str, dict[str, dict]]:
-    """arm -> group -> {"delta": [Δ per analysed seed pair], "share": [...]} for one grouping."""
+    """arm -> group -> {"delta": [Δ per analysed seed pair], "share": [...], "tokens": [...],
+    "lo": [...], "hi": [...]} (lo / hi: the per-token bootstrap interval, where the analysis
+    has one) for one grouping."""
     out: dict[str, dict[str, dict]] = {}
     for c in data.comparisons():
         v = c.get(grouping)
@@ -355,51 +478,124 @@ def comparison_rows(data: StudyData, grouping: str) -> dict[str, dict[str, dict]
         if rec.get("tokens") and len((data.spec.get("final") or {}).get("tokens", [])) > 1:
             arm += f" {_fmt_tokens(rec['tokens'])}"
         for row in v["rows"]:
-            cell = out.setdefault(arm, {}).setdefault(row["group"], {"delta": [], "share": []})
+            cell = out.setdefault(arm, {}).setdefault(row["group"], {"delta": [], "share": [], "tokens": [],
+                                                                      "lo": [], "hi": []})
             if row.get("delta") is not None:
                 cell["delta"].append(row["delta"])
                 cell["share"].append(row["token_share"])
+                cell["tokens"].append(int(row.get("tokens") or 0))
+                cell["lo"].append(row.get("delta_lo"))
+                cell["hi"].append(row.get("delta_hi"))
     return out
 
 
-def plot_grouped_deltas(data: StudyData, path: Path, grouping: str) -> str | None:
-    """Δ per region / exercise type, one bar per arm, mean over analysed seed pairs ± sd."""
-    rows = comparison_rows(data, grouping)
-    if not rows:
-        return (f"no paired analysis of the final runs yet (run `sanlab report --analyze` or "
-                f"`sanlab analyze ARM --vs REFERENCE --out {data.dir}/analysis/NAME`)")
-    arms = list(rows)
+def group_order(data: StudyData, grouping: str, rows: dict[str, dict[str, dict]]) -> list[str]:
+    """The groups in the corpus's order (regions fixed; exercise types as the sample lists them)."""
     groups: list[str] = []
-    for a in arms:
+    for a in rows:
         groups += [g for g in rows[a] if g not in groups]
     if grouping == "region":
-        groups.sort(key=lambda g: REGIONS.index(g) if g in REGIONS else 99)
+        return sorted(groups, key=lambda g: REGIONS.index(g) if g in REGIONS else 99)
+    names = corpus_groups(data, grouping)
+    return sorted(groups, key=lambda g: names.index(g) if g in names else len(names))
+
+
+def corpus_groups(data: StudyData, grouping: str) -> list[str]:
+    """Every group the corpus has (exercise types from the analysed sample's data dir)."""
+    if grouping == "region":
+        return list(REGIONS)
+    names: list[str] = []
+    for a in data.analyses:
+        names += [n for n in (a.get("sample") or {}).get("exercises") or [] if n not in names]
+    return names
+
+
+def group_stats(data: StudyData, grouping: str) -> dict[str, Any]:
+    """What the Δ-by-group figure and table show: per arm and group the mean Δ, its error
+    (sample sd over ≥ 2 seed pairs, else the per-token bootstrap interval of the one pair),
+    the analysed tokens N (the fewest over pairs); the groups below `MIN_GROUP_TOKENS`; the
+    corpus's groups absent from every analysed sample."""
+    rows = comparison_rows(data, grouping)
+    groups = group_order(data, grouping, rows)
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    tokens: dict[str, int] = {}
+    for a in rows:
+        for g in groups:
+            c = rows[a].get(g)
+            if not c or not c["delta"]:
+                continue
+            d = c["delta"]
+            m = sum(d) / len(d)
+            if len(d) >= 2:
+                err: tuple[float, float] | None = (_sd(d), _sd(d))
+                kind = "sd"
+            elif c["lo"][0] is not None and c["hi"][0] is not None:
+                err, kind = (m - c["lo"][0], c["hi"][0] - m), "bootstrap"
+            else:
+                err, kind = None, "none"
+            cells.setdefault(a, {})[g] = {"mean": m, "err": err, "kind": kind, "n_pairs": len(d),
+                                          "tokens": min(c["tokens"])}
+            tokens[g] = min(tokens.get(g, c["tokens"][0]), min(c["tokens"]))
+    absent = [g for g in corpus_groups(data, grouping) if g not in groups] if grouping == "exercise" else []
+    return {"arms": list(rows), "groups": groups, "cells": cells, "tokens": tokens,
+            "thin": [g for g in groups if tokens.get(g, 0) < MIN_GROUP_TOKENS], "absent": absent,
+            "share": {g: _mean([s for a in rows for s in rows[a].get(g, {}).get("share", [])]) for g in groups}}
+
+
+def draw_grouped_deltas(data: StudyData, grouping: str) -> Drawn | str:
+    """Δ per region / exercise type, one bar per arm: the mean over analysed seed pairs, ± their
+    sample sd (one pair: the per-token bootstrap interval); N tokens per group under its name;
+    groups under `MIN_GROUP_TOKENS` tokens greyed; absent types listed."""
+    st = group_stats(data, grouping)
+    if not st["arms"]:
+        return (f"no paired analysis of the final runs yet (run `sanlab report --analyze` or "
+                f"`sanlab analyze ARM --vs REFERENCE --out {data.dir}/analysis/NAME`)")
+    arms, groups = st["arms"], st["groups"]
     colors = arm_colors(data)
     width = 0.8 / len(arms)
-    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(groups) * max(1, len(arms) / 2) + 2), 4.6),
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.9 * len(groups) * max(1, len(arms) / 2) + 2), 4.9),
                            constrained_layout=True)
+    kinds: set[str] = set()
     for i, a in enumerate(arms):
-        xs, ms, sds = [], [], []
         for j, g in enumerate(groups):
-            d = rows[a].get(g, {}).get("delta", [])
-            if d:
-                xs.append(j - 0.4 + width * (i + 0.5))
-                ms.append(sum(d) / len(d))
-                sds.append(_sd(d))
-        ax.bar(xs, ms, width=width * 0.95, yerr=sds, capsize=3, color=colors.get(a.split(" ")[0], f"C{i}"),
-               alpha=0.8, label=a)
+            c = st["cells"].get(a, {}).get(g)
+            if c is None:
+                continue
+            thin = g in st["thin"]
+            x = j - 0.4 + width * (i + 0.5)
+            col = "#bbbbbb" if thin else colors.get(a.split(" ")[0], f"C{i}")
+            yerr = None if c["err"] is None else [[c["err"][0]], [c["err"][1]]]
+            kinds.add(c["kind"])
+            ax.bar([x], [c["mean"]], width=width * 0.95, yerr=yerr, capsize=3, color=col, alpha=0.85,
+                   hatch="//" if thin else None, edgecolor="#888888" if thin else None,
+                   label=a if j == next(k for k, gg in enumerate(groups) if gg in st["cells"].get(a, {})) else None,
+                   gid=f"group:{a}:{g}")
     ax.axhline(0, color="black", lw=0.8)
-    share = {g: _mean([s for a in arms for s in rows[a].get(g, {}).get("share", [])]) for g in groups}
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels([f"{g}\n{share[g]:.1%} of tokens" for g in groups], fontsize=8,
-                       rotation=0 if len(groups) <= 6 else 30, ha="center" if len(groups) <= 6 else "right")
+    ax.set_xticklabels([f"{g}\nN = {st['tokens'].get(g, 0):,}" + ("\n(too few)" if g in st["thin"] else "")
+                        for g in groups], fontsize=8, rotation=0 if len(groups) <= 6 else 30,
+                       ha="center" if len(groups) <= 6 else "right")
+    for lab, g in zip(ax.get_xticklabels(), groups):
+        if g in st["thin"]:
+            lab.set_color("#888888")
     ax.set_ylabel("Δ loss on these tokens (nats)")
-    ax.set_title(f"Δ by {grouping} (arm − reference, paired on the same tokens; "
-                 "mean ± sd over analysed seed pairs)", fontsize=10)
+    err_text = {"sd": "± sd over seed pairs", "bootstrap": "one seed pair: 95% per-token bootstrap interval",
+                "none": "no error bar"}
+    ax.set_title(f"Δ by {grouping} (arm − reference on the same tokens; mean "
+                 + "; ".join(err_text[k] for k in ("sd", "bootstrap", "none") if k in kinds) + ")", fontsize=9.5)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    _save(fig, path)
-    return None
+    notes = [f"N is the number of analysed tokens in each group; groups with fewer than {MIN_GROUP_TOKENS} "
+             "are grey and hatched" + (f" ({', '.join(st['thin'])})" if st["thin"] else " (none here)") + "."]
+    if "bootstrap" in kinds:
+        notes.append("With one seed pair the error bar is the 95% per-token bootstrap interval of the group's "
+                     "mean Δ (tokens treated as independent: a lower bound on the uncertainty).")
+    if st["absent"]:
+        absent = ", ".join(st["absent"])
+        ax.text(0.99, 0.02, f"not in the analysed sample: {absent}", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=8, color="#b45309", gid="absent")
+        notes.append(f"Types of the corpus absent from the analysed sample: {absent}.")
+    return Drawn(fig, notes)
 
 
 def _mean(v: Sequence[float]) -> float:
@@ -407,6 +603,7 @@ def _mean(v: Sequence[float]) -> float:
 
 
 def _sd(v: Sequence[float]) -> float:
+    """Sample standard deviation (n − 1): the spread of seed pairs, as the gap table's."""
     if len(v) < 2:
         return 0.0
     m = _mean(v)
@@ -434,50 +631,75 @@ def analysed_runs(data: StudyData, key: str) -> list[tuple[str, dict]]:
     return [(best[a][1], runs[best[a][1]]) for a in arms]
 
 
-def plot_spectra(data: StudyData, path: Path) -> str | None:
-    """Mean stable rank per matrix type across milestones, one panel per arm; crystallisation marked."""
+def settled_holds(points: Sequence[tuple[float, float]], milestone: float, tol: float) -> bool:
+    """Whether the curve (milestone, mean stable rank) moves by less than `tol` (relative)
+    at every step from `milestone` on: the check a "settled" marker must pass."""
+    after = [y for x, y in sorted(points) if x >= milestone]
+    return all(a != 0 and abs(b - a) / abs(a) < tol for a, b in zip(after, after[1:]))
+
+
+def type_color(t: str) -> str:
+    return TYPE_COLORS.get(t, OTHER_TYPE_COLORS[sum(map(ord, t)) % len(OTHER_TYPE_COLORS)])
+
+
+def draw_spectra(data: StudyData) -> Drawn | str:
+    """Mean stable rank per matrix type across milestones, one panel per arm; where the
+    type settled (crystallised) marked, each marker checked against the curve it sits on."""
     runs = analysed_runs(data, "spectra")
     if not runs:
         return "no weight-spectra analysis yet (needs milestone checkpoints and `sanlab analyze`)"
     fig, axes = _panels(len(runs), 4.6, 3.7)
-    types = sorted({row["type"] for _, r in runs for row in r["spectra"]["per_type"]})
-    tcol = {t: COLORS[i % len(COLORS)] for i, t in enumerate(types)}
+    types = sorted({row["type"] for _, r in runs for row in r["spectra"]["per_type"]},
+                   key=lambda t: (list(TYPE_COLORS).index(t) if t in TYPE_COLORS else 99, t))
+    dropped: list[str] = []
+    tols = set()
     for ax, (rid, r) in zip(axes, runs):
         sp = r["spectra"]
+        tol = float(sp.get("tol", 0.02))
+        tols.add(tol)
         crystal = {c["type"]: c["milestone"] for c in sp.get("crystallisation", [])}
+        rec = data.records.get(rid, {})
+        arm = rec.get("arm", rid)
         for t in types:
             pts = sorted((row["milestone"], row["stable_rank"]) for row in sp["per_type"]
                          if row["type"] == t and row.get("stable_rank") is not None)
             if not pts:
                 continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=tcol[t], ms=4, label=t)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ls=TYPE_STYLES.get(t, "-"),
+                    color=type_color(t), ms=4, label=t, gid=f"type:{arm}:{t}")
             m = crystal.get(t)
-            if m is not None:
-                y = dict(pts).get(m)
-                if y is not None:
-                    ax.plot([m], [y], "D", ms=9, mfc="none", mec=tcol[t], mew=1.8)
-        rec = data.records.get(rid, {})
-        ax.set_title(f"{rec.get('arm', rid)} (seed {rec.get('seed', '?')})", fontsize=10)
+            if m is None:
+                continue
+            y = dict(pts).get(m)
+            if y is not None and settled_holds(pts, m, tol):
+                ax.plot([m], [y], "D", ms=9, mfc="none", mec=type_color(t), mew=1.8, gid=f"settled:{arm}:{t}")
+            else:
+                dropped.append(f"{arm} {t} at {m:.0%}")
+        ax.set_title(f"{arm} (seed {rec.get('seed', '?')})", fontsize=10)
         ax.set_xlabel("milestone (fraction of training)")
         ax.set_ylabel("mean stable rank")
         ax.set_xlim(-0.05, 1.05)
         ax.grid(alpha=0.3)
-        if len({p for row in sp["per_type"] for p in [row["milestone"]]}) < 2:
+        if len({row["milestone"] for row in sp["per_type"]}) < 2:
             ax.text(0.5, 0.08, "one milestone only: add train.milestones for dynamics",
                     transform=ax.transAxes, ha="center", fontsize=8, color="grey")
-    handles = [plt.Line2D([], [], color=tcol[t], marker="o", label=t) for t in types]
-    handles.append(plt.Line2D([], [], ls="", marker="D", mfc="none", mec="black", label="crystallised (settled)"))
+    handles = [plt.Line2D([], [], color=type_color(t), ls=TYPE_STYLES.get(t, "-"), marker="o", label=t) for t in types]
+    handles.append(plt.Line2D([], [], ls="", marker="D", mfc="none", mec="black", label="settled (crystallised)"))
     fig.legend(handles=handles, loc="outside right center", fontsize=8)
-    _save(fig, path)
-    return None
+    tol = max(tols) if tols else 0.02
+    notes = [f"Settled: from the marked milestone on, every step between milestones changes the type's spectrum "
+             f"shape (total-variation distance of the normalised singular values, mean over layers) by less than "
+             f"{tol:g} and its mean stable rank (the curve drawn) by less than {tol:.0%}; a type never marked "
+             "has not settled by the last milestone. Matrix types have their own colours (not the arms')."]
+    if dropped:
+        notes.append("Not marked because the curve still moves after the analysis's settled point (an analysis "
+                     f"made before the stable-rank rule; rerun `sanlab analyze`): {', '.join(dropped)}.")
+    return Drawn(fig, notes)
 
 
-ATTENTION_METRICS = (("entropy", "entropy (nats)"), ("sink", "sink mass"),
-                     ("local_0", "local focus (nearest bucket)"), ("head_diversity", "head diversity"))
-
-
-def plot_attention(data: StudyData, path: Path) -> str | None:
-    """Heatmaps arm × layer of the per-layer attention metrics (mean over heads)."""
+def draw_attention(data: StudyData) -> Drawn | str:
+    """Heatmaps arm × layer of the per-layer attention metrics (mean over heads), each panel
+    on a colour scale from 0 to its largest value."""
     runs = analysed_runs(data, "attention")
     if not runs:
         return "no attention analysis yet (`sanlab analyze` of the final runs)"
@@ -485,45 +707,59 @@ def plot_attention(data: StudyData, path: Path) -> str | None:
     labels = [data.records.get(rid, {}).get("arm", rid) for rid, _ in runs]
     import numpy as np
 
-    fig, grid_axes = plt.subplots(2, 2, figsize=(min(16.0, max(10.0, 2.5 + 1.4 * layers)), 1.6 + 1.3 * len(runs)),
+    fig, grid_axes = plt.subplots(2, 2, figsize=(min(16.0, max(10.0, 2.5 + 1.4 * layers)), 1.8 + 1.3 * len(runs)),
                                   constrained_layout=True)
-    axes = list(grid_axes.flat)
-    for ax, (key, title) in zip(axes, ATTENTION_METRICS):
+    normalized = any(a.get("attention_normalized") for a in data.analyses)
+    for ax, (key, title, _) in zip(grid_axes.flat, ATTENTION_METRICS):
         grid = np.full((len(runs), layers), np.nan)
         for i, (_, r) in enumerate(runs):
             for row in r["attention"]["layers"]:
                 v = row.get(key)
                 if v is not None:
                     grid[i, int(row["layer"])] = v
-        masked = np.ma.masked_invalid(grid)
-        im = ax.imshow(masked, aspect="auto", cmap="viridis")
+        hi = 1.0 if normalized else (float(np.nanmax(grid)) if np.isfinite(grid).any() else 1.0)
+        hi = hi if hi > 0 else 1.0
+        im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis", vmin=0.0, vmax=hi,
+                       gid=f"heat:{key}")
         for i in range(grid.shape[0]):
             for j in range(grid.shape[1] if layers <= 10 else 0):  # numbers only where they fit
                 if not np.isnan(grid[i, j]):
                     v = grid[i, j]
-                    lo, hi = np.nanmin(grid), np.nanmax(grid)
-                    dark = hi > lo and (v - lo) / (hi - lo) < 0.5
                     ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
-                            color="white" if dark else "black")
-        ax.set_title(title, fontsize=10)
+                            color="white" if v / hi < 0.5 else "black")
+        ax.set_title(f"{title} — colour 0 to {hi:.3g}", fontsize=10)
         ax.set_xticks(range(0, layers, 1 if layers <= 12 else 2))
         ax.set_xlabel("layer")
         ax.set_yticks(range(len(runs)))
         ax.set_yticklabels(labels, fontsize=9)
         ax.set_facecolor("#eeeeee")
         fig.colorbar(im, ax=ax, shrink=0.8)
-    _save(fig, path)
+    scale = ("min–max normalised per run (`sanlab analyze --normalize`), colour 0 to 1" if normalized else
+             "each panel's colour runs from 0 to its largest value, so equal colours mean equal fractions of it "
+             "and nearby values look alike (not a min-to-max stretch)")
+    return Drawn(fig, [" ".join(d + "." for _, _, d in ATTENTION_METRICS),
+                       f"Colour scale: {scale}; grey cells: the arm has no such layer."])
+
+
+def gate_reference(residuals: set[str]) -> tuple[float, str] | None:
+    """The gates' value at initialisation, drawn as a reference line: σ(0) = 0.5 for gated
+    residuals, α = 0 for rezero; None when the models mix kinds or have no gates."""
+    if residuals == {"gated"}:
+        return 0.5, "σ(0) = 0.5: the gates at initialisation"
+    if residuals == {"rezero"}:
+        return 0.0, "α = 0: ReZero at initialisation"
     return None
 
 
-def plot_stream(data: StudyData, path: Path) -> str | None:
+def draw_stream(data: StudyData) -> Drawn | str:
     """Residual-stream RMS after each block and the residual gates per layer, per arm."""
     runs = analysed_runs(data, "stream")
     if not runs:
         return "no residual-stream analysis yet (`sanlab analyze` of the final runs)"
     colors = arm_colors(data)
     fig, (ax_r, ax_g) = plt.subplots(1, 2, figsize=(12, 4.4), constrained_layout=True)
-    gated = False
+    values: list[float] = []
+    residuals: set[str] = set()
     for rid, r in runs:
         arm = data.records.get(rid, {}).get("arm", rid)
         col = colors.get(arm, "C0")
@@ -534,13 +770,14 @@ def plot_stream(data: StudyData, path: Path) -> str | None:
                 pts.append((int(hook.split(".")[1]), row["rms"]))
         pts.sort()
         if pts:
-            ax_r.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=col, ms=4, label=arm)
+            ax_r.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color=col, ms=4, label=arm, gid=f"rms:{arm}")
         for sub, marker, ls in (("attn", "o", "-"), ("ffn", "s", "--")):
             g = sorted((row["layer"], row[sub]) for row in r.get("gates") or [] if row.get(sub) is not None)
             if g:
-                gated = True
+                residuals.add(str((r.get("config") or {}).get("residual", "gated")))
+                values += [v for _, v in g]
                 ax_g.plot([p[0] for p in g], [p[1] for p in g], marker=marker, ls=ls, color=col, ms=4,
-                          label=f"{arm} {sub}")
+                          label=f"{arm} {sub}", gid=f"gate:{arm}:{sub}")
     _log_axis(ax_r, "y", fmt=_fmt_num)
     ax_r.set_xlabel("layer (block output)")
     ax_r.set_ylabel("residual-stream RMS")
@@ -551,14 +788,22 @@ def plot_stream(data: StudyData, path: Path) -> str | None:
     ax_g.set_ylabel("gate value (σ(g) or α)")
     ax_g.set_title("residual gates per layer", fontsize=10)
     ax_g.grid(alpha=0.3)
-    if gated:
+    notes = []
+    if values:
+        ref = gate_reference(residuals)
+        lo, hi = min(values), max(values)
+        if ref is not None:
+            ax_g.axhline(ref[0], color="black", ls="--", lw=1, label=ref[1], gid="gate-init")
+            lo, hi = min(lo, ref[0]), max(hi, ref[0])
+            notes.append(f"The dashed line is {ref[1]}; the axis spans at least ±0.1 around it, so a gate "
+                         "that barely moved looks it.")
+            lo, hi = min(lo, ref[0] - 0.1), max(hi, ref[0] + 0.1)
+        pad = 0.05 * (hi - lo or 1.0)
+        ax_g.set_ylim(lo - pad, hi + pad)
         ax_g.legend(fontsize=8, ncol=2)
     else:
         ax_g.text(0.5, 0.5, "these models have no residual gates", ha="center", va="center",
                   transform=ax_g.transAxes, color="grey")
     for ax in (ax_r, ax_g):
         ax.xaxis.get_major_locator().set_params(integer=True)
-    _save(fig, path)
-    return None
-
-
+    return Drawn(fig, notes)
