@@ -260,3 +260,12 @@ def test_site_builds_strictly_and_its_config_page_lists_every_key(tmp_path):
     # The page is the generated reference (built by the hook at build time, not a stale copy).
     generated = set(re.findall(r"^\| `([^`]+)` \|", configref.render_markdown(), flags=re.M))
     assert on_page == generated, (sorted(generated - on_page), sorted(on_page - generated))
+
+
+def test_the_home_page_commands_row_links_every_command():
+    from sanlab.cli import COMMANDS
+
+    row = next(ln for ln in (ROOT / "docs" / "index.md").read_text().splitlines() if ln.startswith("| Commands |"))
+    linked = re.findall(r"\[([a-z]+)\]\(commands/([a-z]+)\.md\)", row)
+    assert [name for name, _ in linked] == [page for _, page in linked]
+    assert {name for name, _ in linked} == set(COMMANDS), set(COMMANDS) ^ {name for name, _ in linked}

@@ -119,6 +119,11 @@ def _f(x: Any, fmt: str = ".4g") -> str:
     return format(x, fmt) if isinstance(x, float) else str(x)
 
 
+def _interval(row: dict) -> str:
+    lo, hi = row.get("delta_lo"), row.get("delta_hi")
+    return "–" if lo is None or hi is None else f"[{lo:+.4f}, {hi:+.4f}]"
+
+
 def _table(title: str, columns: Iterable[str], rows: Iterable[Iterable[Any]]) -> Table:
     t = Table(title)
     for i, c in enumerate(columns):
@@ -197,12 +202,15 @@ def print_tables(result: dict, out: Output) -> None:
             if not v:
                 continue
             ident = v["identity"]
+            ci = any("delta_lo" in g for g in v["rows"])
             out.table(_table(
                 f"Δ = {c['run']} − {c['vs']} by {grouping}: aggregate {ident['aggregate_delta']:+.4f}, "
-                f"token-weighted sum {ident['weighted_sum']:+.4f} (rel. error {ident['rel_error']:.1e})",
-                (grouping, "token share", c["run"], c["vs"], "Δ", "share·Δ", "of aggregate"),
-                ((g["group"], g["token_share"], g["loss_a"], g["loss_b"], g["delta"], g["weighted"],
-                  g["contribution"]) for g in v["rows"]),
+                f"token-weighted sum {ident['weighted_sum']:+.4f} (rel. error {ident['rel_error']:.1e})"
+                + ("; 95%: per-token bootstrap interval of Δ" if ci else ""),
+                (grouping, "tokens", "token share", c["run"], c["vs"], "Δ", *(("95%",) if ci else ()), "share·Δ",
+                 "of aggregate"),
+                ((g["group"], g["tokens"], g["token_share"], g["loss_a"], g["loss_b"], g["delta"],
+                  *((_interval(g),) if ci else ()), g["weighted"], g["contribution"]) for g in v["rows"]),
             ))  # fmt: skip
         if c.get("recorded_val_delta") is not None:
             out.note(f"recorded final val-loss Δ (meta.json): {c['recorded_val_delta']:+.4f}")
