@@ -237,6 +237,12 @@ def localisation(data: StudyData, out: Path) -> Section:
                                       "held-out tokens (`sanlab analyze ARM --vs REFERENCE`). Δ = arm − "
                                       "reference per group; the token-weighted group Δs must sum to the "
                                       "aggregate Δ."))
+        samples = {(a["sample"].get("rows"), a["sample"].get("seq_len"), a["sample"].get("rows_rule"))
+                   for a in data.analyses if isinstance(a.get("sample"), dict)}
+        for rows_, seq_len, rule in sorted(samples, key=str):
+            s.blocks.append(Block("text", f"Analysed sample: the first {rows_} held-out rows × {seq_len} tokens "
+                                          "of the validation order, the same for every run"
+                                          + (f" ({rule})." if rule else ".")))
         rows = []
         order = plots.arm_order(data)
 

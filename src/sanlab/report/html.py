@@ -11,7 +11,7 @@ from sanlab.report.build import Block, Report
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 0 auto;
-       max-width: 1280px; padding: 1.5em 2em; color: #1f2328; line-height: 1.45; }
+       max-width: 1500px; padding: 1.5em 2em; color: #1f2328; line-height: 1.45; }
 h1 { font-size: 1.7em; border-bottom: 2px solid #d0d7de; padding-bottom: .3em; }
 h2 { font-size: 1.3em; margin-top: 2em; border-bottom: 1px solid #d0d7de; padding-bottom: .2em; }
 nav a { margin-right: 1em; }
