@@ -148,7 +148,7 @@ def tables() -> dict[str, Any]:
     noise = [{"arm": NOISE, "role": "noise", "label": "5L d64, no FFN, rms norm", "optimizer": "muon",
               "tokens": BUDGETS[0], "reference": "san", "per_seed": {"1": FLOOR - 0.001, "2": FLOOR + 0.001},
               "mean": FLOOR, "spread": 0.0014, "percent": 0.08, "reference_loss": 5.0, "arm_loss": 5.0 + FLOOR,
-              "runs": {}}]
+              "size": FLOOR, "runs": {}}]  # F = max(|mean|, sd) (sanlab.study.noise)
     sweep = []
     for arm in ARMS:
         base = 0.02 if arm == "san" else 0.04

@@ -196,7 +196,7 @@ def test_region_and_exercise_delta_is_the_mean_and_sample_sd_of_the_analysed_pai
 
     from sanlab.report import plots
     from sanlab.report.data import load
-    from sanlab.study.cli import table_json
+    from sanlab.study.results import table_json
 
     study = tmp_path / "study"
     shutil.copytree(fake_study, study, ignore=shutil.ignore_patterns("report"))
