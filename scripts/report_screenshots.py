@@ -45,7 +45,8 @@ def crop(path: Path) -> None:
     w, h = gray.size
     px = gray.load()
     last = max((y for y in range(h) if any(px[x, y] < 245 for x in range(0, w, 4))), default=h - 1)
-    img.crop((0, 0, w, min(h, last + 24))).save(path, optimize=True)
+    # 256 colours: a page of text and line plots loses nothing visible, and the file a third
+    img.crop((0, 0, w, min(h, last + 24))).quantize(256).save(path, optimize=True)
 
 
 def main(argv: list[str] | None = None) -> int:

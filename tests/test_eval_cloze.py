@@ -59,7 +59,6 @@ def _train(counting: Path, name: str, steps: int) -> Path:
 
 
 @needs_lm_eval
-@pytest.mark.slow  # ~15 s on an idle 2-core machine (two trainings' worth of lm-eval runs)
 def test_a_model_that_learned_the_corpus_scores_the_cloze_above_zero(counting: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
     trained = _train(counting, "trained", 120)

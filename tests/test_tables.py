@@ -136,6 +136,18 @@ def test_analyze_at_80_columns(train_data_dir: Path, tmp_path: Path, recorded: l
     assert all(f"│ {name} " in out for name in types)
 
 
+def test_probe_command_at_80_columns(tmp_path: Path, recorded: list[Table], capsys: pytest.CaptureFixture[str],
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from probe_helpers import use_in_process_runner
+
+    use_in_process_runner(monkeypatch)
+    out = run(["probe", "retrieval", "--arms", "standard,san", "--out", str(tmp_path / "out"), "model.d_model=16",
+               "model.n_heads=2", "model.n_kv_heads=1", "train.steps=3", "train.batch_rows=4", "row_tokens=64",
+               "sweep.grid=[1]", "sweep.max_extensions=0", "task.n_train=40", "task.n_val=8", "task.n_test=12"],
+              capsys, recorded)
+    assert "retrieval/standard" in out and len(recorded) == 3  # cells, the grid, the paper's anchors
+
+
 def test_probe_and_eval_tables_at_80_columns(recorded: list[Table], capsys: pytest.CaptureFixture[str]) -> None:
     """The probe suite's tables from the committed quick record's results, and the eval table."""
     from sanlab.eval.cli import results_table
@@ -163,7 +175,7 @@ def _wide() -> Table:
     t = Table("a title longer than the forty columns this console is given, on one line")
     t.column("name")
     t.column("value", "right")
-    t.add_row("nonapproximate_hybrid_variant", "0.1234 ± 0.0001")
+    t.add_row("nonapproximate_hybrid_variant", "0.1234 ± 0.0001", bold=[1])
     t.add_section()
     t.add_row("a|b", "x\ny")
     return t
@@ -178,7 +190,7 @@ def test_text_off_a_terminal_never_cuts_and_honours_columns(monkeypatch: pytest.
     text = buf.getvalue()
     lines = text.splitlines()
     assert lines[0] == _wide().title and "…" not in text
-    assert any("nonapproximate_hybrid_variant" in ln and "0.1234 ± 0.0001" in ln for ln in lines)
+    assert any("nonapproximate_hybrid_variant" in ln and "0.1234 ± 0.0001*" in ln for ln in lines)  # bold: *
     assert lines[-1] == "a note longer than forty columns stays on one line, unwrapped, whole"
     narrow = Table("t")
     narrow.column("a")
@@ -199,7 +211,7 @@ def test_md_csv_json_carry_the_same_cells() -> None:
             out.table(t)
             out.note("n")
     assert md.getvalue().splitlines()[:5] == [f"**{t.title}**", "", "| name | value |", "|---|--:|",
-                                              "| nonapproximate_hybrid_variant | 0.1234 ± 0.0001 |"]
+                                              "| nonapproximate_hybrid_variant | **0.1234 ± 0.0001** |"]
     assert "| a\\|b | x y |" in md.getvalue()
     title, body = cs.getvalue().split("\n", 1)
     block, note = body.split("\n\n")

@@ -9,7 +9,8 @@ with `--format` (`add_format_flag`):
            onto a second line; nothing is cut). Off a terminal (a file, a pipe, CI) a table
            is never cut and no cell is wrapped: it is laid out at COLUMNS (default 80) when
            it fits and at its own natural width when it does not; its title and the prose
-           are written one line each, unwrapped, so `grep` finds them whole.
+           are written one line each, unwrapped, so `grep` finds them whole; an emphasised
+           cell (the sweep's best) ends in `*` where bold cannot show.
     md     GitHub Markdown: each table as a pipe table under its bold title, prose as
            paragraphs (paste it into a README, an issue or a lab notebook).
     csv    each table as a CSV block: a `# title` line, the header, the rows; blocks apart
@@ -204,7 +205,7 @@ class Output:
         # no cell is ever cut or wrapped (a file has no right edge).
         from rich.text import Text
 
-        r = rich_table(t, title=False)
+        r = rich_table(t, title=False, star=c.color_system is None)
         if t.title:
             c.print(Text(t.title, style="bold"), soft_wrap=True)
         need = Measurement.get(c, c.options.update(width=100_000), r).maximum
@@ -216,8 +217,9 @@ class Output:
             c.width = width
 
 
-def rich_table(t: Table, *, title: bool = True) -> Any:
-    """The rich Table of `t` (cells as plain text: no markup is interpreted)."""
+def rich_table(t: Table, *, title: bool = True, star: bool = False) -> Any:
+    """The rich Table of `t` (cells as plain text: no markup is interpreted). With `star`
+    (plain text, where bold does not show) an emphasised cell ends in `*`."""
     from rich.table import Table as RichTable
     from rich.text import Text
 
@@ -227,7 +229,8 @@ def rich_table(t: Table, *, title: bool = True) -> Any:
     for i, row in enumerate(t.rows):
         if i in t.sections and i > 0:
             r.add_section()
-        r.add_row(*(Text(c, style="bold" if (i, j) in t.bold else "") for j, c in enumerate(row)))
+        r.add_row(*(Text(c + ("*" if star and (i, j) in t.bold else ""), style="bold" if (i, j) in t.bold else "")
+                    for j, c in enumerate(row)))
     return r
 
 

@@ -221,7 +221,7 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
     rows = sweep_rows(spec, arms, records)
     mults = sorted(set(spec.sweep.multipliers).union(*(r.losses.keys() for r in rows)))
     table = Table(f"LR sweep: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
-                  f"seed {spec.sweep_seed} (best in bold)")
+                  f"seed {spec.sweep_seed} (best in bold; * in plain text)")
     table.column("arm × optimizer")
     table.column("base LR", "right")
     for m in mults:
