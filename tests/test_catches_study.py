@@ -124,6 +124,7 @@ def test_a_gap_inside_the_floors_seed_spread_is_within_noise() -> None:
     from rich.console import Console
 
     from sanlab.study.table import gap_table
+    from sanlab.tables import rich_table
 
     spec = _spec()
     arms = build_arms(spec)
@@ -133,6 +134,6 @@ def test_a_gap_inside_the_floors_seed_spread_is_within_noise() -> None:
     records = _records(spec, {ref: base, other: {1: 3.01, 2: 2.99, 3: 3.03, 4: 2.97},
                               partner: {s: v - 0.02 for s, v in base.items()}})
     console = Console(record=True, width=250)
-    console.print(gap_table(spec, arms, records, locks(spec, arms, {}, set())))
+    console.print(rich_table(gap_table(spec, arms, records, locks(spec, arms, {}, set()))))
     row = next(line for line in console.export_text().splitlines() if line.strip("│ ").startswith(partner))
     assert "within noise" in row, row
