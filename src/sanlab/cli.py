@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("sanlab.report.cli", "a study's figures and tables: PNGs, report.md, one self-contained report.html"),
     "probe": ("sanlab.probes.cli", "what an architecture can do at all: synthetic probe tasks (SPEC §2)"),
     "record": ("sanlab.records.cli", "commit a finished study as a record; its README's tables from its results"),
+    "export": ("sanlab.hf.export_cli", "a run's checkpoint as a 🤗 transformers folder (--hf OUT)"),
+    "import": ("sanlab.hf.import_cli", "a folder written by `sanlab export --hf` back into a run dir"),
 }
 
 

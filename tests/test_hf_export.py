@@ -1,0 +1,213 @@
+"""`sanlab export --hf`: the exported folder, loaded by 🤗 transformers with its own modeling
+code, computes what sanlab computes, for every covered configuration: logits (one document
+per row, and padded batches with an attention mask), attention patterns and hidden states,
+greedy generation with and without the KV cache, and the validation loss on packed rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_helpers import SEQ_LEN, load_hf, load_sanlab, make_run
+
+transformers = pytest.importorskip("transformers")
+
+from sanlab.cli import main  # noqa: E402
+from sanlab.model.hooks import capture  # noqa: E402
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+# SPEC §1.1's switches on both arms, every exportable SPEC §2–3 mixer, hybrid layouts.
+CONFIGS: dict[str, dict] = {
+    "san": {},
+    "standard": {"ffn": True},
+    "san-rms": {"norm": "rms"},
+    "standard-rms": {"ffn": True, "norm": "rms"},
+    "san-no-qk-norm": {"qk_norm": False},
+    "standard-no-qk-norm": {"ffn": True, "qk_norm": False},
+    "san-rezero": {"residual": "rezero"},
+    "standard-residual": {"ffn": True, "residual": "standard"},
+    "san-no-residual": {"residual": "none"},
+    "san-sandwich": {"sandwich_norm": True},
+    "standard-sandwich": {"ffn": True, "sandwich_norm": True},
+    "mlp": {"mixer": "mlp"},
+    "approximate": {"mixer": "approximate", "mixer_options": {"chunk": 8}},
+    "non-approximate": {"mixer": "non_approximate"},
+    "non-approximate-no-qk-norm": {"mixer": "non_approximate", "qk_norm": False},
+    "mixit": {"mixer": "mixit", "mixer_options": {"seq_len": SEQ_LEN}},
+    "static-emb-qk": {"mixer": "static_emb_qk", "ffn": True},
+    "hybrid": {"mixer": "non_approximate", "layout": "hybrid", "ffn": True},
+    "per-layer": {"layout": ["mixit", "approximate", "mlp"], "n_layers": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, train_data_dir: Path) -> dict[str, tuple[Path, Path]]:
+    root = tmp_path_factory.mktemp("hfexport")
+    out = {}
+    for i, (name, model) in enumerate(CONFIGS.items()):
+        run = make_run(root / "runs" / name, train_data_dir, seed=i, **model)
+        assert main(["export", str(run), "--hf", str(root / "hf" / name)]) == 0
+        out[name] = (run, root / "hf" / name)
+    return out
+
+
+def _ids(B: int, T: int, seed: int, vocab: int = 320) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(8, vocab, (B, T), generator=g)
+    ids[:, 0] = 2  # BOS, as every document starts
+    return ids
+
+
+def _pattern_hooks(model) -> list[str]:
+    return [n for n, _ in model.named_modules() if n.endswith("attn.pattern")]
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_export_computes_what_sanlab_computes(exported, train_data_dir: Path, name: str) -> None:
+    run, folder = exported[name]
+    ref, hf = load_sanlab(run), load_hf(folder)
+    assert type(hf).__name__ == "SanlabForCausalLM"
+    ids = _ids(2, SEQ_LEN, 0)
+    with torch.no_grad():
+        # logits, one document per row, with hidden states and patterns
+        names = _pattern_hooks(ref) + [f"blocks.{i}.resid_post" for i in range(len(ref.blocks))]
+        with capture(ref, names) as acts:
+            want = ref(ids)
+        got = hf(ids, output_hidden_states=True, output_attentions=True)
+        torch.testing.assert_close(got.logits, want, **TOL)
+        for i, h in enumerate(got.hidden_states[1:]):
+            torch.testing.assert_close(h, acts[f"blocks.{i}.resid_post"], **TOL)
+        for i, a in enumerate(got.attentions):
+            key = f"blocks.{i}.attn.pattern"
+            if key in acts:
+                torch.testing.assert_close(a, acts[key].expand_as(a), **TOL)
+            else:
+                assert a is None and ref.cfg.layer_mixers[i] == "mlp"
+
+        # padded batches: each row's real tokens get the logits the row gets alone
+        lengths = [SEQ_LEN, 9, 17]
+        rows = [_ids(1, n, 10 + n)[0] for n in lengths]
+        for side in ("left", "right"):
+            batch = torch.zeros(len(rows), SEQ_LEN, dtype=torch.long)
+            mask = torch.zeros_like(batch)
+            for r, row in enumerate(rows):
+                where = slice(SEQ_LEN - len(row), SEQ_LEN) if side == "left" else slice(0, len(row))
+                batch[r, where], mask[r, where] = row, 1
+            logits = hf(batch, attention_mask=mask).logits
+            for r, row in enumerate(rows):
+                alone = ref(row[None])[0]
+                real = logits[r][mask[r].bool()]
+                torch.testing.assert_close(real, alone, **TOL, msg=f"{side} padding, row of {len(row)}")
+
+    # greedy generation: the tokens of sanlab's decoder, with and without the KV cache
+    from sanlab.model.generate import SamplingConfig, generate
+
+    prompt = _ids(1, 7, 3)
+    want = list(generate(ref, prompt[0], SamplingConfig(max_new_tokens=12, temperature=0), max_len=SEQ_LEN))
+    for use_cache in (True, False):
+        out = hf.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=use_cache, eos_token_id=None)
+        assert out[0, 7:].tolist() == want, f"use_cache={use_cache}"
+    # a left-padded batch generates each row's own tokens
+    short = _ids(1, 4, 4)
+    batch = torch.cat([prompt, torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)])
+    mask = torch.ones_like(batch)
+    mask[1, :3] = 0
+    out = hf.generate(batch, attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None,
+                      pad_token_id=0)
+    assert out[0, 7:].tolist() == want[:8]
+    alone = list(generate(ref, short[0], SamplingConfig(max_new_tokens=8, temperature=0), max_len=SEQ_LEN))
+    assert out[1, 7:].tolist() == alone
+
+    # the loss on packed validation rows: sanlab's evaluation loss
+    from sanlab.data.loader import Loader
+    from sanlab.model.layers import segment_positions
+    from sanlab.train.trainer import evaluate
+
+    val = Loader(train_data_dir, "val", batch_rows=8)
+    batch = next(b for b in val.eval_batches(None, 8) if int(b["segment_ids"].max()) > 0)  # packed rows
+    want = evaluate(ref, [batch], torch.autograd.grad_mode.no_grad, _OneProcess())["val_loss"]
+    labels = batch["targets"].masked_fill(~batch["loss_mask"], -100)
+    with torch.no_grad():
+        got = hf(batch["inputs"], position_ids=segment_positions(batch["segment_ids"]), shift_labels=labels).loss
+    assert abs(got.item() - want) < 1e-5, (got.item(), want)
+
+
+class _OneProcess:
+    @staticmethod
+    def sum(values):
+        return values
+
+
+def test_folder_layout_config_and_no_pickle(exported) -> None:
+    run, folder = exported["standard"]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([
+        "README.md", "config.json", "configuration_sanlab.py", "generation_config.json", "model.safetensors",
+        "modeling_sanlab.py", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"])
+    config = json.loads((folder / "config.json").read_text())
+    cfg = json.loads((run / "config.json").read_text())["model"]
+    assert config["model_type"] == "sanlab" and config["auto_map"]["AutoModelForCausalLM"] == \
+        "modeling_sanlab.SanlabForCausalLM"
+    for key, value in cfg.items():  # every model field of the run
+        assert config[key] == value, key
+    assert config["seq_len"] == SEQ_LEN
+    # no pickle anywhere: every file is text or safetensors
+    for p in folder.iterdir():
+        head = p.read_bytes()[:2]
+        assert head != b"\x80\x04" and head[:1] != b"\x80", p
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.metadata() == {"format": "pt"}
+    # the tied embedding is stored once, under sanlab's name
+    assert "model.embed.weight" in keys and not any("lm_head" in k for k in keys)
+    ref = load_sanlab(run)
+    assert keys == {"model." + k for k in ref.state_dict()}
+    hf = load_hf(folder)
+    assert hf.config.max_position_embeddings == SEQ_LEN and hf.config.hidden_size == cfg["d_model"]
+    assert hf.get_input_embeddings().weight.data_ptr() == hf.model.embed.weight.data_ptr()
+
+
+def test_tokenizer_ids_bos_and_chat_template(exported, train_data_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from sanlab.data.tokenizer import load_tokenizer
+
+    _, folder = exported["san"]
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+    assert [tok.convert_tokens_to_ids(s) for s in specials] == list(range(8))
+    assert (tok.pad_token_id, tok.eos_token_id, tok.bos_token_id, tok.unk_token_id) == (0, 1, 2, 3)
+    raw = load_tokenizer(train_data_dir)
+    text = "<|im_start|>user\nWhere was the teacher born?<|im_end|>"
+    assert tok(text).input_ids == [2] + raw.encode(text, add_special_tokens=False).ids
+    assert tok.decode(tok(text).input_ids, skip_special_tokens=False) == "<bos>" + text
+    chat = [{"role": "user", "content": "Where?"},
+            {"role": "assistant", "content": "In Vaelmor.", "reasoning_content": "The notes say so."}]
+    rendered = tok.apply_chat_template(chat, tokenize=False)
+    assert rendered == ("<bos><|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+                        "The notes say so.\n</think>\nIn Vaelmor.<|im_end|>")
+    prompt = tok.apply_chat_template(chat[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "<bos><|im_start|>user\nWhere?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_greedy_generate_equals_sanlab_sample(exported, capsys: pytest.CaptureFixture) -> None:
+    from transformers import AutoTokenizer
+
+    for name in ("standard", "mixit"):
+        run, folder = exported[name]
+        prompt = "<|im_start|>user\nWhere was"
+        assert main(["sample", str(run), "--prompt", prompt, "--max-new-tokens", "10", "--temperature", "0"]) == 0
+        said = capsys.readouterr().out
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
+        hf = load_hf(folder)
+        ids = tok(prompt, return_tensors="pt").input_ids
+        for use_cache in (True, False):
+            out = hf.generate(ids, max_new_tokens=10, do_sample=False, use_cache=use_cache)
+            new = out[0, ids.shape[1]:].tolist()
+            new = new[: new.index(1)] if 1 in new else new  # sample stops at EOS and does not print it
+            assert prompt + tok.decode(new, skip_special_tokens=False) + "\n" == said, (name, use_cache)
