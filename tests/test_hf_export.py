@@ -6,6 +6,7 @@ greedy generation with and without the KV cache, and the validation loss on pack
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,109 @@ def test_greedy_generate_equals_sanlab_sample(exported, capsys: pytest.CaptureFi
             new = out[0, ids.shape[1]:].tolist()
             new = new[: new.index(1)] if 1 in new else new  # sample stops at EOS and does not print it
             assert prompt + tok.decode(new, skip_special_tokens=False) + "\n" == said, (name, use_cache)
+
+
+def test_remote_code_imports_torch_and_transformers_only() -> None:
+    """The fast half of the check below: the two files' imports, read from their source."""
+    import ast
+
+    from sanlab.hf.export import REMOTE_DIR, REMOTE_FILES
+
+    for name in REMOTE_FILES:
+        tree = ast.parse((REMOTE_DIR / name).read_text())
+        roots = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                roots |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                roots.add("." if node.level else node.module.split(".")[0])
+        assert roots <= {"math", "torch", "transformers", "."}, (name, roots)
+
+
+@pytest.mark.slow
+def test_loads_without_sanlab(exported, tmp_path: Path) -> None:
+    """A user without sanlab: the folders load and compute in a process where importing
+    sanlab fails."""
+    import subprocess
+    import sys
+
+    names = ["standard", "mixit", "per-layer"]
+    ids = _ids(2, SEQ_LEN, 5)
+    child = f"""
+import sys
+class NoSanlab:
+    def find_spec(self, name, path=None, target=None):
+        if name == "sanlab" or name.startswith("sanlab."):
+            raise ImportError("sanlab is not installed here")
+sys.meta_path.insert(0, NoSanlab())
+import torch
+from transformers import AutoModelForCausalLM
+ids = torch.tensor({ids.tolist()})
+out = {{}}
+for name in {names!r}:
+    m = AutoModelForCausalLM.from_pretrained({str(exported['standard'][1].parent)!r} + "/" + name,
+                                             trust_remote_code=True, use_safetensors=True).eval()
+    with torch.no_grad():
+        out[name] = m(ids).logits
+try:
+    import sanlab  # noqa: F401
+    raise SystemExit("sanlab was importable")
+except ImportError:
+    pass
+torch.save(out, {str(tmp_path / 'logits.pt')!r})
+"""
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = torch.load(tmp_path / "logits.pt")
+    for name in names:
+        with torch.no_grad():
+            torch.testing.assert_close(got[name], load_sanlab(exported[name][0])(ids), **TOL)
+
+
+def _refused(capsys: pytest.CaptureFixture, argv: list[str], out: Path, why: str) -> None:
+    before = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sanlab: error: ") and err.count("\n") == 1 and why in err, err
+    after = sorted(p.name for p in out.iterdir()) if out.is_dir() else None
+    assert after == before  # nothing written
+    assert not any(p.name.startswith(f".{out.name}.") for p in out.parent.iterdir())
+
+
+def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path: Path, train_data_dir: Path,
+                                                  capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    run, _ = exported["san"]
+    out = Path("out")  # relative, as a user types it
+    # a run dir without a checkpoint
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(run / "config.json", bare / "config.json")
+    _refused(capsys, ["export", str(bare), "--hf", str(out)], out, "no checkpoint 'latest' to export")
+    _refused(capsys, ["export", "no-such-run", "--hf", str(out)], out, "run dir not found")
+    _refused(capsys, ["export", str(run), "--hf", str(out), "--checkpoint", "milestone-050"], out,
+             "no checkpoint 'milestone-050'")
+    # a corrupted checkpoint: 4 bytes of tensor data flipped, header intact
+    bad = tmp_path / "corrupt"
+    shutil.copytree(run, bad)
+    f = bad / "checkpoints" / "latest" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[-8:-4] = bytes(b ^ 0xFF for b in data[-8:-4])
+    f.write_bytes(bytes(data))
+    _refused(capsys, ["export", str(bad), "--hf", str(out)], out, "checksum mismatch")
+    # an OUT that exists and is not empty
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    _refused(capsys, ["export", str(run), "--hf", str(out)], out, "exists and is not empty")
+    assert (out / "mine.txt").read_text() == "keep me"
+    shutil.rmtree(out)
+    # a variant the exported code does not compute
+    rnd = make_run(tmp_path / "rnd", train_data_dir, mixer="rnd_emb_qk")
+    _refused(capsys, ["export", str(rnd), "--hf", str(out)], out, "model.mixer rnd_emb_qk cannot be exported")
+    assert not out.exists()
+    # an empty OUT is fine, and so is a relative run dir
+    out.mkdir()
+    assert main(["export", os.path.relpath(run), "--hf", str(out)]) == 0
+    assert (out / "model.safetensors").is_file()
