@@ -318,3 +318,38 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path: Path, trai
     out.mkdir()
     assert main(["export", os.path.relpath(run), "--hf", str(out)]) == 0
     assert (out / "model.safetensors").is_file()
+
+
+def test_import_round_trip(exported, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """export -> import gives back the run's model section and weights bit for bit; the
+    imported run dir samples as the original does and exports again to the same weights."""
+    from safetensors.torch import load_file
+
+    for name in ("standard", "per-layer"):
+        run, folder = exported[name]
+        back = tmp_path / name
+        assert main(["import", "--hf", str(folder), "--out", str(back)]) == 0
+        assert json.loads((back / "config.json").read_text())["model"] == \
+            json.loads((run / "config.json").read_text())["model"]
+        a = load_file(str(run / "checkpoints/latest/model.safetensors"))
+        b = load_file(str(back / "checkpoints/latest/model.safetensors"))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        capsys.readouterr()
+        argv = ["--prompt", "<|im_start|>user\nWhere", "--max-new-tokens", "6", "--temperature", "0"]
+        assert main(["sample", str(run), *argv]) == 0
+        said = capsys.readouterr().out
+        assert main(["sample", str(back), *argv]) == 0
+        assert capsys.readouterr().out == said
+        again = tmp_path / f"{name}-again"
+        assert main(["export", str(back), "--hf", str(again)]) == 0
+        assert load_file(str(again / "model.safetensors")).keys() == load_file(str(folder / "model.safetensors")).keys()
+    # a folder that is not a sanlab export, and an occupied --out: one line, nothing written
+    stock = tmp_path / "stock"
+    stock.mkdir()
+    (stock / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    _refused(capsys, ["import", "--hf", str(stock), "--out", str(tmp_path / "x")], tmp_path / "x",
+             "not a sanlab export")
+    _refused(capsys, ["import", "--hf", str(exported["san"][1]), "--out", str(tmp_path / "standard")],
+             tmp_path / "standard", "exists and is not empty")
+    # an imported run is not a training checkpoint: resuming it is refused in one line
+    assert main(["train", "--resume", "--out", str(tmp_path / "standard")]) == 2

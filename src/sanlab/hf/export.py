@@ -225,13 +225,13 @@ def dumps(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
-def check_out(out: Path) -> None:
+def check_out(out: Path, what: str = "--hf") -> None:
     """OUT must not exist, or be an empty directory; its parent must be writable."""
     from sanlab.paths import check_out_dir
 
-    check_out_dir(out, "--hf")
+    check_out_dir(out, what)
     if out.is_dir() and any(out.iterdir()):
-        raise ConfigError(f"--hf {out}: exists and is not empty (choose a new folder)")
+        raise ConfigError(f"{what} {out}: exists and is not empty (choose a new folder)")
 
 
 def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", family: str | None = None,
