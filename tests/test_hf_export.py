@@ -353,3 +353,43 @@ def test_import_round_trip(exported, tmp_path: Path, capsys: pytest.CaptureFixtu
              tmp_path / "standard", "exists and is not empty")
     # an imported run is not a training checkpoint: resuming it is refused in one line
     assert main(["train", "--resume", "--out", str(tmp_path / "standard")]) == 2
+
+
+def test_chat_template_writes_the_training_documents(exported, train_data_dir: Path) -> None:
+    """The chat template renders SYNTH documents to exactly the ids they were trained on
+    ([BOS] + the region-by-region encoding of `sanlab prepare`)."""
+    import itertools
+
+    from transformers import AutoTokenizer
+
+    from sanlab.data.synth import SynthConfig, documents
+    from sanlab.data.tokenizer import encode_documents, load_tokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(exported["san"][1]), trust_remote_code=True)
+    raw = load_tokenizer(train_data_dir)
+    docs = list(itertools.islice(documents(SynthConfig(), seed=0), 30))
+    for doc, (ids, _) in zip(docs, encode_documents(raw, docs)):
+        s = [sp.text for sp in doc.spans]
+        assert s[1].startswith("user\n") and s[5] == "assistant\n", s[:6]
+        assert (s[6], s[8]) == ("<think>", "</think>")
+        chat = [{"role": "user", "content": s[1][len("user\n"):]},
+                {"role": "assistant", "content": s[9][1:], "reasoning_content": s[7][1:-1]}]
+        rendered = tok.apply_chat_template(chat, tokenize=True, return_dict=False)
+        assert list(rendered) == [2] + ids.tolist(), doc.exercise
+
+
+def test_model_card_states_the_runs_numbers(exported) -> None:
+    from sanlab.accounting import count_flops, count_params
+    from sanlab.analysis.rundir import RunDir
+
+    run, folder = exported["hybrid"]
+    card = (folder / "README.md").read_text()
+    cfg = RunDir.open(run).config
+    p, f = count_params(cfg.model), count_flops(cfg.model, SEQ_LEN)
+    for text in (f"| parameters, total | {p.total:,} |", f"| parameters, non-embedding | {p.non_embedding:,} |",
+                 f"| forward FLOPs per token at T={SEQ_LEN} | {f.forward:,} |",
+                 f"| training FLOPs per token (3× forward) | {f.train:,} |",
+                 "| run id | `hybrid` |", "| validation loss (nats/token) | 4.3210 |", "| git commit | `0123abc` |",
+                 "| tokens trained | 768 |", "checkpoint | `latest` (step 6)",
+                 "| sequence mixer per layer | 0: softmax, 1: non_approximate, 2: softmax |"):
+        assert text in card, text

@@ -26,6 +26,7 @@ renamed into place, so a failure leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,9 @@ def write_folder(tmp: Path, files: dict[str, str], weights: dict[str, torch.Tens
     for name, text in files.items():
         (tmp / name).write_text(text, encoding="utf-8")
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp / "model.safetensors", 0o666 & ~umask)  # readable as the text files are, for sharing
 
 
 def dumps(data: dict[str, Any]) -> str:
