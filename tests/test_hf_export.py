@@ -80,6 +80,8 @@ def test_export_computes_what_sanlab_computes(exported, train_data_dir: Path, na
             want = ref(ids)
         got = hf(ids, output_hidden_states=True, output_attentions=True)
         torch.testing.assert_close(got.logits, want, **TOL)
+        by_rows = hf(inputs_embeds=hf.get_input_embeddings()(ids)).logits  # scaled inside, as input_ids are
+        torch.testing.assert_close(by_rows, hf(ids).logits, atol=0, rtol=0)
         for i, h in enumerate(got.hidden_states[1:]):
             torch.testing.assert_close(h, acts[f"blocks.{i}.resid_post"], **TOL)
         for i, a in enumerate(got.attentions):

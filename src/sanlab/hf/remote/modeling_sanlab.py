@@ -26,8 +26,9 @@ softmax over keys j ≤ i of q_j·k_j/√d_h with q = SiLU(W_q u), no RoPE); `ml
 no mixing across tokens); `mixit` (fixed random causal matrices, the `mixing` buffer,
 A[h, p_i, p_j] at positions within the sequence, then W_o).
 
-Inputs follow transformers' conventions: `attention_mask` (1 = token, 0 = padding; left
-padding for generation), `position_ids` (default: from the mask, so a left-padded row gets
+Inputs follow transformers' conventions: `attention_mask` (2-D, 1 = token, 0 = padding;
+left padding for generation), `inputs_embeds` (rows of `get_input_embeddings()`, scaled by
+√d inside as the rows `input_ids` pick are), `position_ids` (default: from the mask, so a left-padded row gets
 positions 0, 1, … from its first token, as sanlab's documents do); position ids that
 restart (a difference other than 1 between neighbours) start a new document, which
 attention never crosses, as in sanlab's packed rows. `labels` are shifted inside (or
@@ -420,6 +421,8 @@ class SanlabModel(SanlabPreTrainedModel):
         total = past + T
         device = x.device
         if attention_mask is not None:
+            if attention_mask.dim() != 2:
+                raise ValueError("attention_mask must be 2-D (batch, tokens): 1 for a token, 0 for padding")
             valid = attention_mask.to(device=device, dtype=torch.bool)[:, -total:]  # (B, past + T)
             if valid.shape[1] != total:
                 raise ValueError(f"attention_mask covers {valid.shape[1]} tokens, the cache and input {total}")
