@@ -45,6 +45,19 @@ CONFIGS: dict[str, dict] = {
 }
 
 
+def _mixit_sigma_lengths() -> dict[str, dict]:
+    """MixiT with σ_h set by the prefix or the row, where the mixer has that option."""
+    from sanlab.model.mixers import MIXERS
+
+    if "sigma_length" not in MIXERS["mixit"].Options.model_fields:
+        return {}
+    return {f"mixit-{m}": {"mixer": "mixit", "mixer_options": {"seq_len": SEQ_LEN, "sigma_length": m}}
+            for m in ("prefix", "row")}
+
+
+CONFIGS |= _mixit_sigma_lengths()
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, train_data_dir: Path) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("hfexport")
@@ -111,9 +124,13 @@ def test_export_computes_what_sanlab_computes(exported, train_data_dir: Path, na
 
     prompt = _ids(1, 7, 3)
     want = list(generate(ref, prompt[0], SamplingConfig(max_new_tokens=12, temperature=0), max_len=SEQ_LEN))
-    for use_cache in (True, False):
+    for use_cache in (True, False) if hf.config.use_cache else (False,):
         out = hf.generate(prompt, max_new_tokens=12, do_sample=False, use_cache=use_cache, eos_token_id=None)
         assert out[0, 7:].tolist() == want, f"use_cache={use_cache}"
+    if not hf.config.use_cache:  # weights set by the whole sequence's length: a cache would go stale
+        assert not json.loads((folder / "generation_config.json").read_text())["use_cache"]
+        with pytest.raises(ValueError, match="use_cache=False"):
+            hf.generate(prompt, max_new_tokens=2, do_sample=False, use_cache=True)
     # a left-padded batch generates each row's own tokens
     short = _ids(1, 4, 4)
     batch = torch.cat([prompt, torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1)])
@@ -209,7 +226,7 @@ def test_greedy_generate_equals_sanlab_sample(exported, capsys: pytest.CaptureFi
         tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True)
         hf = load_hf(folder)
         ids = tok(prompt, return_tensors="pt").input_ids
-        for use_cache in (True, False):
+        for use_cache in (True, False) if hf.config.use_cache else (False,):
             out = hf.generate(ids, max_new_tokens=10, do_sample=False, use_cache=use_cache)
             new = out[0, ids.shape[1]:].tolist()
             new = new[: new.index(1)] if 1 in new else new  # sample stops at EOS and does not print it

@@ -73,14 +73,17 @@ class Source:
     weights: dict[str, torch.Tensor]  # sanlab's parameter names
     layer_qk_norm: list[bool]
     mlp_hidden: int | None
+    mixit: dict[str, Any] | None  # form ("matrix" | "draw"), size and options of the mixit layers
 
     @property
     def cfg(self) -> Config:
         return self.run.config
 
 
-def expected_keys(cfg: Config, layer_qk_norm: list[bool]) -> list[str]:
-    """Every tensor a checkpoint of `cfg` holds, by sanlab's names (docs/architecture.md)."""
+def expected_keys(cfg: Config, layer_qk_norm: list[bool], mixit_form: str = "matrix") -> list[str]:
+    """Every tensor a checkpoint of `cfg` holds, by sanlab's names (docs/architecture.md).
+    MixiT's fixed state is its matrices (`mixing`) or the draw they are built from
+    (`sigma_u`, `noise`: σ_h set by the document's length), as the checkpoint has it."""
     m = cfg.model
     keys = ["embed.weight", "final_norm.weight"]
     for i, mixer in enumerate(m.layer_mixers):
@@ -89,7 +92,8 @@ def expected_keys(cfg: Config, layer_qk_norm: list[bool]) -> list[str]:
         if mixer == "mlp":
             keys += [b + f"attn.{w}.weight" for w in ("w_gate", "w_up", "w_down")]
         elif mixer == "mixit":
-            keys += [b + "attn.wv.weight", b + "attn.wo.weight", b + "attn.mixing"]
+            keys += [b + "attn.wv.weight", b + "attn.wo.weight"]
+            keys += [b + "attn.mixing"] if mixit_form == "matrix" else [b + "attn.sigma_u", b + "attn.noise"]
         else:
             keys += [b + f"attn.{w}.weight" for w in ("wq", "wk", "wv", "wo")]
             if layer_qk_norm[i]:
@@ -136,7 +140,8 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
         raise CheckpointError(f"{ckpt / 'model.safetensors'}: unreadable checkpoint ({e})") from None
     m = run.config.model
     qk = [f"blocks.{i}.attn.q_norm.weight" in weights for i in range(m.n_layers)]
-    want = expected_keys(run.config, qk)
+    mixit = mixit_state(run.config, weights)
+    want = expected_keys(run.config, qk, mixit["form"] if mixit else "matrix")
     missing = [k for k in want if k not in weights]
     extra = sorted(set(weights) - set(want))
     if missing or extra:
@@ -151,7 +156,27 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
             raise CheckpointError(f"{ckpt / 'model.safetensors'}: {k} holds non-finite values")
     hidden = next((weights[f"blocks.{i}.attn.w_gate.weight"].shape[0] for i, mx in enumerate(m.layer_mixers)
                    if mx == "mlp"), None)
-    return Source(run, name, state, weights, qk, hidden)
+    return Source(run, name, state, weights, qk, hidden, mixit)
+
+
+def mixit_state(cfg: Config, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
+    """How the run's mixit layers hold their fixed state, and their options (None without
+    mixit layers)."""
+    from sanlab.model.mixers import mixer_options
+
+    m = cfg.model
+    layers = [i for i, mx in enumerate(m.layer_mixers) if mx == "mixit"]
+    if not layers:
+        return None
+    b = f"blocks.{layers[0]}.attn."
+    opts = mixer_options(m, "mixit").model_dump()
+    if b + "mixing" in weights:
+        return {"form": "matrix", "size": int(weights[b + "mixing"].shape[-1]), **opts}
+    if b + "noise" in weights:
+        if opts.get("sigma_length", "document") not in ("document", "prefix", "row"):
+            raise ConfigError(f"mixit: sigma_length {opts.get('sigma_length')!r} cannot be exported")
+        return {"form": "draw", "size": int(weights[b + "noise"].shape[-1]), **opts}
+    return {"form": "matrix", "size": None, **opts}  # the key check names what is missing
 
 
 # --------------------------------------------------------------------------- the folder's files
@@ -165,8 +190,6 @@ def hf_config(src: Source, seq_len: int) -> dict[str, Any]:
     m = src.cfg.model
     fields = m.model_dump()
     fields.pop("ffn", None)
-    mixing = next((tuple(src.weights[f"blocks.{i}.attn.mixing"].shape) for i, mx in enumerate(m.layer_mixers)
-                   if mx == "mixit"), None)
     return {
         "architectures": ["SanlabForCausalLM"],
         "model_type": "sanlab",
@@ -177,16 +200,22 @@ def hf_config(src: Source, seq_len: int) -> dict[str, Any]:
         "layer_mixers": m.layer_mixers,
         "layer_qk_norm": src.layer_qk_norm,
         "mlp_hidden": src.mlp_hidden,
-        "mixing_size": mixing[-1] if mixing else None,
+        "mixing_size": src.mixit["size"] if src.mixit else None,
+        "mixit": src.mixit,
         "seq_len": seq_len,
         "tie_word_embeddings": True,
         "bos_token_id": BOS_ID,
         "eos_token_id": EOS_ID,
         "pad_token_id": PAD_ID,
         "dtype": "float32",
-        "use_cache": True,
+        "use_cache": decodes_with_cache(src),
         "sanlab": provenance(src),
     }
+
+
+def decodes_with_cache(src: Source) -> bool:
+    """False where a cached past would go stale: MixiT weights set by the whole document's length."""
+    return not (src.mixit and src.mixit["form"] == "draw" and src.mixit.get("sigma_length") == "document")
 
 
 def provenance(src: Source) -> dict[str, Any]:
@@ -203,10 +232,11 @@ def provenance(src: Source) -> dict[str, Any]:
     }
 
 
-def generation_config() -> dict[str, Any]:
+def generation_config(use_cache: bool = True) -> dict[str, Any]:
     from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
 
-    return {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False}
+    return {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False,
+            "use_cache": use_cache}
 
 
 def hf_weights(src: Source) -> dict[str, torch.Tensor]:
@@ -265,7 +295,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", fam
         files = {"config.json": dumps(config)}
         for name in REMOTE_FILES:
             files[name] = (REMOTE_DIR / name).read_text(encoding="utf-8")
-    files["generation_config.json"] = dumps(generation_config())
+    files["generation_config.json"] = dumps(generation_config(family is not None or decodes_with_cache(src)))
     files |= hf_tok.files(tok, seq_len)
     files["README.md"] = card.model_card(src, data_dir, family, out.name)
     try:

@@ -55,6 +55,7 @@ class SanlabConfig(PretrainedConfig):
         layer_qk_norm=None,
         mlp_hidden=None,
         mixing_size=None,
+        mixit=None,
         seq_len=256,
         tie_word_embeddings=True,
         use_cache=True,
@@ -87,6 +88,7 @@ class SanlabConfig(PretrainedConfig):
         self.layer_qk_norm = list(layer_qk_norm) if layer_qk_norm is not None else [bool(qk_norm)] * n_layers
         self.mlp_hidden = mlp_hidden  # the hidden width of the `mlp` sequence mixer, where a layer has it
         self.mixing_size = mixing_size  # the side of the mixit layers' matrices, where a layer has them
+        self.mixit = dict(mixit or {})  # their form and options (modeling_sanlab.MixiT)
         self.seq_len = seq_len
         self.use_cache = use_cache
         unknown = sorted(set(self.layer_mixers) - set(EXPORTABLE_MIXERS))

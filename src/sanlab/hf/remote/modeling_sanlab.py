@@ -115,8 +115,9 @@ def sdpa(q, k, v, allowed, scale):
 class Step:
     """What every layer of one forward pass shares: positions, RoPE tables, the mask."""
 
-    def __init__(self, config, positions, allowed, embedded, output_attentions):
+    def __init__(self, config, positions, allowed, embedded, output_attentions, lengths=None):
         self.positions = positions  # (B, Tq) position of each new token within its sequence
+        self.lengths = lengths  # (B, Tq) tokens in each new token's sequence (no cache only)
         self.cos, self.sin = rope_tables(positions, config.head_dim, config.rope_theta)
         self.allowed = allowed  # (B, 1, Tq, Tk) bool over the cached and the new keys
         self.embedded = embedded  # (B, Tq, d) the scaled input embedding
@@ -247,9 +248,18 @@ class NonApproximate(SoftmaxAttention):
 
 
 class MixiT(nn.Module):
-    """Fixed random causal mixing: out = W_o(A v) with A[h, i, j] = mixing[h, p_i, p_j] over
-    the allowed keys (p: positions within the sequence). The cache holds the keys'
-    positions (B, 1, T, 1) and v."""
+    """Fixed random causal mixing, out = W_o(A v), over the allowed keys (p: positions within
+    the sequence). Two forms, as the checkpoint holds them (`config.mixit["form"]`):
+
+    - "matrix": A[h, i, j] = mixing[h, p_i, p_j] (the buffer `mixing`, (H, n, n));
+    - "draw": A[h, i, j] = δ(p_i, p_j) + σ_h(T_i)·noise[h, p_i, p_j] with
+      σ_h(T) = 1/√(T·d_h) + sigma_u[h]·(1/√T − 1/√(T·d_h)) and T_i the length of query i's
+      sequence (`sigma_length` "document"), p_i + 1 ("prefix") or `seq_len` ("row"); with
+      `sink_head`, head 0 is ½ on the diagonal plus ½ on the sequence's first token.
+
+    The cache holds the keys' positions (B, 1, T, 1) and v. Where the weights depend on the
+    whole sequence's length ("document"), a cached past would be stale: such a model
+    decodes with full forward passes (`use_cache=False`) and refuses a cache."""
 
     has_pattern = True
 
@@ -259,20 +269,54 @@ class MixiT(nn.Module):
         self.layer_idx, self.n_heads, self.n_kv_heads, self.head_dim = layer_idx, H, Hkv, D
         self.wv = nn.Linear(d, Hkv * D, bias=False)
         self.wo = nn.Linear(H * D, d, bias=False)
-        n = config.mixing_size or config.seq_len
-        self.register_buffer("mixing", torch.zeros(H, n, n))
+        opts = dict(getattr(config, "mixit", None) or {})
+        self.form = opts.get("form", "matrix")
+        n = int(opts.get("size") or config.mixing_size or config.seq_len)
+        if self.form == "matrix":
+            self.register_buffer("mixing", torch.zeros(H, n, n))
+        else:
+            self.sigma_length = opts.get("sigma_length", "document")
+            self.sink_head = bool(opts.get("sink_head", True))
+            self.row_length = int(opts.get("seq_len", n))
+            self.register_buffer("sigma_u", torch.zeros(H))
+            self.register_buffer("noise", torch.zeros(H, n, n))
+
+    @property
+    def needs_whole_sequence(self):
+        return self.form == "draw" and self.sigma_length == "document"
+
+    def _weights(self, pq, pk, step):
+        """(B, H, Tq, Tk) mixing weights before the mask."""
+        if self.form == "matrix":
+            return self.mixing[:, pq[:, :, None], pk[:, None, :]].transpose(0, 1)
+        if self.sigma_length == "document":
+            T = step.lengths.to(self.noise.dtype)  # (B, Tq)
+        elif self.sigma_length == "prefix":
+            T = (pq + 1).to(self.noise.dtype)
+        else:
+            T = torch.full(pq.shape, float(self.row_length), dtype=self.noise.dtype, device=pq.device)
+        low = (T * self.head_dim) ** -0.5  # (B, Tq)
+        sigma = low[:, None] + self.sigma_u[None, :, None] * (T[:, None] ** -0.5 - low[:, None])  # (B, H, Tq)
+        eye = (pq[:, :, None] == pk[:, None, :]).to(self.noise.dtype)[:, None]  # (B, 1, Tq, Tk)
+        A = eye + sigma[..., None] * self.noise[:, pq[:, :, None], pk[:, None, :]].transpose(0, 1)
+        if self.sink_head:
+            first = (pk == 0).to(A.dtype)[:, None, :].expand(-1, pq.shape[1], -1)  # (B, Tq, Tk)
+            A = torch.cat([(0.5 * eye[:, 0] + 0.5 * first)[:, None], A[:, 1:]], dim=1)
+        return A
 
     def forward(self, u, step, cache):
         B, T, _ = u.shape
-        n = self.mixing.shape[-1]
+        n = (self.mixing if self.form == "matrix" else self.noise).shape[-1]
         if int(step.positions.max()) >= n:
             raise ValueError(f"mixit: position {int(step.positions.max())} is past its {n}x{n} mixing matrices")
+        if self.needs_whole_sequence and cache is not None:
+            raise ValueError("mixit with sigma_length=document mixes by the whole sequence's length, so a KV "
+                             "cache would go stale: call with use_cache=False (generate(..., use_cache=False))")
         v = self.wv(u).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         pos = step.positions.clamp_min(0).to(v.dtype)[:, None, :, None]  # (B, 1, T, 1)
         pos_k, v = cache_update(cache, self.layer_idx, pos, v)
         pq, pk = step.positions.clamp_min(0), pos_k[:, 0, :, 0].long()  # (B, Tq), (B, Tk)
-        A = self.mixing[:, pq[:, :, None], pk[:, None, :]].transpose(0, 1)  # (B, H, Tq, Tk)
-        A = A * step.allowed
+        A = self._weights(pq, pk, step) * step.allowed
         y = A.to(v.dtype) @ repeat_heads(v, self.n_heads // self.n_kv_heads)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1)), A if step.output_attentions else None
 
@@ -435,10 +479,13 @@ class SanlabModel(SanlabPreTrainedModel):
         q_idx = torch.arange(past, total, device=device)
         allowed = (torch.arange(total, device=device)[None, :] <= q_idx[:, None])[None]  # (1, T, total) causal
         allowed = allowed & valid[:, None, :]
-        if past == 0 and T > 1:  # restarting positions separate documents, as sanlab's packed rows
+        lengths = None
+        if past == 0:  # restarting positions separate documents, as sanlab's packed rows
             seg = _sequence_starts(position_ids)
-            allowed = allowed & (seg[:, :, None] == seg[:, None, :])
-        step = Step(self.config, position_ids, allowed[:, None], x, output_attentions)
+            same = (seg[:, :, None] == seg[:, None, :]) & valid[:, None, :]  # (B, T, T)
+            allowed = allowed & same
+            lengths = same.sum(-1)  # the real tokens of each token's sequence
+        step = Step(self.config, position_ids, allowed[:, None], x, output_attentions, lengths)
 
         hidden = (x,) if output_hidden_states else None
         patterns = () if output_attentions else None
