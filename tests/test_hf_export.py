@@ -55,7 +55,17 @@ def _mixit_sigma_lengths() -> dict[str, dict]:
             for m in ("prefix", "row")}
 
 
-CONFIGS |= _mixit_sigma_lengths()
+def _non_approximate_qk_norm() -> dict[str, dict]:
+    """Non-approximate with its own QK-norm option on, where the mixer has that option
+    (model.qk_norm then does not decide it)."""
+    from sanlab.model.mixers import MIXERS
+
+    if "qk_norm" not in MIXERS["non_approximate"].Options.model_fields:
+        return {}
+    return {"non-approximate-own-qk-norm": {"mixer": "non_approximate", "mixer_options": {"qk_norm": True}}}
+
+
+CONFIGS |= _mixit_sigma_lengths() | _non_approximate_qk_norm()
 
 
 @pytest.fixture(scope="module")

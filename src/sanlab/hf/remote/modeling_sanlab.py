@@ -290,7 +290,7 @@ class MixiT(nn.Module):
         if self.form == "matrix":
             return self.mixing[:, pq[:, :, None], pk[:, None, :]].transpose(0, 1)
         if self.sigma_length == "document":
-            T = step.lengths.to(self.noise.dtype)  # (B, Tq)
+            T = step.lengths.clamp_min(1).to(self.noise.dtype)  # (B, Tq); a padding query counts 0 tokens
         elif self.sigma_length == "prefix":
             T = (pq + 1).to(self.noise.dtype)
         else:
