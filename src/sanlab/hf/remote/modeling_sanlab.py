@@ -104,8 +104,8 @@ def masked_softmax(scores, allowed):
 
 def sdpa(q, k, v, allowed, scale):
     """SDPA with a boolean mask (True = may attend). Rows that may attend to nothing
-    (padding queries) get one allowed key so the kernel stays finite; their output is
-    never read by a real token."""
+    (padding queries) may attend to every key instead, so the kernel stays finite; no real
+    token ever reads their output."""
     empty = ~allowed.any(-1, keepdim=True)
     if bool(empty.any()):
         allowed = allowed | empty
