@@ -422,3 +422,13 @@ def test_model_card_states_the_runs_numbers(exported) -> None:
                  "| tokens trained | 768 |", "checkpoint | `latest` (step 6)",
                  "| sequence mixer per layer | 0: softmax, 1: non_approximate, 2: softmax |"):
         assert text in card, text
+
+
+def test_model_card_names_the_study_of_a_run_in_a_study_dir(tmp_path: Path, train_data_dir: Path) -> None:
+    study = tmp_path / "study"
+    run = make_run(study / "runs" / "san-L3-d32-muon-lr0.02-768-s1", train_data_dir)
+    (study / "study.json").write_text(json.dumps({"name": "quick"}))
+    (study / "results.jsonl").write_text(json.dumps({"type": "run", "run_id": run.name, "arm": "san",
+                                                     "phases": ["final"], "seed": 1}) + "\n")
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
+    assert "| study | quick: arm san, phases final, seed 1 |" in (tmp_path / "hf" / "README.md").read_text()

@@ -21,6 +21,8 @@ def _fmt(v: Any, digits: int = 4) -> str:
         return "—"
     if isinstance(v, float):
         return f"{v:.{digits}f}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v) or "—"
     return str(v)
 
 
