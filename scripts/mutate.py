@@ -493,6 +493,12 @@ MUTANTS: tuple[Mutant, ...] = (
     M("hf-nonapprox-cache-stale", "src/sanlab/hf/remote/modeling_sanlab.py",
       "        s, v = cache_update(cache, self.layer_idx, s, v)\n", "        cache_update(cache, self.layer_idx, s, v)\n",
       (T + "test_hf_export.py",), "non-approximate decodes without its cached scores and values"),
+    M("hf-stream-v-from-fixed", "src/sanlab/hf/remote/modeling_sanlab.py",
+      "        v = self.wv(u).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)\n"
+      "        if self.q_norm is not None:",
+      "        v = self.wv(src).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)\n"
+      "        if self.q_norm is not None:",
+      (T + "test_hf_export.py",), "rnd_emb_qk / fixed_seq_qk / static_emb_qk take V from the Q/K source too"),
     M("hf-tied-head-saved-twice", "src/sanlab/hf/export.py",
       "    return {PREFIX + k: t.contiguous() for k, t in src.weights.items()}",
       "    return {PREFIX + k: t.contiguous() for k, t in src.weights.items()} | "

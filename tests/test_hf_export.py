@@ -42,6 +42,8 @@ CONFIGS: dict[str, dict] = {
     "static-emb-qk": {"mixer": "static_emb_qk", "ffn": True},
     "hybrid": {"mixer": "non_approximate", "layout": "hybrid", "ffn": True},
     "per-layer": {"layout": ["mixit", "approximate", "mlp"], "n_layers": 3},
+    "rnd-emb-qk": {"mixer": "rnd_emb_qk", "ffn": True},
+    "fixed-seq-qk": {"mixer": "fixed_seq_qk", "layout": "hybrid"},
 }
 
 
@@ -339,9 +341,12 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path: Path, trai
     _refused(capsys, ["export", str(run), "--hf", str(out)], out, "exists and is not empty")
     assert (out / "mine.txt").read_text() == "keep me"
     shutil.rmtree(out)
-    # a variant the exported code does not compute
-    rnd = make_run(tmp_path / "rnd", train_data_dir, mixer="rnd_emb_qk")
-    _refused(capsys, ["export", str(rnd), "--hf", str(out)], out, "model.mixer rnd_emb_qk cannot be exported")
+    # a variant the exported code does not compute: one registered by a user
+    from sanlab.model.mixers import MIXERS, SoftmaxAttention
+
+    monkeypatch.setitem(MIXERS, "my_mixer", type("MyMixer", (SoftmaxAttention,), {"name": "my_mixer"}))
+    mine = make_run(tmp_path / "mine", train_data_dir, mixer="my_mixer")
+    _refused(capsys, ["export", str(mine), "--hf", str(out)], out, "model.mixer my_mixer cannot be exported")
     assert not out.exists()
     # an empty OUT is fine, and so is a relative run dir
     out.mkdir()
@@ -354,7 +359,7 @@ def test_import_round_trip(exported, tmp_path: Path, capsys: pytest.CaptureFixtu
     imported run dir samples as the original does and exports again to the same weights."""
     from safetensors.torch import load_file
 
-    for name in ("standard", "per-layer"):
+    for name in ("standard", "per-layer", "rnd-emb-qk"):
         run, folder = exported[name]
         back = tmp_path / name
         assert main(["import", "--hf", str(folder), "--out", str(back)]) == 0

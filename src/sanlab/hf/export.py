@@ -41,14 +41,12 @@ from sanlab.errors import CheckpointError, ConfigError, DataError
 
 REMOTE_DIR = Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_sanlab.py", "modeling_sanlab.py")
-EXPORTABLE_MIXERS = ("softmax", "static_emb_qk", "approximate", "non_approximate", "mlp", "mixit")
-# Why a registered mixer cannot be exported: one line each.
-NOT_EXPORTABLE = {
-    "rnd_emb_qk": "its Q and K come from a fixed sequence run through every layer on each forward pass, "
-                  "which the exported modeling code does not implement",
-    "fixed_seq_qk": "its Q and K come from a fixed sequence run through every layer on each forward pass, "
-                    "which the exported modeling code does not implement",
-}
+EXPORTABLE_MIXERS = ("softmax", "static_emb_qk", "approximate", "non_approximate", "mlp", "mixit", "rnd_emb_qk",
+                     "fixed_seq_qk")
+# Q and K from a fixed sequence run through the layers (SPEC §3 RndEmbQK / FixedSeqQK): with
+# the weights fixed, each such layer's input on that sequence is a constant, exported as the
+# buffer `qk_stream` (seq_len, d).
+STREAM_MIXERS = ("rnd_emb_qk", "fixed_seq_qk")
 PREFIX = "model."  # the base model inside SanlabForCausalLM
 
 
@@ -115,8 +113,6 @@ def check_exportable(cfg: Config) -> None:
     """A one-line ConfigError for a model the exported code cannot compute."""
     m = cfg.model
     for mixer in dict.fromkeys(m.layer_mixers):
-        if mixer in NOT_EXPORTABLE:
-            raise ConfigError(f"model.mixer {mixer} cannot be exported: {NOT_EXPORTABLE[mixer]}")
         if mixer not in EXPORTABLE_MIXERS:
             raise ConfigError(f"model.mixer {mixer} cannot be exported (exportable: {', '.join(EXPORTABLE_MIXERS)})")
     if m.state_mixer not in ("none", "swiglu"):
@@ -142,8 +138,10 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
     qk = [f"blocks.{i}.attn.q_norm.weight" in weights for i in range(m.n_layers)]
     mixit = mixit_state(run.config, weights)
     want = expected_keys(run.config, qk, mixit["form"] if mixit else "matrix")
+    # FixedSeqQK may keep its token ids as a buffer (a real held-out document)
+    optional = {f"blocks.{i}.attn.tokens" for i, mx in enumerate(m.layer_mixers) if mx == "fixed_seq_qk"}
     missing = [k for k in want if k not in weights]
-    extra = sorted(set(weights) - set(want))
+    extra = sorted(set(weights) - set(want) - optional)
     if missing or extra:
         what = f"has no {missing[0]}" if missing else f"holds {extra[0]}, which config.json does not explain"
         raise CheckpointError(f"{ckpt / 'model.safetensors'}: {what}")
@@ -157,6 +155,23 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
     hidden = next((weights[f"blocks.{i}.attn.w_gate.weight"].shape[0] for i, mx in enumerate(m.layer_mixers)
                    if mx == "mlp"), None)
     return Source(run, name, state, weights, qk, hidden, mixit)
+
+
+def stream_sources(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
+    """For rnd_emb_qk / fixed_seq_qk layers: their normalised input on the fixed sequence
+    (what sanlab's forward computes from it on every pass; a constant once the weights are),
+    positions 0 … seq_len−1, as `blocks.{i}.attn.qk_stream` (seq_len, d). The fixed pass is
+    causal, so a row of T ≤ seq_len tokens reads the first T of them, as in sanlab."""
+    from sanlab.model.lm import LM
+
+    layers = [i for i, mx in enumerate(src.cfg.model.layer_mixers) if mx in STREAM_MIXERS]
+    if not layers:
+        return {}
+    lm = LM(src.cfg.model)
+    lm.load_state_dict(src.weights, strict=True)
+    with torch.no_grad():
+        record = lm.eval()._qk_stream(seq_len, torch.device("cpu"))
+    return {f"blocks.{i}.attn.qk_stream": record[i][0].float().contiguous() for i in layers}
 
 
 def mixit_state(cfg: Config, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
@@ -202,6 +217,7 @@ def hf_config(src: Source, seq_len: int) -> dict[str, Any]:
         "mlp_hidden": src.mlp_hidden,
         "mixing_size": src.mixit["size"] if src.mixit else None,
         "mixit": src.mixit,
+        "stream_tokens": next((int(t.shape[0]) for k, t in src.weights.items() if k.endswith(".attn.tokens")), None),
         "seq_len": seq_len,
         "tie_word_embeddings": True,
         "bos_token_id": BOS_ID,
@@ -239,10 +255,11 @@ def generation_config(use_cache: bool = True) -> dict[str, Any]:
             "use_cache": use_cache}
 
 
-def hf_weights(src: Source) -> dict[str, torch.Tensor]:
+def hf_weights(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
     """model.safetensors of the sanlab model type: sanlab's names under `model.`, the tied
-    embedding once (the head reads it)."""
-    return {PREFIX + k: t.contiguous() for k, t in src.weights.items()}
+    embedding once (the head reads it), plus the fixed-stream layers' Q/K inputs."""
+    weights = {**src.weights, **stream_sources(src, seq_len)}
+    return {PREFIX + k: t.contiguous() for k, t in weights.items()}
 
 
 def write_folder(tmp: Path, files: dict[str, str], weights: dict[str, torch.Tensor]) -> None:
@@ -291,7 +308,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", fam
         config, weights = stock.convert(src, family, seq_len)
         files = {"config.json": dumps(config)}
     else:
-        config, weights = hf_config(src, seq_len), hf_weights(src)
+        config, weights = hf_config(src, seq_len), hf_weights(src, seq_len)
         files = {"config.json": dumps(config)}
         for name in REMOTE_FILES:
             files[name] = (REMOTE_DIR / name).read_text(encoding="utf-8")

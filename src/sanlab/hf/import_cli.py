@@ -52,7 +52,8 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     bad = [k for k in raw if not k.startswith(PREFIX)]
     if bad:
         raise CheckpointError(f"{folder / 'model.safetensors'}: unexpected tensor {bad[0]}")
-    weights = {k[len(PREFIX):]: t for k, t in raw.items()}
+    # the fixed-stream layers' Q/K inputs are the export's, computed from the weights: not sanlab's state
+    weights = {k[len(PREFIX):]: t for k, t in raw.items() if not k.endswith(".attn.qk_stream")}
     for k, t in weights.items():
         if t.is_floating_point() and not bool(torch.isfinite(t).all()):
             raise CheckpointError(f"{folder / 'model.safetensors'}: {k} holds non-finite values")

@@ -6,14 +6,16 @@ the same values (`hidden_size` is `d_model`, `max_position_embeddings` the row l
 model was trained on), and two per-layer lists say what each block holds:
 
     layer_mixers    the sequence mixer of each layer ("softmax", "static_emb_qk",
-                    "approximate", "non_approximate", "mlp", "mixit")
+                    "approximate", "non_approximate", "mlp", "mixit", "rnd_emb_qk",
+                    "fixed_seq_qk")
     layer_qk_norm   whether that layer normalises q and k per head (a gain of size
                     head_dim shared by all heads, for q and for k)
 """
 
 from transformers import PretrainedConfig
 
-EXPORTABLE_MIXERS = ("softmax", "static_emb_qk", "approximate", "non_approximate", "mlp", "mixit")
+EXPORTABLE_MIXERS = ("softmax", "static_emb_qk", "approximate", "non_approximate", "mlp", "mixit", "rnd_emb_qk",
+                     "fixed_seq_qk")
 
 
 class SanlabConfig(PretrainedConfig):
@@ -56,6 +58,7 @@ class SanlabConfig(PretrainedConfig):
         mlp_hidden=None,
         mixing_size=None,
         mixit=None,
+        stream_tokens=None,
         seq_len=256,
         tie_word_embeddings=True,
         use_cache=True,
@@ -89,6 +92,7 @@ class SanlabConfig(PretrainedConfig):
         self.mlp_hidden = mlp_hidden  # the hidden width of the `mlp` sequence mixer, where a layer has it
         self.mixing_size = mixing_size  # the side of the mixit layers' matrices, where a layer has them
         self.mixit = dict(mixit or {})  # their form and options (modeling_sanlab.MixiT)
+        self.stream_tokens = stream_tokens  # fixed_seq_qk's token ids, where its checkpoint holds them
         self.seq_len = seq_len
         self.use_cache = use_cache
         unknown = sorted(set(self.layer_mixers) - set(EXPORTABLE_MIXERS))

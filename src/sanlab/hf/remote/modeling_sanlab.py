@@ -23,8 +23,9 @@ Sequence mixers (`config.layer_mixers`, one per layer): `softmax`; `static_emb_q
 from the scaled input embedding RMS-normalised without a gain, v from the block's input);
 `approximate` (exp replaced by 1 + s + s²/2, normalised); `non_approximate` (weights
 softmax over keys j ≤ i of q_j·k_j/√d_h with q = SiLU(W_q u), no RoPE); `mlp` (a gated MLP,
-no mixing across tokens); `mixit` (fixed random causal matrices, the `mixing` buffer,
-A[h, p_i, p_j] at positions within the sequence, then W_o).
+no mixing across tokens); `mixit` (fixed random causal matrices, or the draw they are
+built from, as buffers; see `MixiT`); `rnd_emb_qk`, `fixed_seq_qk` (q and k from the
+layer's input on a fixed sequence, the buffer `qk_stream`; v from the block's input).
 
 Inputs follow transformers' conventions: `attention_mask` (2-D, 1 = token, 0 = padding;
 left padding for generation), `inputs_embeds` (rows of `get_input_embeddings()`, scaled by
@@ -200,6 +201,26 @@ class StaticEmbQK(SoftmaxAttention):
         return step.static_qk_input().to(u.dtype)
 
 
+class StreamQK(SoftmaxAttention):
+    """rnd_emb_qk / fixed_seq_qk: Q and K from this layer's input on a fixed sequence (random
+    embeddings, or a real held-out document) run through the blocks, read at each token's
+    position; V from the block's input. With the weights fixed that input is a constant, the
+    buffer `qk_stream` (seq_len, d), written by the export."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__(config, layer_idx)
+        self.register_buffer("qk_stream", torch.zeros(config.seq_len, config.d_model))
+        if config.layer_mixers[layer_idx] == "fixed_seq_qk" and config.stream_tokens:
+            self.register_buffer("tokens", torch.zeros(config.stream_tokens, dtype=torch.long))  # kept, not read
+
+    def qk_source(self, u, step):
+        n = self.qk_stream.shape[0]
+        if int(step.positions.max()) >= n:
+            raise ValueError(f"{self.__class__.__name__}: position {int(step.positions.max())} is past the "
+                             f"{n} positions of its fixed sequence")
+        return self.qk_stream[step.positions].to(u.dtype)  # (B, T, d)
+
+
 class TaylorAttention(SoftmaxAttention):
     """exp replaced by its 2nd-order Taylor expansion: w = 1 + s + s²/2 (> 0), normalised
     over the allowed keys; q and k as softmax attention's. Computed in fp32."""
@@ -357,6 +378,8 @@ MIXERS = {
     "non_approximate": NonApproximate,
     "mlp": MLPMixer,
     "mixit": MixiT,
+    "rnd_emb_qk": StreamQK,
+    "fixed_seq_qk": StreamQK,
 }
 
 
