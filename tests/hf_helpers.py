@@ -39,6 +39,10 @@ def make_run(path: Path, data_dir: Path | None, seed: int = 0, step: int = 6, **
                                  "dir": str(data_dir) if data_dir else None},
                                  "train": {"device": "cpu", "precision": "fp32"}})
     lm = trained_looking(cfg, seed)
+    if hasattr(lm, "bind_data") and data_dir is not None:  # state a mixer takes from the data, as training does
+        from sanlab.data.shards import heldout_tokens
+
+        lm.bind_data(lambda n: torch.from_numpy(heldout_tokens(str(data_dir), n)), SEQ_LEN)
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(cfg.model_dump(), indent=1))
     meta = {"status": "completed", "final": {"val_loss": 4.321, "train_loss": 4.5, "tokens": 768, "steps": step},
