@@ -500,8 +500,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "        if self.q_norm is not None:",
       (T + "test_hf_export.py",), "rnd_emb_qk / fixed_seq_qk / static_emb_qk take V from the Q/K source too"),
     M("hf-tied-head-saved-twice", "src/sanlab/hf/export.py",
-      "    return {PREFIX + k: t.contiguous() for k, t in src.weights.items()}",
-      "    return {PREFIX + k: t.contiguous() for k, t in src.weights.items()} | "
+      "    return {PREFIX + k: t.contiguous() for k, t in weights.items()}",
+      "    return {PREFIX + k: t.contiguous() for k, t in weights.items()} | "
       "{\"lm_head.weight\": src.weights[\"embed.weight\"].clone()}",
       (T + "test_hf_export.py::test_folder_layout_config_and_no_pickle",), "the tied head is saved a second time"),
     M("hf-checkpoint-unverified", "src/sanlab/hf/export.py",
