@@ -100,14 +100,18 @@ def test_export_computes_what_sanlab_computes(exported, train_data_dir: Path, na
     ids = _ids(2, SEQ_LEN, 0)
     with torch.no_grad():
         # logits, one document per row, with hidden states and patterns
-        names = _pattern_hooks(ref) + [f"blocks.{i}.resid_post" for i in range(len(ref.blocks))]
+        names = _pattern_hooks(ref) + [f"blocks.{i}.resid_post" for i in range(len(ref.blocks))] + ["final"]
         with capture(ref, names) as acts:
             want = ref(ids)
         got = hf(ids, output_hidden_states=True, output_attentions=True)
         torch.testing.assert_close(got.logits, want, **TOL)
+        # transformers' convention: the embedding, each block's output, the last one after the final norm
+        assert len(got.hidden_states) == len(ref.blocks) + 1
+        torch.testing.assert_close(got.hidden_states[-1], acts["final"], **TOL)
+        torch.testing.assert_close(got.hidden_states[0], ref.embed(ids) * ref.embed_scale, **TOL)
         by_rows = hf(inputs_embeds=hf.get_input_embeddings()(ids)).logits  # scaled inside, as input_ids are
         torch.testing.assert_close(by_rows, hf(ids).logits, atol=0, rtol=0)
-        for i, h in enumerate(got.hidden_states[1:]):
+        for i, h in enumerate(got.hidden_states[1:-1]):
             torch.testing.assert_close(h, acts[f"blocks.{i}.resid_post"], **TOL)
         for i, a in enumerate(got.attentions):
             key = f"blocks.{i}.attn.pattern"
@@ -437,3 +441,14 @@ def test_model_card_names_the_study_of_a_run_in_a_study_dir(tmp_path: Path, trai
                                                      "phases": ["final"], "seed": 1}) + "\n")
     assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
     assert "| study | quick: arm san, phases final, seed 1 |" in (tmp_path / "hf" / "README.md").read_text()
+
+
+def test_export_a_milestone_by_percentage(tmp_path: Path, train_data_dir: Path) -> None:
+    import shutil
+
+    run = make_run(tmp_path / "run", train_data_dir)
+    shutil.copytree(run / "checkpoints" / "latest", run / "checkpoints" / "milestone-050")
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf"), "--checkpoint", "50"]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["sanlab"]["checkpoint"] == "milestone-050" and config["sanlab"]["step"] == 6
+    assert "`milestone-050` (step 6)" in (tmp_path / "hf" / "README.md").read_text()

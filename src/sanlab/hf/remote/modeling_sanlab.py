@@ -519,6 +519,8 @@ class SanlabModel(SanlabPreTrainedModel):
             if output_attentions:
                 patterns += (pattern,)
         x = self.final_norm(x)
+        if output_hidden_states:  # as transformers' models: the last entry after the final norm
+            hidden = hidden[:-1] + (x,)
         return BaseModelOutputWithPast(last_hidden_state=x, hidden_states=hidden, attentions=patterns,
                                        **{_CACHE_FIELD: cache if use_cache else None})
 
