@@ -339,6 +339,14 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path: Path, trai
     data[-8:-4] = bytes(b ^ 0xFF for b in data[-8:-4])
     f.write_bytes(bytes(data))
     _refused(capsys, ["export", str(bad), "--hf", str(out)], out, "checksum mismatch")
+    # weights that do not fit config.json
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg["model"]["vocab_size"] = 400
+    (other / "config.json").write_text(json.dumps(cfg))
+    _refused(capsys, ["export", str(other), "--hf", str(out)], out, "embed.weight has shape [320, 32], "
+             "config.json gives [400, 32]")
     # an OUT that exists and is not empty
     out.mkdir()
     (out / "mine.txt").write_text("keep me")

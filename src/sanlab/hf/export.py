@@ -145,6 +145,12 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
     if missing or extra:
         what = f"has no {missing[0]}" if missing else f"holds {extra[0]}, which config.json does not explain"
         raise CheckpointError(f"{ckpt / 'model.safetensors'}: {what}")
+    from sanlab.model.lm import LM
+
+    for k, t in LM(m).state_dict().items():  # the shapes config.json gives
+        if k in weights and tuple(weights[k].shape) != tuple(t.shape):
+            raise CheckpointError(f"{ckpt / 'model.safetensors'}: {k} has shape {list(weights[k].shape)}, "
+                                  f"config.json gives {list(t.shape)}")
     for i, mixer in enumerate(m.layer_mixers):
         if mixer == "softmax" and qk[i] != m.qk_norm:
             raise CheckpointError(f"{ckpt / 'model.safetensors'}: layer {i} has QK-norm {qk[i]}, "
