@@ -1,6 +1,6 @@
 """Attention forward + backward on the CPU: sanlab's kernels against SDPA, by row length.
 
-Every kernel runs `sanlab.model.kernels.attend` on the same bf16 q, k, v (GQA, one
+Every kernel runs `sanlab.model.attention.attend` on the same bf16 q, k, v (GQA, one
 document a row) under bf16 autocast, as a training step calls it: SDPA with the dense
 mask, the explicit PyTorch kernel, and the fused compiled kernel with its portable fp32
 products and (where the CPU has them) on AMX tiles. The kernels' calls alternate, round
@@ -26,10 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    import sanlab.model.kernels as kernels
-    import sanlab.model.layers as layers
     from sanlab.config import ModelConfig
-    from sanlab.model import native
+    from sanlab.model import attention, native
+    from sanlab.model.attention import fused
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, default=2048, help="tokens a batch (rows = tokens / T)")
@@ -68,19 +67,19 @@ def main(argv: list[str] | None = None) -> int:
         grad = torch.randn(B, a.heads, T, a.head_dim, generator=g).bfloat16()
         tokens = torch.zeros(B, T, dtype=torch.long)
         leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-        exact_out = layers.attend(*leaves, layers.build_context(ModelConfig(attn_backend="sdpa"), tokens, None))
+        exact_out = attention.attend(*leaves, attention.build_context(ModelConfig(attn_backend="sdpa"), tokens, None))
         exact_out.backward(grad.double())
         exact = [exact_out.detach(), *(t.grad for t in leaves)]
 
         def step(backend: str, amx: bool) -> list[torch.Tensor]:
-            ctx = layers.build_context(ModelConfig(attn_backend=backend), tokens, None)
-            kernels.FUSED_AMX = amx
+            ctx = attention.build_context(ModelConfig(attn_backend=backend), tokens, None)
+            fused.FUSED_AMX = amx
             try:
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    out = layers.attend(q, k, v, ctx)
+                    out = attention.attend(q, k, v, ctx)
                 out.backward(grad)
             finally:
-                kernels.FUSED_AMX = True
+                fused.FUSED_AMX = True
             return [out.detach()]
 
         times: dict[str, list[float]] = {name: [] for name in kinds}

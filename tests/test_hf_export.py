@@ -160,7 +160,7 @@ def test_export_computes_what_sanlab_computes(exported, train_data_dir: Path, na
 
     # the loss on packed validation rows: sanlab's evaluation loss
     from sanlab.data.loader import Loader
-    from sanlab.model.layers import segment_positions
+    from sanlab.model.attention import segment_positions
     from sanlab.train.trainer import evaluate
 
     val = Loader(train_data_dir, "val", batch_rows=8)

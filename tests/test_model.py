@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from sanlab.config import ModelConfig
-from sanlab.model import kernels
+from sanlab.model import kernels, norms
+from sanlab.model.attention import explicit as explicit_kernel
+from sanlab.model.attention import segment_positions
 from sanlab.model.hooks import capture, hook_names
-from sanlab.model.layers import RMSNorm, segment_positions
+from sanlab.model.layers import RMSNorm
 from sanlab.model.lm import LM, lm_loss, token_losses
 
 
@@ -186,7 +188,7 @@ def test_rms_norm_kernel_matches_torch(shape):
     backward passes gradcheck."""
     import torch.nn.functional as F
 
-    from sanlab.model.kernels import _RMSNorm
+    from sanlab.model.norms import _RMSNorm
 
     torch.manual_seed(0)
     x = torch.randn(shape, dtype=torch.float64, requires_grad=True) * 3
@@ -195,7 +197,7 @@ def test_rms_norm_kernel_matches_torch(shape):
     ours = _RMSNorm.apply(x, gain, 1e-6, x.dtype)
     ref = F.rms_norm(x, (shape[-1],), gain, 1e-6)
     torch.testing.assert_close(ours, ref)
-    torch.testing.assert_close(kernels.rms_norm_reference(x, gain, 1e-6), ref)  # the formula kept beside it
+    torch.testing.assert_close(norms.rms_norm_reference(x, gain, 1e-6), ref)  # the formula kept beside it
     ref_grads = torch.autograd.grad(ref, (x, gain), dy, retain_graph=True)
     for a, b in zip(torch.autograd.grad(ours, (x, gain), dy), ref_grads):
         torch.testing.assert_close(a, b)
@@ -237,7 +239,7 @@ def test_backend_choice_with_the_fused_kernel(monkeypatch):
     an explicit `fused` request where the kernel cannot build is a one-line ConfigError."""
     from sanlab.errors import ConfigError
     from sanlab.model import native
-    from sanlab.model.layers import resolve_backend
+    from sanlab.model.attention import resolve_backend
 
     cfg = tiny()
     monkeypatch.setattr(native, "available", lambda: True)
@@ -252,7 +254,7 @@ def test_backend_choice_with_the_fused_kernel(monkeypatch):
 
 def test_backend_choice_without_the_fused_kernel(monkeypatch):
     from sanlab.model import native
-    from sanlab.model.layers import resolve_backend
+    from sanlab.model.attention import resolve_backend
 
     monkeypatch.setattr(native, "available", lambda: False)
     cfg = tiny()
@@ -281,11 +283,11 @@ def test_explicit_kernel_keeps_probabilities_as_the_memory_bound_says(monkeypatc
     `resolve_backend` picks the kernel by the same rule; the gradients are the same to
     bf16 rounding either way."""
     from sanlab.model import native
-    from sanlab.model.layers import attend, build_context, resolve_backend
+    from sanlab.model.attention import attend, build_context, resolve_backend
 
     B, H, Hkv, T, D = 2, 4, 2, 16, 8  # 2·4·16·(16 + 16)/2 = 2048 kept probabilities
-    assert kernels.explicit_scores(B, H, T) == 2048
-    monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", bound)
+    assert explicit_kernel.explicit_scores(B, H, T) == 2048
+    monkeypatch.setattr(explicit_kernel, "CPU_EXPLICIT_MAX_BYTES", bound)
     tokens = torch.zeros(B, T, dtype=torch.long)
     torch.manual_seed(0)
     leaves = [torch.randn(B, h, T, D, requires_grad=True) for h in (H, Hkv, Hkv)]
@@ -315,8 +317,8 @@ def test_explicit_kernel_keeps_probabilities_as_the_memory_bound_says(monkeypatc
 def test_explicit_kernel_gradients(T, chunk):
     """The block-causal kernel's hand-written backward against finite differences (fp64),
     with GQA, two documents in a row, and T both a multiple of the block and not."""
-    from sanlab.model.kernels import _ExplicitAttention
-    from sanlab.model.layers import build_context
+    from sanlab.model.attention import build_context
+    from sanlab.model.attention.explicit import _ExplicitAttention
 
     torch.manual_seed(0)
     B, H, Hkv, D = 2, 4, 2, 3
@@ -333,10 +335,9 @@ def test_explicit_kernel_gradients(T, chunk):
 def test_explicit_kernel_matches_sdpa_in_every_block_size(chunk, monkeypatch):
     """Skipping the blocks above the diagonal changes nothing: outputs and gradients equal
     SDPA's with the dense document mask, for any block size."""
-    import sanlab.model.kernels as kernels
-    import sanlab.model.layers as layers
+    from sanlab.model import attention
 
-    monkeypatch.setattr(kernels, "EXPLICIT_CHUNK", chunk)
+    monkeypatch.setattr(explicit_kernel, "EXPLICIT_CHUNK", chunk)
     torch.manual_seed(1)
     B, H, Hkv, T, D = 2, 4, 2, 19, 8
     seg = torch.tensor([[0] * 6 + [1] * 13, [0] * 11 + [1] * 3 + [2] * 5])
@@ -345,14 +346,14 @@ def test_explicit_kernel_matches_sdpa_in_every_block_size(chunk, monkeypatch):
         g = torch.Generator().manual_seed(2)
         q, k, v = (torch.randn(B, h, T, D, generator=g, dtype=torch.float64, requires_grad=True)
                    for h in (H, Hkv, Hkv))
-        out = layers.attend(q, k, v, layers.build_context(tiny(attn_backend=backend), seg, seg))
+        out = attention.attend(q, k, v, attention.build_context(tiny(attn_backend=backend), seg, seg))
         out.backward(torch.randn(out.shape, generator=g, dtype=torch.float64))
         results[backend] = [out, q.grad, k.grad, v.grad]
     for a, b in zip(results["explicit"], results["sdpa"]):
         torch.testing.assert_close(a, b)
-    allowed = layers.build_context(tiny(), seg, seg).dense_mask
+    allowed = attention.build_context(tiny(), seg, seg).dense_mask
     q, k, v = (x.detach() for x in (q, k, v))
-    torch.testing.assert_close(kernels.attention_reference(q, k, v, allowed).double(), results["sdpa"][0],
+    torch.testing.assert_close(explicit_kernel.attention_reference(q, k, v, allowed).double(), results["sdpa"][0],
                                rtol=1e-5, atol=1e-5)
 
 
@@ -426,9 +427,9 @@ def test_norm_rope_kernel_matches_formula(zero_centered):
     with torch.no_grad():
         norm.weight.normal_(0.0 if zero_centered else 1.0, 0.3)
     cos, sin = (t.double()[..., :D // 2] for t in rope_tables(torch.randint(0, 50, (B, T)), D, 10000.0))
-    ours = kernels.norm_rope(x, norm.gain(torch.float64), norm.eps, cos, sin)
-    ref = kernels.norm_rope_reference(x, norm.gain(torch.float64), norm.eps, cos, sin)
-    torch.testing.assert_close(ref, _rope_reference(kernels.rms_norm_reference(x, norm.gain(torch.float64), norm.eps),
+    ours = norms.norm_rope(x, norm.gain(torch.float64), norm.eps, cos, sin)
+    ref = norms.norm_rope_reference(x, norm.gain(torch.float64), norm.eps, cos, sin)
+    torch.testing.assert_close(ref, _rope_reference(norms.rms_norm_reference(x, norm.gain(torch.float64), norm.eps),
                                                     torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)))
     torch.testing.assert_close(ours, ref)
     assert ours.transpose(1, 2).is_contiguous()
@@ -437,21 +438,21 @@ def test_norm_rope_kernel_matches_formula(zero_centered):
     want = torch.autograd.grad(ref, (x, norm.weight), dy)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
-    assert torch.autograd.gradcheck(lambda x, g: kernels.norm_rope(x, g, 1e-6, cos, sin),
+    assert torch.autograd.gradcheck(lambda x, g: norms.norm_rope(x, g, 1e-6, cos, sin),
                                     (x, norm.gain(torch.float64).detach().requires_grad_()))
 
     qkv = torch.randn(B, T, 2 * h * D).bfloat16().requires_grad_()
     xb = qkv[..., : h * D].view(B, T, h, D)  # a strided slice, as `SoftmaxAttention` passes q
     g32 = norm.gain(torch.float32).detach().float()
-    y = kernels.norm_rope(xb, g32, 1e-6, cos.float(), sin.float())
+    y = norms.norm_rope(xb, g32, 1e-6, cos.float(), sin.float())
     assert y.dtype == torch.float32
-    y_ref = kernels.norm_rope_reference(xb.detach().float(), g32, 1e-6, cos.float(), sin.float())
+    y_ref = norms.norm_rope_reference(xb.detach().float(), g32, 1e-6, cos.float(), sin.float())
     torch.testing.assert_close(y, y_ref, rtol=1e-6, atol=1e-6)
     dyf = torch.randn_like(y)
     y.backward(dyf)
     assert qkv.grad.dtype == torch.bfloat16 and not qkv.grad[..., h * D:].any()
     x32 = xb.detach().float().requires_grad_()
-    kernels.norm_rope_reference(x32, g32, 1e-6, cos.float(), sin.float()).backward(dyf)
+    norms.norm_rope_reference(x32, g32, 1e-6, cos.float(), sin.float()).backward(dyf)
     torch.testing.assert_close(qkv.grad[..., : h * D].view(B, T, h, D).float(), x32.grad, rtol=1e-2, atol=1e-2)
 
 
@@ -543,7 +544,7 @@ def _san_block_setup(seed: int = 0):
 
 def test_prop1_conditional_linearity():
     """For a fixed attention pattern, a SAN layer's update is linear in the normalised input."""
-    from sanlab.model.layers import build_context
+    from sanlab.model.attention import build_context
 
     model, block = _san_block_setup()
     T = 9
@@ -658,18 +659,18 @@ def test_deep_san_forward_is_finite():
 @pytest.mark.slow
 def test_flex_attention_matches_sdpa_forward():
     """The FlexAttention path (CUDA default) computes the same doc-masked attention (CPU forward)."""
-    from sanlab.model import layers
+    from sanlab.model import attention
 
     torch.manual_seed(0)
     cfg = tiny()
     tokens = torch.randint(0, 64, (2, 128))
     seg = torch.cat([torch.zeros(2, 50, dtype=torch.long), torch.ones(2, 78, dtype=torch.long)], 1)
-    ctx = layers.build_context(cfg, tokens, seg)
+    ctx = attention.build_context(cfg, tokens, seg)
     q, k, v = torch.randn(2, 4, 128, 16), torch.randn(2, 2, 128, 16), torch.randn(2, 2, 128, 16)
     with torch.no_grad():
-        ref = layers.attend(q, k, v, ctx)
+        ref = attention.attend(q, k, v, ctx)
         ctx.backend = "flex"
-        out = layers.attend(q, k, v, ctx)
+        out = attention.attend(q, k, v, ctx)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -741,7 +742,7 @@ def test_fused_head_loss_matches_autograd():
 def test_fused_head_loss_is_exact_across_chunks(monkeypatch, group):
     """Split into chunks of 3 rows (the last one short), with dW multiplied per group of
     chunks (the last group short), loss and gradients are unchanged."""
-    import sanlab.model.kernels as lm
+    import sanlab.model.loss as lm
     from sanlab.model.lm import head_loss
 
     assert lm._loss_chunk_rows(10, 1 << 24, torch.device("cpu")) == 1  # a huge vocabulary: a row at a time
@@ -774,7 +775,7 @@ def test_fused_head_loss_with_an_underflowing_target_probability(monkeypatch, sy
     and from bf16 inputs; lse = x_t − log p_t alone would give inf there. Both ways of
     recomputing those rows: the CPU's (only those rows) and the accelerators' (every
     row's logsumexp, kept where needed, no host sync)."""
-    import sanlab.model.kernels as kern
+    import sanlab.model.loss as kern
     from sanlab.model.lm import head_loss
 
     lse_from_target = kern._lse_from_target
@@ -844,7 +845,7 @@ def attention_errors_under_autocast(case: str, backends: tuple[str, ...]) -> dic
     0.125); "unit": unit-scale q and k (bench_attention's inputs); "cancelling": the values
     V_j are one vector plus 1% noise, so dS = P ⊙ (dP − δ) is a small difference of large
     numbers."""
-    from sanlab.model.layers import attend, build_context
+    from sanlab.model.attention import attend, build_context
 
     torch.manual_seed(0)
     B, H, Hkv, T, D = 2, 8, 4, 64, 32
@@ -881,7 +882,7 @@ def test_explicit_kernel_keeps_scores_in_fp32_under_autocast(monkeypatch, keep, 
     "unit": where SDPA's dQ is at its most accurate (a bf16 dP − δ passed the other cases
     but had 1.4x SDPA's dQ error here)."""
     if keep == "bf16":  # 2·8·64·128/2 = 65,536 probabilities: only bf16 fits
-        monkeypatch.setattr(kernels, "CPU_EXPLICIT_MAX_BYTES", 3 * 65536)
+        monkeypatch.setattr(explicit_kernel, "CPU_EXPLICIT_MAX_BYTES", 3 * 65536)
     errs = attention_errors_under_autocast(case, ("explicit", "sdpa"))
     explicit, sdpa = errs["explicit"], errs["sdpa"]
     assert all(e <= 1.25 * s for e, s in zip(explicit, sdpa)), (explicit, sdpa)

@@ -12,8 +12,10 @@ import torch
 
 from test_train_loop import TINY
 
-from sanlab.model import kernels, native
-from sanlab.model.layers import segment_positions
+from sanlab.model import kernels, native, norms
+from sanlab.model.attention import dispatch, segment_positions
+from sanlab.model.attention import explicit as explicit_kernel
+from sanlab.model.attention import fused as fused_kernel
 
 pytestmark = pytest.mark.skipif(not native.available(), reason=f"compiled kernels: {native.unavailable_reason()}")
 
@@ -50,7 +52,7 @@ def _reference(q, k, v, seg, dout):  # noqa: ANN001, ANN202
     T = q.shape[2]
     allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    out = kernels.attention_reference(*leaves, allowed).double()
+    out = explicit_kernel.attention_reference(*leaves, allowed).double()
     out.backward(dout.double())
     return out.detach(), [t.grad for t in leaves]
 
@@ -79,7 +81,7 @@ def test_fused_attention_matches_the_formula(B, H, Hkv, T, D, mode):
     dout = torch.randn(B, H, T, D)
     ref, ref_grads = _reference(q, k, v, seg, dout)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out, out32, lse = kernels.fused_attention(*leaves, _starts(seg), mode)
+    out, out32, lse = fused_kernel.fused_attention(*leaves, _starts(seg), mode)
     out.backward(dout)
     assert out.dtype == out32.dtype == lse.dtype == torch.float32 and lse.shape == (B, H, T)
     assert out.transpose(1, 2).is_contiguous()  # (B, T, H, D) in memory: merging heads is a view
@@ -103,9 +105,9 @@ def test_fused_attention_takes_bf16_inputs_exactly(mode):
     v, dout = torch.randn(B, Hkv, T, D).bfloat16(), torch.randn(B, H, T, D).bfloat16()
     ref, ref_grads = _reference(q, k, v.float(), seg, dout.float())
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = kernels._fused(*leaves, _context(seg, starts=True))
+    out = fused_kernel.fused(*leaves, _context(seg, starts=True).row_starts)
     assert out.dtype == torch.bfloat16
-    y, raw, _ = kernels.fused_attention(*leaves, _starts(seg), mode)
+    y, raw, _ = fused_kernel.fused_attention(*leaves, _starts(seg), mode)
     assert y.dtype == torch.bfloat16 and torch.equal(y, raw.bfloat16())
     assert _rel(raw, ref) < TOL[mode]
     y.backward(dout)
@@ -116,7 +118,7 @@ def test_fused_attention_takes_bf16_inputs_exactly(mode):
 
 def _context(seg: torch.Tensor, starts: bool):  # noqa: ANN202
     from sanlab.config import ModelConfig
-    from sanlab.model.layers import build_context
+    from sanlab.model.attention import build_context
 
     cfg = ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64, attn_backend="fused")
     return build_context(cfg, seg, seg)
@@ -137,7 +139,7 @@ def test_fused_attention_does_not_depend_on_the_thread_count(mode):
         for n in (1, 2, 1):
             torch.set_num_threads(n)
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-            out, out32, lse = kernels.fused_attention(*leaves, _starts(seg), mode)
+            out, out32, lse = fused_kernel.fused_attention(*leaves, _starts(seg), mode)
             out.backward(dout)
             results.append([out, out32, lse, *(t.grad for t in leaves)])
     finally:
@@ -160,8 +162,8 @@ def test_attend_routes_to_the_fused_kernel_only_where_its_mask_is_exact():
     q, k, v = torch.randn(1, 4, 8, 8), torch.randn(1, 2, 8, 8), torch.randn(1, 2, 8, 8)
     for seg in (runs, recurring):
         ctx = _context(seg, True)
-        ref = kernels.attention_reference(q, k, v, ctx.dense_mask)
-        torch.testing.assert_close(kernels.attend(q, k, v, ctx), ref, rtol=1e-5, atol=1e-6)
+        ref = explicit_kernel.attention_reference(q, k, v, ctx.dense_mask)
+        torch.testing.assert_close(dispatch.attend(q, k, v, ctx), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_fused_attention_counts_as_sdpa_in_the_flop_counter():
@@ -169,7 +171,7 @@ def test_fused_attention_counts_as_sdpa_in_the_flop_counter():
 
     class Attn(torch.nn.Module):
         def forward(self, x):  # noqa: ANN001, ANN202
-            return kernels.fused_attention(x, x[:, :2], x[:, :2], torch.zeros(2, 16, dtype=torch.int32), 1)[0]
+            return fused_kernel.fused_attention(x, x[:, :2], x[:, :2], torch.zeros(2, 16, dtype=torch.int32), 1)[0]
 
     x = torch.randn(2, 4, 16, 8)
     measured = measure_forward_flops(Attn(), x)
@@ -190,12 +192,12 @@ def test_native_norm_rope_matches_the_formula(dtype):
     gain = (1 + 0.3 * torch.randn(D)).requires_grad_()
     cos, sin = rope_tables(segment_positions(_documents(B, T, seed=1)), D, 10000.0)
     c, s = cos[..., :D // 2], sin[..., :D // 2]
-    assert kernels._native_norm_rope_takes(x, gain, c, s)
-    y = kernels._NativeNormRoPE.apply(x, gain, 1e-6, c, s)
+    assert norms._native_norm_rope_takes(x, gain, c, s)
+    y = norms._NativeNormRoPE.apply(x, gain, 1e-6, c, s)
     dy = torch.randn(B, h, T, D).transpose(1, 2)  # the layout attention's gradient arrives in
     y.backward(dy)
     x64, g64 = x.detach().double().requires_grad_(), gain.detach().double().requires_grad_()
-    ref = kernels.norm_rope_reference(x64, g64, 1e-6, c.double(), s.double())
+    ref = norms.norm_rope_reference(x64, g64, 1e-6, c.double(), s.double())
     ref.backward(dy.double())
     assert y.dtype == torch.float32 and y.shape == (B, T, h, D)
     assert _rel(y, ref) < 1e-6
@@ -217,7 +219,7 @@ def test_native_norm_rope_gain_gradient_does_not_depend_on_the_thread_count():
         for n in (1, 2):
             torch.set_num_threads(n)
             gain = torch.ones(D, requires_grad=True)
-            kernels._NativeNormRoPE.apply(x, gain, 1e-6, cos[..., :D // 2], sin[..., :D // 2]).sum().backward()
+            norms._NativeNormRoPE.apply(x, gain, 1e-6, cos[..., :D // 2], sin[..., :D // 2]).sum().backward()
             grads.append(gain.grad)
     finally:
         torch.set_num_threads(threads)
@@ -289,10 +291,10 @@ def _qkv_reference(qkv, gq, gk, eps, seg, H, Hkv, dy):  # noqa: ANN001, ANN202
     cos, sin = rope_tables(segment_positions(seg), D, 10000.0)
     c, s = cos[..., :D // 2].double(), sin[..., :D // 2].double()
     q, k, v = x.split([H * D, Hkv * D, Hkv * D], dim=-1)
-    q = kernels.norm_rope_reference(q.reshape(B, T, H, D), g1, eps, c, s).transpose(1, 2)
-    k = kernels.norm_rope_reference(k.reshape(B, T, Hkv, D), g2, eps, c, s).transpose(1, 2)
+    q = norms.norm_rope_reference(q.reshape(B, T, H, D), g1, eps, c, s).transpose(1, 2)
+    k = norms.norm_rope_reference(k.reshape(B, T, Hkv, D), g2, eps, c, s).transpose(1, 2)
     allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
-    y = kernels.attention_reference(q, k, v.reshape(B, T, Hkv, D).transpose(1, 2), allowed).double()
+    y = explicit_kernel.attention_reference(q, k, v.reshape(B, T, Hkv, D).transpose(1, 2), allowed).double()
     y = y.transpose(1, 2).reshape(B, T, H * D)
     y.backward(dy.double())
     return y.detach(), [t.grad for t in leaves]
@@ -318,7 +320,7 @@ def test_qkv_attention_matches_norm_rope_then_attention(B, H, Hkv, T, D, mode):
     seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.float32, seed=T)
     ref, (dqkv, dgq, dgk) = _qkv_reference(qkv, gq, gk, 1e-6, seg, H, Hkv, dy)
     leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
-    y, out, lse, rq, rk = kernels.qkv_attention(leaves[0], leaves[1], leaves[2], cos, sin, _starts(seg), 1e-6, H, Hkv,
+    y, out, lse, rq, rk = fused_kernel.qkv_attention(leaves[0], leaves[1], leaves[2], cos, sin, _starts(seg), 1e-6, H, Hkv,
                                                 mode)
     assert y.shape == (B, T, H * D) and rq.shape == (B, T, H) and rk.shape == (B, T, Hkv)
     y.backward(dy)
@@ -336,7 +338,7 @@ def test_qkv_attention_in_bf16(mode):
     seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.bfloat16, seed=1)
     ref, (dqkv, dgq, dgk) = _qkv_reference(qkv.float(), gq, gk, 1e-6, seg, H, Hkv, dy.float())
     leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
-    y, out, *_ = kernels.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)
+    y, out, *_ = fused_kernel.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)
     y.backward(dy)
     assert y.dtype == leaves[0].grad.dtype == torch.bfloat16
     assert _rel(out.transpose(1, 2).reshape(B, T, H * D), ref) < TOL[mode]
@@ -353,7 +355,7 @@ def test_qkv_attention_does_not_depend_on_the_thread_count(mode):
         for n in (1, 2):
             torch.set_num_threads(n)
             leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
-            y = kernels.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)[0]
+            y = fused_kernel.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, mode)[0]
             y.backward(dy)
             results.append([y, *(t.grad for t in leaves)])
     finally:
@@ -418,12 +420,12 @@ def test_fp32_runs_keep_fp32_arithmetic_unless_told_otherwise(monkeypatch):
     previous = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")
-        assert kernels.fused_products(low_precision=False) == 1
-        assert kernels.fused_products(low_precision=True) == 0
+        assert fused_kernel.fused_products(low_precision=False) == 1
+        assert fused_kernel.fused_products(low_precision=True) == 0
         torch.set_float32_matmul_precision("high")
-        assert kernels.fused_products(low_precision=False) == 0
+        assert fused_kernel.fused_products(low_precision=False) == 0
         monkeypatch.setenv("SANLAB_AMX", "0")
-        assert kernels.fused_products(low_precision=True) == 1
+        assert fused_kernel.fused_products(low_precision=True) == 1
     finally:
         torch.set_float32_matmul_precision(previous)
 
@@ -436,12 +438,12 @@ def test_native_rms_norm_matches_the_formula(out_dtype):
     torch.manual_seed(0)
     x = (3 * torch.randn(4, 37, 101)).requires_grad_()
     w = (0.3 * torch.randn(101)).requires_grad_()
-    y = kernels.rms_norm(x, 1 + w, 1e-6, out_dtype)
+    y = norms.rms_norm(x, 1 + w, 1e-6, out_dtype)
     assert type(y.grad_fn).__name__.startswith("_NativeRMSNorm") and y.dtype == out_dtype
     dy = torch.randn(y.shape).to(out_dtype)
     y.backward(dy)
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
-    ref = kernels.rms_norm_reference(x64, 1 + w64, 1e-6)
+    ref = norms.rms_norm_reference(x64, 1 + w64, 1e-6)
     ref.backward(dy.double())
     assert _rel(y, ref) < (1e-6 if out_dtype == torch.float32 else 4e-3)
     assert _rel(x.grad, x64.grad) < 1e-6 and _rel(w.grad, w64.grad) < 1e-6
@@ -477,7 +479,7 @@ def test_native_norms_do_not_depend_on_the_thread_count():
         for n in (1, 2):
             torch.set_num_threads(n)
             leaves = [t.clone().requires_grad_() for t in (x, w, h, g)]
-            y = kernels.rms_norm(leaves[0], leaves[1], 1e-6, torch.bfloat16)
+            y = norms.rms_norm(leaves[0], leaves[1], 1e-6, torch.bfloat16)
             (y.float() * dy).sum().backward()
             kernels.gated_residual(leaves[0].detach(), leaves[2], leaves[3]).backward(dy)
             results.append([y, *(t.grad for t in leaves)])
@@ -496,11 +498,11 @@ def test_fused_attention_is_at_least_as_accurate_as_sdpa_under_autocast(case, mo
     must stay within 5%, where SDPA's are ~30% off)."""
     from test_model import attention_errors_under_autocast
 
-    kernels.FUSED_AMX = mode == 0
+    fused_kernel.FUSED_AMX = mode == 0
     try:
         errs = attention_errors_under_autocast(case, ("fused", "sdpa"))
     finally:
-        kernels.FUSED_AMX = True
+        fused_kernel.FUSED_AMX = True
     fused, sdpa = errs["fused"], errs["sdpa"]
     assert all(e <= 1.25 * s for e, s in zip(fused, sdpa)), (fused, sdpa)
     if case == "cancelling":

@@ -471,7 +471,7 @@ def test_non_approximate_is_spec3_by_default() -> None:
         mixer.wk.weight.mul_(20.0)
     u = torch.randn(B, T, d, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     seg = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
-    from sanlab.model.layers import build_context
+    from sanlab.model.attention import build_context
 
     with torch.no_grad():
         y = mixer(u, build_context(cfg, torch.zeros(B, T, dtype=torch.long), seg))

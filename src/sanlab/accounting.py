@@ -255,7 +255,7 @@ def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **
     counted, attention as the full square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
     forward pass is seen.
     """
-    import sanlab.model.kernels  # noqa: F401 - registers sanlab::fused_attention
+    import sanlab.model.attention.fused  # noqa: F401 - registers sanlab::fused_attention
 
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,
                torch.ops.sanlab.fused_attention: _sdpa_flops,

@@ -191,7 +191,7 @@ class ModelConfig(StrictModel):
     # Attention kernel. auto: FlexAttention on CUDA; on the CPU the fused compiled kernel
     # (sanlab.model.native: built with the system C compiler on first use), else the
     # block-causal explicit kernel while the probabilities it keeps fit
-    # sanlab.model.kernels.CPU_EXPLICIT_MAX_BYTES, SDPA with a dense mask beyond.
+    # sanlab.model.attention.explicit.CPU_EXPLICIT_MAX_BYTES, SDPA with a dense mask beyond.
     attn_backend: Literal["auto", "fused", "explicit", "sdpa", "flex"] = "auto"
 
     @model_validator(mode="before")

@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from sanlab.config import ModelConfig
+from sanlab.model.attention import AttentionContext
 from sanlab.model.kernels import gated_residual
-from sanlab.model.layers import AttentionContext, HookPoint, make_norm
+from sanlab.model.layers import HookPoint, make_norm
 from sanlab.model.mixers import Role, build_mixer, build_state_mixer
 
 

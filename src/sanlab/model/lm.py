@@ -12,8 +12,9 @@ from torch import nn
 from sanlab.config import ModelConfig
 from sanlab.errors import ConfigError
 from sanlab.model.blocks import Block
-from sanlab.model.kernels import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
-from sanlab.model.layers import HookPoint, build_context, make_norm
+from sanlab.model.attention import build_context
+from sanlab.model.layers import HookPoint, make_norm
+from sanlab.model.loss import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
 from sanlab.model.mixers import Mixer, Role, StaticEmbQK, check_model
 
 

@@ -35,8 +35,10 @@ from torch import nn
 
 from sanlab.config import ModelConfig, StrictModel, validate
 from sanlab.errors import ConfigError, DataError
-from sanlab.model.kernels import attend, fused_qkv_attention, norm_rope, silu_gate
-from sanlab.model.layers import AttentionContext, HookPoint, RMSNorm, apply_rope, make_norm, upcast
+from sanlab.model.attention import AttentionContext, attend, fused_qkv_attention
+from sanlab.model.kernels import silu_gate
+from sanlab.model.layers import HookPoint, RMSNorm, apply_rope, make_norm, upcast
+from sanlab.model.norms import norm_rope
 
 # What a parameter is, for the optimizer routing (sanlab.train.optim) and the spectra:
 #   routing  a matrix that decides where information flows (W_q, W_k)

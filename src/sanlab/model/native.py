@@ -230,6 +230,24 @@ def available() -> bool:
         return False
 
 
+def ready(x) -> bool:  # noqa: ANN001 - a torch.Tensor (torch is not imported here at import)
+    """Whether the compiled kernels may run on x: a CPU tensor, eager mode (inductor
+    compiles the plain formulas instead), and the library built here."""
+    import torch
+
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and available()
+
+
+def call(fn, *args) -> None:  # noqa: ANN001
+    """`fn(*args)` for a kernel entry point, its status turned into an exception: 2 is
+    MemoryError (a buffer could not be allocated), any other non-zero a RuntimeError."""
+    status = fn(*args)
+    if status == 2:
+        raise MemoryError(f"{fn.__name__}: out of memory for its buffers")
+    if status != 0:
+        raise RuntimeError(f"{fn.__name__}: the kernel refused its arguments (status {status})")
+
+
 def unavailable_reason() -> str | None:
     try:
         library()

@@ -29,7 +29,7 @@ from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
 from sanlab.data.regions import REGION_NAMES
 from sanlab.errors import CheckpointError, ConfigError, DataError
-from sanlab.model.layers import attention_kernel
+from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM, token_losses
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir

@@ -1,4 +1,4 @@
-/* Per-head QK-norm then rotate-half RoPE (sanlab.model.kernels.norm_rope_reference),
+/* Per-head QK-norm then rotate-half RoPE (sanlab.model.norms.norm_rope_reference),
    forward and backward, one pass over the activations each way.
 
    Per (b, t, head) row x of D values: r = (mean(x²) + eps)^-½, n = x·r, and over the two

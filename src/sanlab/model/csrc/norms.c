@@ -1,5 +1,5 @@
-/* RMS norm and the gated residual's backward (sanlab.model.kernels._RMSNorm and
-   _GatedResidual), one pass over the activations each way.
+/* RMS norm and the gated residual's backward (sanlab.model.norms._RMSNorm and
+   sanlab.model.kernels._GatedResidual), one pass over the activations each way.
 
    RMS norm over rows of d values: r = (mean(x²) + eps)^-½, y = x·r·γ; backward
    dx = r·(dy⊙γ) − x·r³·⟨dy⊙γ, x⟩/d, dγ = Σ_rows r·(dy ⊙ x).

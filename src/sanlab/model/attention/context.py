@@ -1,0 +1,95 @@
+"""The per-batch data every attention layer shares (`AttentionContext`): RoPE tables,
+document positions, the backend and the masks, built once per forward (`build_context`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sanlab.config import ModelConfig
+from sanlab.model.attention import masks
+from sanlab.model.attention.dispatch import resolve_backend
+from sanlab.model.kernels import upcast
+from sanlab.model.layers import rope_tables
+
+
+@dataclass
+class AttentionContext:
+    """Per-batch data every attention layer shares: RoPE tables and the document mask.
+
+    Built once per forward pass in `LM.forward`, not once per layer; masks are built
+    on first use and cached.
+    """
+
+    segment_ids: torch.Tensor  # (B, T)
+    positions: torch.Tensor  # (B, T) position within the document
+    cos: torch.Tensor  # (B, T, 1, head_dim)
+    sin: torch.Tensor  # (B, T, 1, head_dim)
+    backend: str  # "explicit" | "sdpa" | "flex"
+    single_document: bool = False  # every row is one document (no segment ids given)
+    embedded: torch.Tensor | None = None  # (B, T, d) the scaled input embedding (static_emb_qk)
+    # Q/K source stream of rnd_emb_qk / fixed_seq_qk: per layer its input on the fixed
+    # sequence, (1, T, d); None while that fixed pass runs, which fills `qk_record`.
+    qk_stream: dict[int, torch.Tensor] | None = None
+    qk_record: dict[int, torch.Tensor] = field(default_factory=dict)
+    _static_qk: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    _dense_mask: torch.Tensor | None = None
+    _block_mask: object | None = None
+    _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    _row_starts: torch.Tensor | None = None
+    _row_starts_known: bool = False
+
+    def static_qk_input(self, dtype: torch.dtype) -> torch.Tensor:
+        """The input embedding RMS-normalised (no gain), in `dtype`: StaticEmbQK's Q/K input."""
+        if dtype not in self._static_qk:
+            x = upcast(self.embedded)
+            self._static_qk[dtype] = (x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()).to(dtype)
+        return self._static_qk[dtype]
+
+    @property
+    def dense_mask(self) -> torch.Tensor:
+        """(B, 1, T, T) bool: causal AND same document. True = may attend."""
+        if self._dense_mask is None:
+            self._dense_mask = masks.dense_mask(self.segment_ids)
+        return self._dense_mask
+
+    @property
+    def row_starts(self) -> torch.Tensor | None:
+        """(B, T) int32: the first key each query may see (`masks.row_starts`); None where a
+        segment id recurs after another (the fused kernel then does not run)."""
+        if not self._row_starts_known:
+            self._row_starts = masks.row_starts(self.segment_ids, self.positions, self.single_document)
+            self._row_starts_known = True
+        return self._row_starts
+
+    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
+        """(B, 1, T, T): 0 where attention is allowed, -inf elsewhere."""
+        if dtype not in self._additive:
+            self._additive[dtype] = masks.additive_mask(self.dense_mask, dtype)
+        return self._additive[dtype]
+
+    @property
+    def block_mask(self) -> object:
+        if self._block_mask is None:
+            self._block_mask = masks.block_mask(self.segment_ids)
+        return self._block_mask
+
+
+def build_context(
+    cfg: ModelConfig, tokens: torch.Tensor, segment_ids: torch.Tensor | None
+) -> AttentionContext:
+    single = segment_ids is None
+    if segment_ids is None:
+        segment_ids = torch.zeros_like(tokens)
+    positions = masks.segment_positions(segment_ids)
+    cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
+    return AttentionContext(
+        segment_ids=segment_ids,
+        positions=positions,
+        cos=cos,
+        sin=sin,
+        backend=resolve_backend(cfg, tokens),
+        single_document=single,
+    )

@@ -1,0 +1,239 @@
+"""The fused CPU attention kernel's glue: the compiled kernels (`csrc/attention.c`,
+`csrc/attention_amx.c`, loaded by `sanlab.model.native`) as torch custom ops with their
+compiled backwards, and which products they run (`fused_products`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from sanlab.model import native
+from sanlab.model.kernels import NATIVE_DTYPES
+
+# The fused kernel's products may run on AMX tiles where the CPU and the build have them
+# (`csrc/attention_amx.c`); False (or SANLAB_AMX=0 in the environment) keeps them on the
+# portable fp32 path, which the tests compare it against.
+FUSED_AMX = True
+
+
+def fused_products(low_precision: bool) -> int:
+    """The fused kernel's `mode`: 0, the fastest products this CPU has (AMX's split bf16
+    products, ~1e-5 relative); 1, the portable fp32 ones (~1e-7). As PyTorch does for fp32
+    matmuls, an fp32 computation gets fp32 arithmetic unless `torch.set_float32_matmul_precision`
+    allows less than "highest"; a low-precision one (bf16 autocast) accepts bf16 products,
+    and the split ones are far more accurate than those."""
+    if not FUSED_AMX or os.environ.get("SANLAB_AMX", "1") == "0":
+        return 1
+    return 0 if low_precision or torch.get_float32_matmul_precision() != "highest" else 1
+
+
+def fused_mode(*inputs: torch.Tensor) -> int:
+    """`fused_products` for these inputs: low precision when any is bf16."""
+    return fused_products(any(t.dtype == torch.bfloat16 for t in inputs))
+
+
+# The fused kernel runs as torch custom ops (`sanlab::fused_attention` on q, k, v, and
+# `sanlab::qkv_attention` on the raw QKV product with the QK-norm and RoPE applied inside),
+# each with its compiled backward: FlopCounterMode sees them (`accounting` counts them as
+# SDPA's full square), torch.compile traces around them, autograd calls the backward.
+# The C entry points take every operand as (pointer, is-bf16, three strides); the QK-norm
+# arguments are NULL for the plain op.
+_NO_NORM = (None, None, 0.0, None, None, 0, 0)
+
+
+def _spec(x: torch.Tensor, sb: int, sh: int, st: int, offset: int = 0) -> tuple[int, int, int, int, int]:
+    """An operand as the C kernels read and write it: element (b, h, t, d) at
+    x.data_ptr() + (offset + b·sb + h·sh + t·st + d) elements; fp32 or bf16."""
+    return x.data_ptr() + offset * x.element_size(), int(x.dtype == torch.bfloat16), sb, sh, st
+
+
+def _native_operand(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """A (B, h, T, D) tensor (d contiguous) as a C operand."""
+    return _spec(x, x.stride(0), x.stride(1), x.stride(2))
+
+
+def _bthd(B: int, T: int, h: int, D: int, dtype: torch.dtype) -> torch.Tensor:
+    """A (B, h, T, D) tensor laid out as (B, T, h, D): what a head-merging reshape reads
+    without a copy (attention's output before W_o; v's gradient, a slice of QKV's)."""
+    return torch.empty(B, T, h, D, dtype=dtype).transpose(1, 2)
+
+
+@torch.library.custom_op("sanlab::fused_attention", mutates_args=())
+def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor,
+                    mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """softmax(q kᵀ/√D + M) v by the compiled CPU kernel (`csrc/attention.c`, products on
+    AMX tiles in `csrc/attention_amx.c` where the CPU has them), with M causal and each
+    row's keys limited to its document: row i of batch b sees keys [starts[b, i], i].
+
+    q (B, H, T, D), k, v (B, Hkv, T, D): fp32 or bf16, any strides with the last one 1
+    (v straight from the QKV product's slice, say); starts (B, T) int32; mode 0 for the
+    fastest products this CPU has, 1 for the portable fp32 ones. Every product and
+    reduction keeps fp32 accuracy (bf16 inputs widen exactly; on AMX a non-bf16 operand
+    is split into two bf16 parts), so the result is `attention_reference`'s up to the
+    order of sums (portable, ~1e-7 relative) or ~1e-5 (AMX). Per block of query rows
+    the scores exist only in cache (no (T, T) tensor: memory O(T) at any length); the
+    backward recomputes P from each row's log-sum-exp. Returns the output in v's dtype
+    (B, H, T, D), laid out (B, T, H, D) so merging the heads is free; the same in fp32
+    (kept for the backward); the log-sum-exp (B, H, T).
+    """
+    lib = native.library()
+    B, H, T, D = q.shape
+    y = _bthd(B, T, H, D, v.dtype)
+    out = torch.empty(B, H, T, D, dtype=torch.float32)
+    lse = torch.empty(B, H, T, dtype=torch.float32)
+    native.call(lib.sanlab_attn_fwd, B, H, k.shape[1], T, D, *_native_operand(q), *_native_operand(k),
+                 *_native_operand(v), starts.data_ptr(), *_NO_NORM, None, None, out.data_ptr(), lse.data_ptr(),
+                 *_native_operand(y), torch.get_num_threads(), mode)
+    return y, out, lse
+
+
+@fused_attention.register_fake
+def _(q, k, v, starts, mode):  # noqa: ANN001, ANN202
+    B, H, T, D = q.shape
+    return (q.new_empty(B, T, H, D, dtype=v.dtype).transpose(1, 2), q.new_empty(B, H, T, D, dtype=torch.float32),
+            q.new_empty(B, H, T, dtype=torch.float32))
+
+
+@torch.library.custom_op("sanlab::fused_attention_backward", mutates_args=())
+def fused_attention_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             starts: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                             mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv of `fused_attention` for its output's gradient dy, each in its input's
+    dtype (dv laid out (B, T, Hkv, D), as v usually is)."""
+    lib = native.library()
+    B, H, T, D = q.shape
+    Hkv = k.shape[1]
+    if dy.dtype not in NATIVE_DTYPES or dy.stride(-1) != 1:
+        dy = dy.float().contiguous()
+    dq = torch.empty(B, H, T, D, dtype=q.dtype)
+    dk = torch.empty(B, Hkv, T, D, dtype=k.dtype)
+    dv = _bthd(B, T, Hkv, D, v.dtype)
+    native.call(lib.sanlab_attn_bwd, B, H, Hkv, T, D, *_native_operand(q), *_native_operand(k), *_native_operand(v),
+                 *_native_operand(dy), starts.data_ptr(), *_NO_NORM, None, None, None, None, out.data_ptr(),
+                 lse.data_ptr(), *_native_operand(dq), *_native_operand(dk), *_native_operand(dv),
+                 torch.get_num_threads(), mode)
+    return dq, dk, dv
+
+
+@fused_attention_backward.register_fake
+def _(dy, q, k, v, starts, out, lse, mode):  # noqa: ANN001, ANN202
+    B, Hkv, T, D = v.shape
+    return torch.empty_like(q), torch.empty_like(k), v.new_empty(B, T, Hkv, D).transpose(1, 2)
+
+
+def _fused_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    q, k, v, starts, mode = inputs
+    _, out, lse = output
+    ctx.save_for_backward(q, k, v, starts, out, lse)
+    ctx.mode = mode
+
+
+def _fused_backward(ctx, dy, dout, dlse):  # noqa: ANN001, ANN202 - out and lse are not differentiated
+    q, k, v, starts, out, lse = ctx.saved_tensors
+    return (*fused_attention_backward(dy, q, k, v, starts, out, lse, ctx.mode), None, None)
+
+
+torch.library.register_autograd("sanlab::fused_attention", _fused_backward, setup_context=_fused_setup)
+
+
+def _qkv_specs(qkv: torch.Tensor, H: int, Hkv: int, D: int) -> list[tuple[int, int, int, int, int]]:
+    """q, k and v inside a (B, T, (H + 2·Hkv)·D) QKV tensor: heads D apart, rows st apart."""
+    sb, st = qkv.stride(0), qkv.stride(1)
+    return [_spec(qkv, sb, D, st), _spec(qkv, sb, D, st, H * D), _spec(qkv, sb, D, st, (H + Hkv) * D)]
+
+
+def _norm_args(gq: torch.Tensor, gk: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[int, int, float, int, int, int, int]:
+    return gq.data_ptr(), gk.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), cos.stride(0), cos.stride(1)
+
+
+@torch.library.custom_op("sanlab::qkv_attention", mutates_args=())
+def qkv_attention(qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  starts: torch.Tensor, eps: float, heads: int, kv_heads: int, mode: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SoftmaxAttention's core from the QKV product: q and k through the per-head QK-norm
+    (gains gq, gk; `norm_rope_reference`) and RoPE as the kernel reads them, then
+    `fused_attention`, the output written with the heads merged.
+
+    qkv (B, T, (H + 2·Hkv)·D) fp32 or bf16 with its last dim contiguous; gq, gk (D,)
+    fp32; cos, sin (B, T, 1, D) fp32 (`rope_tables`; the first D/2 of each row used);
+    starts (B, T) int32. Returns y (B, T, H·D) in qkv's dtype, the output in fp32
+    (B, H, T, D), the log-sum-exp (B, H, T) and each q and k row's 1/RMS, (B, T, H) and
+    (B, T, Hkv) — the last four kept for the backward. One pass over q, k and v each way
+    instead of the norm's, RoPE's, the casts' and the heads' copies.
+    """
+    lib = native.library()
+    B, T, W = qkv.shape
+    D = W // (heads + 2 * kv_heads)
+    y = torch.empty(B, T, heads * D, dtype=qkv.dtype)
+    out = torch.empty(B, heads, T, D, dtype=torch.float32)
+    lse = torch.empty(B, heads, T, dtype=torch.float32)
+    rq = torch.empty(B, T, heads, dtype=torch.float32)
+    rk = torch.empty(B, T, kv_heads, dtype=torch.float32)
+    native.call(lib.sanlab_attn_fwd, B, heads, kv_heads, T, D, *[a for x in _qkv_specs(qkv, heads, kv_heads, D)
+                                                                   for a in x],
+                 starts.data_ptr(), *_norm_args(gq, gk, eps, cos, sin), rq.data_ptr(), rk.data_ptr(), out.data_ptr(),
+                 lse.data_ptr(), *_spec(y, y.stride(0), D, y.stride(1)), torch.get_num_threads(), mode)
+    return y, out, lse, rq, rk
+
+
+@qkv_attention.register_fake
+def _(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN202
+    B, T, W = qkv.shape
+    D = W // (heads + 2 * kv_heads)
+    f32 = torch.float32
+    return (qkv.new_empty(B, T, heads * D), qkv.new_empty(B, heads, T, D, dtype=f32),
+            qkv.new_empty(B, heads, T, dtype=f32), qkv.new_empty(B, T, heads, dtype=f32),
+            qkv.new_empty(B, T, kv_heads, dtype=f32))
+
+
+@torch.library.custom_op("sanlab::qkv_attention_backward", mutates_args=())
+def qkv_attention_backward(dy: torch.Tensor, qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, starts: torch.Tensor, out: torch.Tensor,
+                           lse: torch.Tensor, rq: torch.Tensor, rk: torch.Tensor, eps: float, heads: int,
+                           kv_heads: int, mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dqkv (in qkv's dtype and shape), dgq, dgk of `qkv_attention` for y's gradient dy."""
+    lib = native.library()
+    B, T, W = qkv.shape
+    D = W // (heads + 2 * kv_heads)
+    if dy.dtype not in NATIVE_DTYPES or dy.stride(-1) != 1:
+        dy = dy.float().contiguous()
+    dqkv = torch.empty(B, T, W, dtype=qkv.dtype)
+    dgq = torch.empty(D, dtype=torch.float32)
+    dgk = torch.empty(D, dtype=torch.float32)
+    native.call(lib.sanlab_attn_bwd, B, heads, kv_heads, T, D,
+                 *[a for x in _qkv_specs(qkv, heads, kv_heads, D) for a in x],
+                 *_spec(dy, dy.stride(0), D, dy.stride(1)), starts.data_ptr(), *_norm_args(gq, gk, eps, cos, sin),
+                 rq.data_ptr(), rk.data_ptr(), dgq.data_ptr(), dgk.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                 *[a for x in _qkv_specs(dqkv, heads, kv_heads, D) for a in x], torch.get_num_threads(), mode)
+    return dqkv, dgq, dgk
+
+
+@qkv_attention_backward.register_fake
+def _(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN202
+    return torch.empty_like(qkv), torch.empty_like(gq), torch.empty_like(gk)
+
+
+def _qkv_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+    qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode = inputs
+    _, out, lse, rq, rk = output
+    ctx.save_for_backward(qkv, gq, gk, cos, sin, starts, out, lse, rq, rk)
+    ctx.args = (eps, heads, kv_heads, mode)
+
+
+def _qkv_backward(ctx, dy, *_):  # noqa: ANN001, ANN002, ANN202 - only y is differentiated
+    qkv, gq, gk, cos, sin, starts, out, lse, rq, rk = ctx.saved_tensors
+    dqkv, dgq, dgk = qkv_attention_backward(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, *ctx.args)
+    return dqkv, dgq.to(gq.dtype), dgk.to(gk.dtype), None, None, None, None, None, None, None
+
+
+torch.library.register_autograd("sanlab::qkv_attention", _qkv_backward, setup_context=_qkv_setup)
+
+
+def fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """`fused_attention`'s output (in v's dtype) for q, k, v with any strides; row i of
+    batch b sees keys [starts[b, i], i]."""
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    return fused_attention(q, k, v, starts, fused_mode(q, k, v))[0]

@@ -1,0 +1,60 @@
+"""The masks attention applies, from a batch's segment ids: a row's tokens see only
+earlier tokens (causal) of their own document (segment id), in the forms the kernels take
+(a dense bool mask, an additive one, each row's first visible key, a FlexAttention block
+mask).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Position of each token inside its segment (document): restarts at 0. (B, T) -> (B, T)."""
+    B, T = segment_ids.shape
+    idx = torch.arange(T, device=segment_ids.device).expand(B, T)
+    is_start = torch.ones_like(segment_ids, dtype=torch.bool)
+    is_start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    start_idx = torch.where(is_start, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - start_idx
+
+
+def dense_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """(B, 1, T, T) bool: causal AND same document. True = may attend."""
+    seg = segment_ids
+    T = seg.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()
+    same = seg[:, :, None] == seg[:, None, :]
+    return (same & causal)[:, None]
+
+
+def row_starts(segment_ids: torch.Tensor, positions: torch.Tensor, single_document: bool) -> torch.Tensor | None:
+    """(B, T) int32: the first key each query may see, i.e. where its document starts
+    (the fused kernel's mask: row i sees keys [row_starts[i], i]). That describes the
+    dense mask exactly when every segment id is one run in its row, as packed rows
+    are (ids rise along the row); None otherwise (an id that recurs after another)."""
+    seg = segment_ids
+    if single_document or bool((seg[:, 1:] >= seg[:, :-1]).all()):
+        T = seg.shape[1]
+        idx = torch.arange(T, device=seg.device)
+        return (idx - positions).to(torch.int32).contiguous()
+    return None
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where `allowed`, -inf elsewhere, in `dtype`."""
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return bias.masked_fill_(~allowed, float("-inf"))
+
+
+def block_mask(segment_ids: torch.Tensor) -> object:
+    """FlexAttention's block mask of `dense_mask`."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    seg = segment_ids
+
+    def doc_causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
+        return (q_idx >= kv_idx) & (seg[b, q_idx] == seg[b, kv_idx])
+
+    B, T = seg.shape
+    return create_block_mask(doc_causal, B, None, T, T, device=seg.device)
