@@ -14,8 +14,7 @@ import torch
 def _loss_chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
     """Rows per chunk of the fused head + loss. On the CPU ~2M logits (8 MB in fp32): the
     passes over a chunk stay in the last-level cache, and the head's matmuls are large
-    enough to run near peak (at V=2048, 1024-row chunks were ~5% faster than 256-row
-    ones on a 2-core CPU). On accelerators ~128M (512 MB), which bounds the fp32
+    enough to run near peak (measured: benchmarks/README.md). On accelerators ~128M (512 MB), which bounds the fp32
     temporaries (a 16×2048-token micro-batch at V=16,384 would otherwise need 2 GB)
     while keeping the number of kernel launches small."""
     budget = 1 << 21 if device.type == "cpu" else 1 << 27
@@ -27,9 +26,8 @@ def _dw_group_rows(n_rows: int, vocab: int, chunk: int, device: torch.device) ->
     chunks. Each product's (V, d) result is added to the fp32 dW in full, so per chunk
     (128 rows at V=16,384) that addition streamed dW through memory 32 times a
     4096-token step. On the CPU the chunks' gradients are kept for ~16M logits (32 MB in
-    bf16) and multiplied together: the d=256, 4-layer, V=16,384 step got 8% faster
-    (measured, the two versions' steps alternating). On accelerators each chunk is
-    already that large."""
+    bf16) and multiplied together (faster: benchmarks/README.md). On accelerators each
+    chunk is already that large."""
     if device.type != "cpu":
         return chunk
     return max(chunk, min(n_rows, ((1 << 24) // vocab) // chunk * chunk))

@@ -129,8 +129,7 @@ class _NormRoPE(torch.autograd.Function):
     u = RoPE⁻¹(dy) = (dy₁c + dy₂s, dy₂c − dy₁s): dγ = Σ_rows n ⊙ u, dn = γ ⊙ u,
     dx = r·(dn − n·⟨dn, n⟩/D), written in x's dtype. Run as `rms_norm` then `rope`, the
     norm's backward reads the rotation's transposed gradient and the gain costs a pass each
-    way; measured on the 2-core CPU, one function made the whole step of the 10-layer
-    d=128 SAN (T 256, bf16) 6% faster, the two models' steps alternating.
+    way (one function is faster: benchmarks/README.md).
     """
 
     @staticmethod

@@ -22,20 +22,15 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allow
     return torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
 
 
-# On the CPU the explicit kernel (`_ExplicitAttention`) runs while the probabilities it
-# keeps for the backward (`explicit_scores` values a layer, in v's dtype: bf16 under bf16
-# autocast) stay under this many bytes; SDPA beyond. Measured on a 2-core AVX512-BF16 CPU
-# (attention forward + backward, bf16 autocast, 2048 tokens a batch, H 8/4, D 32, the
-# trainer's allocator settings; benchmarks/bench_attention.py): 3.5x faster than SDPA's
-# CPU flash kernel at T = 64, 2.5x at 128, 1.8x at 256 and 512, 1.6x at 1024, 1.8x at
-# 2048. Against fp64 (unit-scale q, k, v) its output and its k and v gradients are more
-# accurate than SDPA's at every T; its q gradient's error is 1.09-1.14x SDPA's where P is
-# kept in fp32 (T 64 to 1024) and 1.25x where only bf16 fits (T 2048, one row). At
-# larger score scales it is below SDPA's; tests/test_model.py bounds each at 1.25x.
+# Where the fused kernel cannot run, the explicit kernel (`_ExplicitAttention`) runs on
+# the CPU while the probabilities it keeps for the backward (`explicit_scores` values a
+# layer, in v's dtype: bf16 under bf16 autocast) stay under this many bytes; SDPA beyond.
+# Its errors are within 1.25x of SDPA's (tests/test_model.py); the speed that set the
+# bound is in benchmarks/README.md ("Measurements behind the kernels").
 CPU_EXPLICIT_MAX_BYTES = 64 << 20
 # Query rows per block of the explicit kernel: blocks above the diagonal are skipped, so
-# a causal layer computes ~(T + chunk)/(2T) of the full score matrix. 64 was fastest, or
-# within 9% of 32 and 128, at every T from 64 to 2048 on that CPU.
+# a causal layer computes ~(T + chunk)/(2T) of the full score matrix. 64 was the fastest
+# block size measured (benchmarks/README.md).
 EXPLICIT_CHUNK = 64
 
 
@@ -49,9 +44,9 @@ def explicit_keep(batch: int, heads: int, seq_len: int, low: torch.dtype | None)
     """The dtype the explicit kernel keeps its probabilities in, or None if they do not fit
     `CPU_EXPLICIT_MAX_BYTES` (one layer): fp32 where that fits; else `low` (bf16 under
     bf16 autocast: half the memory; gradients within 1.25x of SDPA's error, tested)
-    where that fits. fp32 first because on the CPU the backward's P ⊙ (dP − δ) runs 2x
-    slower with a bf16 P (a mixed-dtype product), which costs more than the bf16 copy
-    saves while memory is not the limit (measured: 5% of the T256 SAN step)."""
+    where that fits. fp32 first because on the CPU the backward's P ⊙ (dP − δ) is slower
+    with a bf16 P (a mixed-dtype product), which costs more than the bf16 copy saves while
+    memory is not the limit (measured: benchmarks/README.md)."""
     n = explicit_scores(batch, heads, seq_len)
     if n * 4 <= CPU_EXPLICIT_MAX_BYTES:
         return torch.float32
@@ -77,8 +72,8 @@ class _ExplicitAttention(torch.autograd.Function):
     least fp32: rounding the scores to bf16 would double the error at realistic score
     sizes. When the incoming gradient is bf16 (autocast), the three products that
     consume P or dS in the backward (Pᵀ dO, dS K, dSᵀ Q) run in bf16, as FlashAttention's
-    do: 3x faster on the CPU, with gradients within 1.25x of SDPA's error (tested; dQ's is
-    1.09-1.25x on unit-scale q and k, dK's and dV's below SDPA's). dK and dV
+    do (faster on the CPU: benchmarks/README.md), with gradients within 1.25x of SDPA's
+    error (tests/test_model.py). dK and dV
     accumulate over blocks in fp32; the result has v's dtype.
     """
 
