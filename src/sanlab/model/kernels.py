@@ -132,8 +132,9 @@ class _NativeGatedResidual(_GatedResidual):
             dy = dy.float().contiguous()
         dh = torch.empty(h.shape, dtype=h.dtype)
         dg = torch.empty((), dtype=torch.float32)
-        native.call(native.library().sanlab_gated_residual_bwd, h.numel(), h.shape[-1], dy.data_ptr(), h.data_ptr(),
-                     int(h.dtype == torch.bfloat16), float(s), dh.data_ptr(), dg.data_ptr(), torch.get_num_threads())
+        native.call(native.library().sanlab_gated_residual_bwd, native.GatedResidualArgs(
+            count=h.numel(), d=h.shape[-1], dy=dy.data_ptr(), h=h.data_ptr(), h_bf16=int(h.dtype == torch.bfloat16),
+            sigma=float(s), dh=dh.data_ptr(), dg=dg.data_ptr(), nthreads=torch.get_num_threads()))
         return dy, dh, dg.reshape(s.shape).to(s.dtype)
 
 

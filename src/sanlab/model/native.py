@@ -24,6 +24,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -31,11 +32,86 @@ import threading
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-ABI_VERSION = 2  # sanlab_abi_version() of csrc/library.c; a mismatch means a stale build
+HEADER = CSRC / "sanlab.h"  # the interface: the entry points' structs and SANLAB_ABI_VERSION
+
+
+def _header_abi_version() -> int:
+    """SANLAB_ABI_VERSION as csrc/sanlab.h defines it (its one definition)."""
+    m = re.search(r"^#define SANLAB_ABI_VERSION (\d+)\s*$", HEADER.read_text(), re.M)
+    if m is None:
+        raise RuntimeError(f"{HEADER} defines no SANLAB_ABI_VERSION")
+    return int(m.group(1))
+
+
+# What a build must report (`sanlab_abi_version()`); another value means a stale or foreign build.
+ABI_VERSION = _header_abi_version()
 
 
 def sources() -> list[Path]:
     return sorted(CSRC.glob("*.c"))
+
+
+# --------------------------------------------------------------------------- the interface
+# ctypes mirrors of csrc/sanlab.h's structs, field for field (tests/test_native.py checks
+# them against the header; `load` checks their sizes against the library's).
+_I32, _I64, _F32, _P = ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
+
+
+class Tensor(ctypes.Structure):
+    """`sanlab_tensor`: a strided operand, element (b, h, t, d) at data + b·sb + h·sh + t·st + d."""
+
+    _fields_ = [("data", _P), ("bf16", _I32), ("sb", _I64), ("sh", _I64), ("st", _I64)]
+
+
+class AttnArgs(ctypes.Structure):
+    """`sanlab_attn_args`: the fused attention's forward and backward."""
+
+    _fields_ = [("B", _I32), ("H", _I32), ("Hkv", _I32), ("T", _I32), ("D", _I32),
+                ("q", Tensor), ("k", Tensor), ("v", Tensor), ("dout", Tensor), ("start", _P),
+                ("gq", _P), ("gk", _P), ("eps", _F32), ("cos", _P), ("sin", _P), ("csb", _I64), ("cst", _I64),
+                ("rq", _P), ("rk", _P), ("dgq", _P), ("dgk", _P), ("out", _P), ("lse", _P),
+                ("y", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor), ("nthreads", _I32), ("mode", _I32)]
+
+
+class NormRoPEArgs(ctypes.Structure):
+    """`sanlab_norm_rope_args`: the per-head QK-norm then RoPE, forward and backward."""
+
+    _fields_ = [("B", _I32), ("T", _I32), ("h", _I32), ("D", _I32), ("x", Tensor), ("gain", _P), ("eps", _F32),
+                ("cos", _P), ("sin", _P), ("csb", _I64), ("cst", _I64), ("r", _P), ("out", _P), ("dy", Tensor),
+                ("dx", Tensor), ("dgain", _P), ("nthreads", _I32)]
+
+
+class RMSNormArgs(ctypes.Structure):
+    """`sanlab_rms_norm_args`: RMS norm over rows, forward and backward."""
+
+    _fields_ = [("n", _I64), ("d", _I32), ("x", _P), ("gain", _P), ("eps", _F32), ("r", _P), ("out", _P),
+                ("out_bf16", _I32), ("dy", _P), ("dy_bf16", _I32), ("dx", _P), ("dgain", _P), ("nthreads", _I32)]
+
+
+class GatedResidualArgs(ctypes.Structure):
+    """`sanlab_gated_residual_args`: the gated residual's backward."""
+
+    _fields_ = [("count", _I64), ("d", _I32), ("dy", _P), ("h", _P), ("h_bf16", _I32), ("sigma", _F32), ("dh", _P),
+                ("dg", _P), ("nthreads", _I32)]
+
+
+# in the order of `sanlab_abi_sizes`
+STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, AttnArgs, NormRoPEArgs, RMSNormArgs, GatedResidualArgs)
+# entry point -> the struct it takes
+ENTRY_POINTS: dict[str, type[ctypes.Structure]] = {
+    "sanlab_attn_fwd": AttnArgs, "sanlab_attn_bwd": AttnArgs,
+    "sanlab_norm_rope_fwd": NormRoPEArgs, "sanlab_norm_rope_bwd": NormRoPEArgs,
+    "sanlab_rms_norm_fwd": RMSNormArgs, "sanlab_rms_norm_bwd": RMSNormArgs,
+    "sanlab_gated_residual_bwd": GatedResidualArgs,
+}
+
+
+def tensor(x, sb: int, sh: int, st: int, offset: int = 0) -> Tensor:  # noqa: ANN001 - a torch.Tensor
+    """A `sanlab_tensor` for x (fp32 or bf16, its last dim contiguous): element (b, h, t, d)
+    at x.data_ptr() + (offset + b·sb + h·sh + t·st + d) elements."""
+    import torch
+
+    return Tensor(x.data_ptr() + offset * x.element_size(), int(x.dtype == torch.bfloat16), sb, sh, st)
 
 # Tried in order until one compiles: native vectors with OpenMP, then without (macOS's
 # clang has no -fopenmp: one thread), then portable code.
@@ -51,6 +127,10 @@ BASE_FLAGS = ("-O3", "-std=gnu11", "-shared", "-fPIC")
 
 class NativeUnavailable(RuntimeError):
     """The compiled kernels cannot be used here; the message says why, in one line."""
+
+
+class ABIMismatch(NativeUnavailable):
+    """A library whose interface is not csrc/sanlab.h's as `sanlab.model.native` mirrors it."""
 
 
 _lock = threading.Lock()
@@ -74,6 +154,21 @@ def compiler() -> str | None:
         if path := shutil.which(name):
             return path
     return None
+
+
+def isa(cc: str, flags: tuple[str, ...]) -> str:
+    """The instruction set a build with `flags` targets (what -march=native turns on): the
+    compiler's predefined ISA macros (__AVX512F__, __AMX_BF16__, __ARM_NEON, …), or "" if
+    the compiler cannot say. Part of the build's cache key, so a library built for another
+    CPU is never loaded here."""
+    try:
+        proc = subprocess.run([cc, *flags, "-E", "-dM", "-x", "c", os.devnull], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = re.findall(r"^#define (__(?:SSE|AVX|AMX|FMA|F16C|BMI|ARM_NEON|ARM_FEATURE_|aarch64|x86_64)\w*)", proc.stdout,
+                       re.M)
+    return " ".join(sorted(set(names)))
 
 
 def _cpu_signature() -> str:
@@ -124,8 +219,9 @@ def compile_library(cc: str, flags: tuple[str, ...], target: Path) -> str | None
     return None
 
 
-def _build(cc: str) -> Path:
-    """The library for this source, compiler and CPU: from the cache, or compiled into it."""
+def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
+    """The library for this source, compiler, flags and CPU (`isa`): from the cache, or
+    compiled into it. Returns its path and the flags it was built with."""
     source = b"\0".join(f.name.encode() + b"\0" + f.read_bytes() for f in [*sources(), *sorted(CSRC.glob("*.h"))])
     version = _compiler_version(cc)
     d = cache_dir()
@@ -135,50 +231,82 @@ def _build(cc: str) -> Path:
     errors = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), " ".join(BASE_FLAGS + flags).encode(),
-                                          _cpu_signature().encode()])).hexdigest()[:16]
+                                          _cpu_signature().encode(), isa(cc, flags).encode()])).hexdigest()[:16]
         target = d / f"sanlab-kernels-{key}.so"
         if target.exists():
-            return target
+            return target, flags
         error = compile_library(cc, flags, target)
         if error is None:
-            return target
+            return target, flags
         errors.append(f"{' '.join(flags) or 'no flags'}: {error}")
     raise NativeUnavailable(f"{cc} could not build the kernels in {CSRC} ({'; '.join(errors)})")
 
 
+def _build_and_load(cc: str) -> ctypes.CDLL:
+    """`load(_build(cc))`; a cached library that does not load or does not match the
+    interface (a stale or damaged file under a current key) is compiled again, once,
+    and replaces it. The fresh build is loaded under its own name first: a process
+    cannot load a second library from a path it already loaded."""
+    path, flags = _build(cc)
+    try:
+        return load(path)
+    except (ABIMismatch, OSError):
+        fresh = path.with_name(f"{path.stem}-rebuild-{os.getpid()}.so")
+        error = compile_library(cc, flags, fresh)
+        if error is not None:
+            raise NativeUnavailable(f"{cc} could not rebuild the kernels in {CSRC}: {error}") from None
+        try:
+            lib = load(fresh)  # (raises again if the sources themselves disagree with this module)
+        except BaseException:
+            fresh.unlink(missing_ok=True)
+            raise
+        os.replace(fresh, path)
+        return lib
+
+
+def abi_mismatch(lib: ctypes.CDLL) -> str | None:
+    """Why `lib` does not have the interface of csrc/sanlab.h as this module mirrors it
+    (another ABI version, other struct sizes, a missing function), or None. Calls
+    nothing but the two identity functions, so a foreign or stale build cannot crash it."""
+    try:
+        version, sizes_fn = lib.sanlab_abi_version, lib.sanlab_abi_sizes
+    except AttributeError:
+        return "not a build of this interface (no sanlab_abi_version/sanlab_abi_sizes)"
+    version.argtypes, version.restype = [], ctypes.c_int
+    sizes_fn.argtypes, sizes_fn.restype = [ctypes.POINTER(ctypes.c_int64), ctypes.c_int], ctypes.c_int
+    got = version()
+    if got != ABI_VERSION:
+        return f"ABI {got}, expected {ABI_VERSION}"
+    sizes = (ctypes.c_int64 * len(STRUCTS))()
+    n = sizes_fn(sizes, len(STRUCTS))
+    want = [ctypes.sizeof(s) for s in STRUCTS]
+    if n != len(STRUCTS) or list(sizes) != want:
+        return f"struct sizes {list(sizes)[:n]}, expected {want} (ABI {ABI_VERSION})"
+    missing = [name for name in [*ENTRY_POINTS, "sanlab_amx_available"] if not hasattr(lib, name)]
+    if missing:
+        return f"no {', '.join(missing)}"
+    return None
+
+
 def load(path: Path) -> ctypes.CDLL:
-    """A built library, its functions declared (the ABI checked)."""
+    """A built library, its interface checked (`abi_mismatch`: NativeUnavailable, one line)
+    and its functions declared."""
     import torch  # noqa: F401 - loaded first, so the library's OpenMP is torch's runtime
 
     lib = ctypes.CDLL(str(path))
+    why = abi_mismatch(lib)
+    if why is not None:
+        raise ABIMismatch(f"the kernels at {path} do not match csrc/sanlab.h: {why}")
     _declare(lib)
-    if lib.sanlab_abi_version() != ABI_VERSION:
-        raise NativeUnavailable(f"the built kernels report ABI {lib.sanlab_abi_version()}, expected {ABI_VERSION}")
     lib.sanlab_amx_available()  # settles (and requests) the AMX tile state on this thread, once
     return lib
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    I, L, P, F = ctypes.c_int, ctypes.c_long, ctypes.c_void_p, ctypes.c_float
-    tensor = [P, I, L, L, L]  # data, is_bf16, three strides in elements (the last dim contiguous)
-    lib.sanlab_abi_version.argtypes, lib.sanlab_abi_version.restype = [], I
-    lib.sanlab_amx_available.argtypes, lib.sanlab_amx_available.restype = [], I
-    norm = [P, P, F, P, P, L, L]  # QK-norm: gains q, k, eps, cos, sin, their strides of b and t (NULLs: none)
-    lib.sanlab_attn_fwd.argtypes = [I] * 5 + tensor * 3 + [P] + norm + [P, P, P, P] + tensor + [I, I]
-    lib.sanlab_attn_fwd.restype = I
-    lib.sanlab_attn_bwd.argtypes = [I] * 5 + tensor * 4 + [P] + norm + [P, P, P, P, P, P] + tensor * 3 + [I, I]
-    lib.sanlab_attn_bwd.restype = I
-    tables = [P, P, L, L]  # cos, sin, strides of b and t
-    lib.sanlab_norm_rope_fwd.argtypes = [I] * 4 + tensor + [P, F] + tables + [P, P, I]
-    lib.sanlab_norm_rope_fwd.restype = I
-    lib.sanlab_norm_rope_bwd.argtypes = [I] * 4 + tensor + [P, P] + tables + [P, L, L, L, P, I, P, I]
-    lib.sanlab_norm_rope_bwd.restype = I
-    lib.sanlab_rms_norm_fwd.argtypes = [L, I, P, P, F, P, I, P, I]
-    lib.sanlab_rms_norm_fwd.restype = I
-    lib.sanlab_rms_norm_bwd.argtypes = [L, I, P, P, P, P, I, P, P, I]
-    lib.sanlab_rms_norm_bwd.restype = I
-    lib.sanlab_gated_residual_bwd.argtypes = [L, I, P, P, I, F, P, P, I]
-    lib.sanlab_gated_residual_bwd.restype = I
+    lib.sanlab_amx_available.argtypes, lib.sanlab_amx_available.restype = [], ctypes.c_int
+    for name, struct in ENTRY_POINTS.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [ctypes.POINTER(struct)], ctypes.c_int
 
 
 def library() -> ctypes.CDLL:
@@ -199,7 +327,7 @@ def library() -> ctypes.CDLL:
             if cc is None:
                 raise NativeUnavailable(f"CC={os.environ['CC']} is not a program on the PATH" if os.environ.get("CC")
                                         else "no C compiler found (set CC, or install gcc or clang)")
-            lib = load(_build(cc))
+            lib = _build_and_load(cc)
         except NativeUnavailable as e:
             _error = str(e)
             raise
@@ -238,10 +366,10 @@ def ready(x) -> bool:  # noqa: ANN001 - a torch.Tensor (torch is not imported he
     return x.device.type == "cpu" and not torch.compiler.is_compiling() and available()
 
 
-def call(fn, *args) -> None:  # noqa: ANN001
-    """`fn(*args)` for a kernel entry point, its status turned into an exception: 2 is
+def call(fn, args: ctypes.Structure) -> None:  # noqa: ANN001
+    """`fn(&args)` for a kernel entry point, its status turned into an exception: 2 is
     MemoryError (a buffer could not be allocated), any other non-zero a RuntimeError."""
-    status = fn(*args)
+    status = fn(ctypes.byref(args))
     if status == 2:
         raise MemoryError(f"{fn.__name__}: out of memory for its buffers")
     if status != 0:

@@ -40,8 +40,9 @@ class _NativeRMSNorm(torch.autograd.Function):
         out = torch.empty(x.shape, dtype=out_dtype)
         r = torch.empty(x.shape[:-1], dtype=torch.float32)
         gain = gain.contiguous()
-        native.call(native.library().sanlab_rms_norm_fwd, x.numel() // d, d, x.data_ptr(), gain.data_ptr(), eps,
-                     out.data_ptr(), int(out_dtype == torch.bfloat16), r.data_ptr(), torch.get_num_threads())
+        native.call(native.library().sanlab_rms_norm_fwd, native.RMSNormArgs(
+            n=x.numel() // d, d=d, x=x.data_ptr(), gain=gain.data_ptr(), eps=eps, r=r.data_ptr(), out=out.data_ptr(),
+            out_bf16=int(out_dtype == torch.bfloat16), nthreads=torch.get_num_threads()))
         ctx.save_for_backward(x, gain, r)
         return out
 
@@ -53,9 +54,10 @@ class _NativeRMSNorm(torch.autograd.Function):
             dy = dy.float().contiguous()
         dx = torch.empty_like(x)
         dgain = torch.empty(d, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        native.call(native.library().sanlab_rms_norm_bwd, x.numel() // d, d, x.data_ptr(), gain.data_ptr(),
-                     r.data_ptr(), dy.data_ptr(), int(dy.dtype == torch.bfloat16), dx.data_ptr(),
-                     None if dgain is None else dgain.data_ptr(), torch.get_num_threads())
+        native.call(native.library().sanlab_rms_norm_bwd, native.RMSNormArgs(
+            n=x.numel() // d, d=d, x=x.data_ptr(), gain=gain.data_ptr(), r=r.data_ptr(), dy=dy.data_ptr(),
+            dy_bf16=int(dy.dtype == torch.bfloat16), dx=dx.data_ptr(), dgain=None if dgain is None else dgain.data_ptr(),
+            nthreads=torch.get_num_threads()))
         return dx, dgain, None, None
 
 
@@ -181,10 +183,10 @@ class _NativeNormRoPE(torch.autograd.Function):
         out = torch.empty(B, h, T, D, dtype=torch.float32)
         r = torch.empty(B, T, h, dtype=torch.float32)
         gain = gain.contiguous()
-        lib = native.library()
-        native.call(lib.sanlab_norm_rope_fwd, B, T, h, D, x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0),
-                     x.stride(1), x.stride(2), gain.data_ptr(), eps, c.data_ptr(), s.data_ptr(), c.stride(0),
-                     c.stride(1), out.data_ptr(), r.data_ptr(), torch.get_num_threads())
+        native.call(native.library().sanlab_norm_rope_fwd, native.NormRoPEArgs(
+            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)), gain=gain.data_ptr(),
+            eps=eps, cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1), r=r.data_ptr(),
+            out=out.data_ptr(), nthreads=torch.get_num_threads()))
         ctx.save_for_backward(x, gain, r, c, s)
         return out.transpose(1, 2)
 
@@ -196,10 +198,10 @@ class _NativeNormRoPE(torch.autograd.Function):
             dy = dy.float().contiguous()
         dx = torch.empty(B, T, h, D, dtype=x.dtype)
         dgain = torch.empty(D, dtype=torch.float32) if ctx.needs_input_grad[1] else None
-        lib = native.library()
-        native.call(lib.sanlab_norm_rope_bwd, B, T, h, D, x.data_ptr(), int(x.dtype == torch.bfloat16), x.stride(0),
-                     x.stride(1), x.stride(2), gain.data_ptr(), r.data_ptr(), c.data_ptr(), s.data_ptr(), c.stride(0),
-                     c.stride(1), dy.data_ptr(), dy.stride(0), dy.stride(2), dy.stride(1), dx.data_ptr(),
-                     int(dx.dtype == torch.bfloat16), None if dgain is None else dgain.data_ptr(),
-                     torch.get_num_threads())
+        native.call(native.library().sanlab_norm_rope_bwd, native.NormRoPEArgs(
+            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)), gain=gain.data_ptr(),
+            cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1), r=r.data_ptr(),
+            dy=native.tensor(dy, sb=dy.stride(0), sh=dy.stride(2), st=dy.stride(1)),
+            dx=native.tensor(dx, sb=dx.stride(0), sh=dx.stride(2), st=dx.stride(1)),
+            dgain=None if dgain is None else dgain.data_ptr(), nthreads=torch.get_num_threads()))
         return dx, None if dgain is None else dgain.to(gain.dtype), None, None, None

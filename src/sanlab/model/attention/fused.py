@@ -38,20 +38,14 @@ def fused_mode(*inputs: torch.Tensor) -> int:
 # `sanlab::qkv_attention` on the raw QKV product with the QK-norm and RoPE applied inside),
 # each with its compiled backward: FlopCounterMode sees them (`accounting` counts them as
 # SDPA's full square), torch.compile traces around them, autograd calls the backward.
-# The C entry points take every operand as (pointer, is-bf16, three strides); the QK-norm
-# arguments are NULL for the plain op.
-_NO_NORM = (None, None, 0.0, None, None, 0, 0)
+# The C entry points take one `sanlab_attn_args` (csrc/sanlab.h; `native.AttnArgs`), each
+# operand a `sanlab_tensor` (pointer, is-bf16, three strides); the QK-norm fields stay NULL
+# for the plain op.
 
 
-def _spec(x: torch.Tensor, sb: int, sh: int, st: int, offset: int = 0) -> tuple[int, int, int, int, int]:
-    """An operand as the C kernels read and write it: element (b, h, t, d) at
-    x.data_ptr() + (offset + b·sb + h·sh + t·st + d) elements; fp32 or bf16."""
-    return x.data_ptr() + offset * x.element_size(), int(x.dtype == torch.bfloat16), sb, sh, st
-
-
-def _native_operand(x: torch.Tensor) -> tuple[int, int, int, int, int]:
+def _operand(x: torch.Tensor) -> native.Tensor:
     """A (B, h, T, D) tensor (d contiguous) as a C operand."""
-    return _spec(x, x.stride(0), x.stride(1), x.stride(2))
+    return native.tensor(x, x.stride(0), x.stride(1), x.stride(2))
 
 
 def _bthd(B: int, T: int, h: int, D: int, dtype: torch.dtype) -> torch.Tensor:
@@ -83,9 +77,9 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, starts: t
     y = _bthd(B, T, H, D, v.dtype)
     out = torch.empty(B, H, T, D, dtype=torch.float32)
     lse = torch.empty(B, H, T, dtype=torch.float32)
-    native.call(lib.sanlab_attn_fwd, B, H, k.shape[1], T, D, *_native_operand(q), *_native_operand(k),
-                 *_native_operand(v), starts.data_ptr(), *_NO_NORM, None, None, out.data_ptr(), lse.data_ptr(),
-                 *_native_operand(y), torch.get_num_threads(), mode)
+    native.call(lib.sanlab_attn_fwd, native.AttnArgs(
+        B=B, H=H, Hkv=k.shape[1], T=T, D=D, q=_operand(q), k=_operand(k), v=_operand(v), start=starts.data_ptr(),
+        out=out.data_ptr(), lse=lse.data_ptr(), y=_operand(y), nthreads=torch.get_num_threads(), mode=mode))
     return y, out, lse
 
 
@@ -110,10 +104,10 @@ def fused_attention_backward(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     dq = torch.empty(B, H, T, D, dtype=q.dtype)
     dk = torch.empty(B, Hkv, T, D, dtype=k.dtype)
     dv = _bthd(B, T, Hkv, D, v.dtype)
-    native.call(lib.sanlab_attn_bwd, B, H, Hkv, T, D, *_native_operand(q), *_native_operand(k), *_native_operand(v),
-                 *_native_operand(dy), starts.data_ptr(), *_NO_NORM, None, None, None, None, out.data_ptr(),
-                 lse.data_ptr(), *_native_operand(dq), *_native_operand(dk), *_native_operand(dv),
-                 torch.get_num_threads(), mode)
+    native.call(lib.sanlab_attn_bwd, native.AttnArgs(
+        B=B, H=H, Hkv=Hkv, T=T, D=D, q=_operand(q), k=_operand(k), v=_operand(v), dout=_operand(dy),
+        start=starts.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(), dq=_operand(dq), dk=_operand(dk),
+        dv=_operand(dv), nthreads=torch.get_num_threads(), mode=mode))
     return dq, dk, dv
 
 
@@ -138,15 +132,17 @@ def _fused_backward(ctx, dy, dout, dlse):  # noqa: ANN001, ANN202 - out and lse 
 torch.library.register_autograd("sanlab::fused_attention", _fused_backward, setup_context=_fused_setup)
 
 
-def _qkv_specs(qkv: torch.Tensor, H: int, Hkv: int, D: int) -> list[tuple[int, int, int, int, int]]:
+def _qkv_operands(qkv: torch.Tensor, H: int, Hkv: int, D: int) -> dict[str, native.Tensor]:
     """q, k and v inside a (B, T, (H + 2·Hkv)·D) QKV tensor: heads D apart, rows st apart."""
     sb, st = qkv.stride(0), qkv.stride(1)
-    return [_spec(qkv, sb, D, st), _spec(qkv, sb, D, st, H * D), _spec(qkv, sb, D, st, (H + Hkv) * D)]
+    return {"q": native.tensor(qkv, sb, D, st), "k": native.tensor(qkv, sb, D, st, H * D),
+            "v": native.tensor(qkv, sb, D, st, (H + Hkv) * D)}
 
 
-def _norm_args(gq: torch.Tensor, gk: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor
-               ) -> tuple[int, int, float, int, int, int, int]:
-    return gq.data_ptr(), gk.data_ptr(), eps, cos.data_ptr(), sin.data_ptr(), cos.stride(0), cos.stride(1)
+def _norm_fields(gq: torch.Tensor, gk: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> dict:
+    """The QK-norm's fields of `native.AttnArgs`."""
+    return {"gq": gq.data_ptr(), "gk": gk.data_ptr(), "eps": eps, "cos": cos.data_ptr(), "sin": sin.data_ptr(),
+            "csb": cos.stride(0), "cst": cos.stride(1)}
 
 
 @torch.library.custom_op("sanlab::qkv_attention", mutates_args=())
@@ -172,10 +168,11 @@ def qkv_attention(qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor, cos: to
     lse = torch.empty(B, heads, T, dtype=torch.float32)
     rq = torch.empty(B, T, heads, dtype=torch.float32)
     rk = torch.empty(B, T, kv_heads, dtype=torch.float32)
-    native.call(lib.sanlab_attn_fwd, B, heads, kv_heads, T, D, *[a for x in _qkv_specs(qkv, heads, kv_heads, D)
-                                                                   for a in x],
-                 starts.data_ptr(), *_norm_args(gq, gk, eps, cos, sin), rq.data_ptr(), rk.data_ptr(), out.data_ptr(),
-                 lse.data_ptr(), *_spec(y, y.stride(0), D, y.stride(1)), torch.get_num_threads(), mode)
+    native.call(lib.sanlab_attn_fwd, native.AttnArgs(
+        B=B, H=heads, Hkv=kv_heads, T=T, D=D, **_qkv_operands(qkv, heads, kv_heads, D), start=starts.data_ptr(),
+        **_norm_fields(gq, gk, eps, cos, sin), rq=rq.data_ptr(), rk=rk.data_ptr(), out=out.data_ptr(),
+        lse=lse.data_ptr(), y=native.tensor(y, y.stride(0), D, y.stride(1)), nthreads=torch.get_num_threads(),
+        mode=mode))
     return y, out, lse, rq, rk
 
 
@@ -203,11 +200,13 @@ def qkv_attention_backward(dy: torch.Tensor, qkv: torch.Tensor, gq: torch.Tensor
     dqkv = torch.empty(B, T, W, dtype=qkv.dtype)
     dgq = torch.empty(D, dtype=torch.float32)
     dgk = torch.empty(D, dtype=torch.float32)
-    native.call(lib.sanlab_attn_bwd, B, heads, kv_heads, T, D,
-                 *[a for x in _qkv_specs(qkv, heads, kv_heads, D) for a in x],
-                 *_spec(dy, dy.stride(0), D, dy.stride(1)), starts.data_ptr(), *_norm_args(gq, gk, eps, cos, sin),
-                 rq.data_ptr(), rk.data_ptr(), dgq.data_ptr(), dgk.data_ptr(), out.data_ptr(), lse.data_ptr(),
-                 *[a for x in _qkv_specs(dqkv, heads, kv_heads, D) for a in x], torch.get_num_threads(), mode)
+    grads = _qkv_operands(dqkv, heads, kv_heads, D)
+    native.call(lib.sanlab_attn_bwd, native.AttnArgs(
+        B=B, H=heads, Hkv=kv_heads, T=T, D=D, **_qkv_operands(qkv, heads, kv_heads, D),
+        dout=native.tensor(dy, dy.stride(0), D, dy.stride(1)), start=starts.data_ptr(),
+        **_norm_fields(gq, gk, eps, cos, sin), rq=rq.data_ptr(), rk=rk.data_ptr(), dgq=dgq.data_ptr(),
+        dgk=dgk.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(), dq=grads["q"], dk=grads["k"], dv=grads["v"],
+        nthreads=torch.get_num_threads(), mode=mode))
     return dqkv, dgq, dgk
 
 

@@ -20,6 +20,7 @@
    vectors are the target's native width (common.h): AVX-512, AVX2 or NEON. */
 
 #include "attention.h"
+#include "sanlab.h"
 
 /* ------------------------------------------------------------------ micro-kernels */
 
@@ -276,52 +277,35 @@ static int setup(Attn *a, int B, int H, int Hkv, int T, int D, int mode)
     return 0;
 }
 
-int sanlab_attn_fwd(int B, int H, int Hkv, int T, int D,
-                    const void *q, int q_bf16, long qsb, long qsh, long qst,
-                    const void *k, int k_bf16, long ksb, long ksh, long kst,
-                    const void *v, int v_bf16, long vsb, long vsh, long vst,
-                    const int32_t *start,
-                    const float *gq, const float *gk, float eps, const float *cos, const float *sin, long csb, long cst,
-                    float *rq, float *rk,
-                    float *out, float *lse, void *y, int y_bf16, long ysb, long ysh, long yst,
-                    int nthreads, int mode)
+static Input input(const sanlab_tensor *x) { return (Input){x->data, x->bf16, x->sb, x->sh, x->st}; }
+static Output output(const sanlab_tensor *x) { return (Output){x->data, x->bf16, x->sb, x->sh, x->st}; }
+
+int sanlab_attn_fwd(const sanlab_attn_args *p)
 {
-    QKNorm nm = {gq, gk, eps, cos, sin, csb, cst, rq, rk, NULL, NULL};
-    Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
-              .start = start, .norm = gq ? &nm : NULL, .out = out, .lse = lse, .y = {y, y_bf16, ysb, ysh, yst},
-              .nthreads = nthreads};
-    if (setup(&a, B, H, Hkv, T, D, mode)) return 1;
-    return mode == 0 && amx_available() ? attn_fwd_amx(&a) : fwd_fp32(&a);
+    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL};
+    Attn a = {.q = input(&p->q), .k = input(&p->k), .v = input(&p->v), .start = p->start,
+              .norm = p->gq ? &nm : NULL, .out = p->out, .lse = p->lse, .y = output(&p->y), .nthreads = p->nthreads};
+    if (setup(&a, p->B, p->H, p->Hkv, p->T, p->D, p->mode)) return 1;
+    return p->mode == 0 && amx_available() ? attn_fwd_amx(&a) : fwd_fp32(&a);
 }
 
-int sanlab_attn_bwd(int B, int H, int Hkv, int T, int D,
-                    const void *q, int q_bf16, long qsb, long qsh, long qst,
-                    const void *k, int k_bf16, long ksb, long ksh, long kst,
-                    const void *v, int v_bf16, long vsb, long vsh, long vst,
-                    const void *dout, int do_bf16, long dsb, long dsh, long dst,
-                    const int32_t *start,
-                    const float *gq, const float *gk, float eps, const float *cos, const float *sin, long csb, long cst,
-                    const float *rq, const float *rk, float *dgq, float *dgk,
-                    const float *out, const float *lse,
-                    void *dq, int dq_bf16, long dqsb, long dqsh, long dqst,
-                    void *dk, int dk_bf16, long dksb, long dksh, long dkst,
-                    void *dv, int dv_bf16, long dvsb, long dvsh, long dvst,
-                    int nthreads, int mode)
+int sanlab_attn_bwd(const sanlab_attn_args *p)
 {
+    const int B = p->B, Hkv = p->Hkv, D = p->D;
     const long parts = (long)B * Hkv * D;
-    QKNorm nm = {gq, gk, eps, cos, sin, csb, cst, (float *)rq, (float *)rk, NULL, NULL};
-    if (gq) { /* dγ per kv-head task, summed below in task order */
+    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL};
+    if (p->gq) { /* dγ per kv-head task, summed below in task order */
         nm.dgq = zalloc(sizeof(float) * parts);
         nm.dgk = zalloc(sizeof(float) * parts);
         if (!nm.dgq || !nm.dgk) { free(nm.dgq); free(nm.dgk); return 2; }
     }
-    Attn a = {.q = {q, q_bf16, qsb, qsh, qst}, .k = {k, k_bf16, ksb, ksh, kst}, .v = {v, v_bf16, vsb, vsh, vst},
-              .dout = {dout, do_bf16, dsb, dsh, dst}, .start = start, .norm = gq ? &nm : NULL, .out = (float *)out,
-              .lse = (float *)lse, .dq = {dq, dq_bf16, dqsb, dqsh, dqst}, .dk = {dk, dk_bf16, dksb, dksh, dkst},
-              .dv = {dv, dv_bf16, dvsb, dvsh, dvst}, .nthreads = nthreads};
-    int status = setup(&a, B, H, Hkv, T, D, mode);
-    if (!status) status = mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
-    if (gq && !status) {
+    Attn a = {.q = input(&p->q), .k = input(&p->k), .v = input(&p->v), .dout = input(&p->dout), .start = p->start,
+              .norm = p->gq ? &nm : NULL, .out = p->out, .lse = p->lse, .dq = output(&p->dq), .dk = output(&p->dk),
+              .dv = output(&p->dv), .nthreads = p->nthreads};
+    int status = setup(&a, B, p->H, Hkv, p->T, D, p->mode);
+    if (!status) status = p->mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
+    if (p->gq && !status) {
+        float *dgq = p->dgq, *dgk = p->dgk;
         for (int d = 0; d < D; d++) dgq[d] = dgk[d] = 0.0f;
         for (long bg = 0; bg < (long)B * Hkv; bg++)
             for (int d = 0; d < D; d++) {

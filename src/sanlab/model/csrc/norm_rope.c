@@ -11,6 +11,7 @@
    not depend on the thread count. */
 
 #include "common.h"
+#include "sanlab.h"
 
 #define CHUNK_ROWS 64 /* (b, t) rows per chunk of dγ's partial sums */
 #define MAX_D 1024
@@ -35,12 +36,13 @@ static inline void rotate(float *y, const float *n, float r, const float *gc1, c
 }
 
 /* x row (b, t, head) at x[b·sb + t·st + head·sh]; tables row (b, t) at c[b·csb + t·cst]. */
-int sanlab_norm_rope_fwd(int B, int T, int h, int D,
-                         const void *x, int x_bf16, long xsb, long xst, long xsh,
-                         const float *gain, float eps,
-                         const float *c, const float *s, long csb, long cst,
-                         float *out, float *r, int nthreads)
+int sanlab_norm_rope_fwd(const sanlab_norm_rope_args *a)
 {
+    const int B = a->B, T = a->T, h = a->h, D = a->D, x_bf16 = a->x.bf16, nthreads = a->nthreads;
+    const void *x = a->x.data;
+    const long xsb = a->x.sb, xst = a->x.st, xsh = a->x.sh, csb = a->csb, cst = a->cst;
+    const float *gain = a->gain, *c = a->cos, *s = a->sin, eps = a->eps;
+    float *out = a->out, *r = a->r;
     if (D % 2 != 0 || D > MAX_D) return 1;
     const int half = D / 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
@@ -66,14 +68,18 @@ int sanlab_norm_rope_fwd(int B, int T, int h, int D,
 }
 
 /* dy row (b, head, t) at dy[b·dsb + head·dsh + t·dst] (fp32); dx (B, T, h, D) contiguous
-   in x's dtype; dgain (D) fp32, or NULL when the gain needs no gradient. */
-int sanlab_norm_rope_bwd(int B, int T, int h, int D,
-                         const void *x, int x_bf16, long xsb, long xst, long xsh,
-                         const float *gain, const float *r,
-                         const float *c, const float *s, long csb, long cst,
-                         const float *dy, long dsb, long dsh, long dst,
-                         void *dx, int dx_bf16, float *dgain, int nthreads)
+   in its dtype; dgain (D) fp32, or NULL when the gain needs no gradient. */
+int sanlab_norm_rope_bwd(const sanlab_norm_rope_args *a)
 {
+    if (a->dy.bf16) return 1;
+    const int B = a->B, T = a->T, h = a->h, D = a->D, x_bf16 = a->x.bf16, dx_bf16 = a->dx.bf16;
+    const int nthreads = a->nthreads;
+    const void *x = a->x.data;
+    void *dx = a->dx.data;
+    const long xsb = a->x.sb, xst = a->x.st, xsh = a->x.sh, csb = a->csb, cst = a->cst;
+    const long dsb = a->dy.sb, dsh = a->dy.sh, dst = a->dy.st;
+    const float *gain = a->gain, *r = a->r, *c = a->cos, *s = a->sin, *dy = a->dy.data;
+    float *dgain = a->dgain;
     if (D % 2 != 0 || D > MAX_D) return 1;
     const int half = D / 2;
     const long rows = (long)B * T, nchunks = (rows + CHUNK_ROWS - 1) / CHUNK_ROWS;

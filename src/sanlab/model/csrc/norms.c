@@ -9,6 +9,7 @@
    they do not depend on the thread count. */
 
 #include "common.h"
+#include "sanlab.h"
 
 #define CHUNK_ROWS 64
 
@@ -21,9 +22,13 @@ static inline void scaled_store(void *out, int bf16, long off, const float *x, f
 }
 
 /* x (n, d) fp32 contiguous; out (n, d) fp32 or bf16; r (n) fp32 */
-int sanlab_rms_norm_fwd(long n, int d, const float *x, const float *gain, float eps, void *out, int out_bf16,
-                        float *r, int nthreads)
+int sanlab_rms_norm_fwd(const sanlab_rms_norm_args *a)
 {
+    const long n = a->n;
+    const int d = a->d, out_bf16 = a->out_bf16, nthreads = a->nthreads;
+    const float *x = a->x, *gain = a->gain, eps = a->eps;
+    void *out = a->out;
+    float *r = a->r;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (long i = 0; i < n; i++) {
         const float *xi = x + i * d;
@@ -35,9 +40,13 @@ int sanlab_rms_norm_fwd(long n, int d, const float *x, const float *gain, float 
 }
 
 /* dy (n, d) fp32 or bf16 contiguous; dx (n, d) fp32; dgain (d) or NULL */
-int sanlab_rms_norm_bwd(long n, int d, const float *x, const float *gain, const float *r, const void *dy, int dy_bf16,
-                        float *dx, float *dgain, int nthreads)
+int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a)
 {
+    const long n = a->n;
+    const int d = a->d, dy_bf16 = a->dy_bf16, nthreads = a->nthreads;
+    const float *x = a->x, *gain = a->gain, *r = a->r;
+    const void *dy = a->dy;
+    float *dx = a->dx, *dgain = a->dgain;
     const long nchunks = (n + CHUNK_ROWS - 1) / CHUNK_ROWS;
     float *partial = dgain ? zalloc(sizeof(float) * nchunks * d) : NULL;
     if (dgain && !partial) return 2;
@@ -85,9 +94,14 @@ int sanlab_rms_norm_bwd(long n, int d, const float *x, const float *gain, const 
 
 /* dy (count) fp32; h (count) fp32 or bf16; dh written in h's dtype; *dg = σ(1 − σ)·Σ dy⊙h,
    summed over fixed chunks of CHUNK_ROWS·d values */
-int sanlab_gated_residual_bwd(long count, int d, const float *dy, const void *h, int h_bf16, float sigma, void *dh,
-                              float *dg, int nthreads)
+int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a)
 {
+    const long count = a->count;
+    const int d = a->d, h_bf16 = a->h_bf16, nthreads = a->nthreads;
+    const float *dy = a->dy, sigma = a->sigma;
+    const void *h = a->h;
+    void *dh = a->dh;
+    float *dg = a->dg;
     const long span = (long)CHUNK_ROWS * d, nchunks = (count + span - 1) / span;
     float *partial = zalloc(sizeof(float) * (nchunks > 0 ? nchunks : 1));
     if (!partial) return 2;
