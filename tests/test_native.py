@@ -551,3 +551,152 @@ def test_the_kernels_built_for_other_x86_cpus(march, tmp_path, monkeypatch):
     test_native_norm_rope_matches_the_formula(torch.bfloat16)
     test_native_rms_norm_matches_the_formula(torch.bfloat16)
     test_native_gated_residual_matches_the_formula(torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- the C interface (csrc/sanlab.h)
+
+_C_TYPES = {"int32_t": "c_int", "int64_t": "c_long", "float": "c_float"}
+
+
+def _header_structs() -> dict[str, list[tuple[str, str]]]:
+    """csrc/sanlab.h's structs, in order: name -> [(field, C type)], a pointer typed "void *"."""
+    import re
+
+    text = re.sub(r"/\*.*?\*/", "", native.HEADER.read_text(), flags=re.S)
+    structs = {}
+    for body, name in re.findall(r"typedef struct \{(.*?)\} (\w+);", text, flags=re.S):
+        fields = []
+        for line in filter(None, (ln.strip() for ln in body.splitlines())):
+            m = re.fullmatch(r"(?:const )?(\w+) (\*?)(\w+);", line)
+            assert m, f"sanlab.h: one field a line, `type name;` ({line!r})"
+            fields.append((m.group(3), "void *" if m.group(2) else m.group(1)))
+        structs[name] = fields
+    return structs
+
+
+def test_the_ctypes_structs_mirror_the_header():
+    """native.py's ctypes structs are csrc/sanlab.h's, field by field (names, order, types),
+    in the order `sanlab_abi_sizes` reports them; each entry point takes its struct."""
+    import ctypes
+    import re
+
+    header = _header_structs()
+    assert list(header) == ["sanlab_tensor", "sanlab_attn_args", "sanlab_norm_rope_args", "sanlab_rms_norm_args",
+                            "sanlab_gated_residual_args"]
+    assert len(header) == len(native.STRUCTS)
+    for (cname, cfields), struct in zip(header.items(), native.STRUCTS):
+        assert [f for f, _ in cfields] == [f for f, _ in struct._fields_], cname
+        for (field, ctype), (_, pytype) in zip(cfields, struct._fields_):
+            if ctype == "void *":
+                assert pytype is ctypes.c_void_p, (cname, field)
+            elif ctype == "sanlab_tensor":
+                assert pytype is native.Tensor, (cname, field)
+            else:
+                assert ctypes.sizeof(pytype) == ctypes.sizeof(getattr(ctypes, _C_TYPES[ctype])), (cname, field)
+                assert (pytype is ctypes.c_float) == (ctype == "float"), (cname, field)
+    text = native.HEADER.read_text()
+    for name, struct in native.ENTRY_POINTS.items():
+        arg = {s: c for s, c in zip(native.STRUCTS, header)}[struct]
+        assert re.search(rf"^int {name}\(const {arg} \*a\);$", text, re.M), name
+    assert int(re.search(r"#define SANLAB_ABI_VERSION (\d+)", text).group(1)) == native.ABI_VERSION
+    assert "SANLAB_ABI_VERSION" in (native.CSRC / "library.c").read_text()  # the library reports the header's
+
+
+def test_the_loaded_library_reports_the_interface_and_a_changed_expectation_is_refused(monkeypatch):
+    """The library built here matches: version and struct sizes. Expecting another version
+    (or other struct sizes) turns the same library into a one-line refusal."""
+    lib = native.library()
+    assert native.abi_mismatch(lib) is None and lib.sanlab_abi_version() == native.ABI_VERSION
+    monkeypatch.setattr(native, "ABI_VERSION", native.ABI_VERSION + 1)
+    assert native.abi_mismatch(lib) == f"ABI {native.ABI_VERSION - 1}, expected {native.ABI_VERSION}"
+    monkeypatch.undo()
+
+    class Wider(native.ctypes.Structure):
+        _fields_ = [*native.Tensor._fields_, ("extra", native.ctypes.c_int64)]
+
+    monkeypatch.setattr(native, "STRUCTS", (Wider, *native.STRUCTS[1:]))
+    assert native.abi_mismatch(lib).startswith("struct sizes [40, ")
+
+
+@pytest.fixture(scope="module")
+def other_abi_library(tmp_path_factory):
+    """The kernels built from these sources with the header's ABI version plus one."""
+    import shutil
+
+    d = tmp_path_factory.mktemp("other-abi")
+    csrc = d / "csrc"
+    shutil.copytree(native.CSRC, csrc)
+    header = csrc / "sanlab.h"
+    v = native.ABI_VERSION
+    header.write_text(header.read_text().replace(f"#define SANLAB_ABI_VERSION {v}\n", f"#define SANLAB_ABI_VERSION {v + 1}\n"))
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(native, "CSRC", csrc)
+        target = d / "other.so"
+        assert native.compile_library(native.compiler(), native.FLAG_SETS[0], target) is None
+    return target
+
+
+def test_a_library_of_another_abi_version_is_a_one_line_error(other_abi_library, tmp_path):
+    """Loading a build of another ABI version, or a library without the interface (an
+    older build had no sanlab_abi_sizes), is NativeUnavailable in one line; nothing in it
+    is called but its identity."""
+    with pytest.raises(native.NativeUnavailable) as e:
+        native.load(other_abi_library)
+    msg = str(e.value)
+    assert "\n" not in msg and f"ABI {native.ABI_VERSION + 1}, expected {native.ABI_VERSION}" in msg
+    src = tmp_path / "old.c"
+    src.write_text("int sanlab_abi_version(void) { return 2; }\n")
+    old = tmp_path / "old.so"
+    subprocess.run([native.compiler(), "-shared", "-fPIC", "-o", str(old), str(src)], check=True)
+    with pytest.raises(native.NativeUnavailable, match=r"not a build of this interface") as e:
+        native.load(old)
+    assert "\n" not in str(e.value)
+
+
+def test_a_stale_cached_build_is_rebuilt_and_one_that_cannot_match_is_refused(other_abi_library, tmp_path,
+                                                                            monkeypatch):
+    """A cache file under the current key that reports another ABI (copied in from another
+    build, say) is compiled again and replaced; the model gets the kernels. Where the
+    rebuild cannot match either (these sources against another expectation), the kernels
+    are unavailable with a one-line reason, the model falls back, and no file is left over."""
+    import shutil
+
+    monkeypatch.setenv("SANLAB_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_error", None)
+    target, _ = next(native._candidates(native.compiler()))
+    shutil.copy(other_abi_library, target)
+    lib = native.library()
+    assert lib.sanlab_abi_version() == native.ABI_VERSION and native.abi_mismatch(lib) is None
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # replaced in place
+    probe = "import ctypes, sys; print(ctypes.CDLL(sys.argv[1]).sanlab_abi_version())"
+    now = subprocess.run([sys.executable, "-c", probe, str(target)], capture_output=True, text=True, check=True)
+    assert int(now.stdout) == native.ABI_VERSION
+
+    # a rebuild that still reports another ABI: refused in one line, the model still runs
+    monkeypatch.setenv("SANLAB_KERNEL_CACHE", str(tmp_path / "cache2"))
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_error", None)
+    target, _ = next(native._candidates(native.compiler()))
+    shutil.copy(other_abi_library, target)
+    monkeypatch.setattr(native, "compile_library", lambda cc, flags, out: shutil.copy(other_abi_library, out) and None)
+    assert not native.available()
+    reason = native.unavailable_reason()
+    assert "\n" not in reason and f"ABI {native.ABI_VERSION + 1}, expected {native.ABI_VERSION}" in reason
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]  # the failed rebuild removed
+    from sanlab.config import ModelConfig
+    from sanlab.model.lm import LM
+
+    model = LM(ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=64))
+    assert torch.isfinite(model(torch.zeros(1, 8, dtype=torch.long))).all()
+
+
+def test_the_cache_key_names_the_instruction_set(monkeypatch):
+    """A build for another instruction set (a cache shared with another CPU) has another
+    key, so it is never loaded here: the ISA the flags target is part of the key."""
+    cc = native.compiler()
+    here = [p for p, _ in native._candidates(cc)]
+    assert native.isa(cc, native.FLAG_SETS[0])  # (gcc and clang both list their predefined ISA macros)
+    monkeypatch.setattr(native, "isa", lambda cc, flags: "__SOME_OTHER_CPU__")
+    other = [p for p, _ in native._candidates(cc)]
+    assert len(here) == len(other) == len(native.FLAG_SETS) and not set(here) & set(other)

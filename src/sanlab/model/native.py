@@ -1,15 +1,23 @@
 """Compiled CPU kernels: C sources in `csrc/`, built on first use and loaded with ctypes.
 
 The fused attention kernel (`csrc/attention.c`, `csrc/attention_amx.c`), QK-norm + RoPE
-(`csrc/norm_rope.c`), RMS norm and the gated residual's backward (`csrc/norms.c`) are plain C with GCC vector extensions and OpenMP: they include
-only the C library, so the library builds with the system C compiler in about a second
-(`cc -O3 -march=native -fopenmp`), without PyTorch's headers, ninja or a Python build
-step, and a missing compiler costs speed, never correctness (`sanlab.model.kernels`
-falls back to its PyTorch kernels). The build is cached per source, compiler, flags
-and CPU, so it happens once per machine:
+(`csrc/norm_rope.c`), RMS norm and the gated residual's backward (`csrc/norms.c`) are
+plain C with GCC vector extensions and OpenMP: they include only the C library, so the
+library builds with the system C compiler in about a second (`cc -O3 -march=native
+-fopenmp`), without PyTorch's headers, ninja or a Python build step, and a missing
+compiler costs speed, never correctness (the model falls back to its PyTorch kernels).
+The build is cached per source, compiler, flags, CPU and the instruction set the flags
+target (`isa`), so it happens once per machine, and a cache shared with another CPU never
+hands this one a library it cannot run:
 
     $SANLAB_KERNEL_CACHE, else $XDG_CACHE_HOME/sanlab/kernels, else ~/.cache/sanlab/kernels
     (a temporary directory if none of these can be written)
+
+The interface is `csrc/sanlab.h`: each entry point takes one struct, mirrored here by a
+`ctypes.Structure` whose fields are set by name (`AttnArgs`, …). A loaded library must
+report the header's `SANLAB_ABI_VERSION` and its struct sizes (`abi_mismatch`); a cached
+build that does not is compiled again, and one that still does not is
+`NativeUnavailable` (one line), never a call with the wrong layout.
 
 The library is compiled with `-fopenmp` and loaded after torch, so its OpenMP calls
 resolve to the runtime torch already loaded (one thread pool, `torch.get_num_threads()`
@@ -30,6 +38,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 CSRC = Path(__file__).parent / "csrc"
 HEADER = CSRC / "sanlab.h"  # the interface: the entry points' structs and SANLAB_ABI_VERSION
@@ -219,20 +228,27 @@ def compile_library(cc: str, flags: tuple[str, ...], target: Path) -> str | None
     return None
 
 
-def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
-    """The library for this source, compiler, flags and CPU (`isa`): from the cache, or
-    compiled into it. Returns its path and the flags it was built with."""
+def _candidates(cc: str) -> Iterator[tuple[Path, tuple[str, ...]]]:
+    """Where each flag set's build of these sources by `cc` lives in the cache, in the order
+    they are tried: keyed by the sources, the compiler and its version, the flags, the CPU
+    and the instruction set the flags target (`isa`)."""
     source = b"\0".join(f.name.encode() + b"\0" + f.read_bytes() for f in [*sources(), *sorted(CSRC.glob("*.h"))])
     version = _compiler_version(cc)
     d = cache_dir()
     if not _writable(d):
         d = Path(tempfile.gettempdir()) / f"sanlab-kernels-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
         d.mkdir(parents=True, exist_ok=True)
-    errors = []
     for flags in FLAG_SETS:
         key = hashlib.sha256(b"\0".join([source, cc.encode(), version.encode(), " ".join(BASE_FLAGS + flags).encode(),
                                           _cpu_signature().encode(), isa(cc, flags).encode()])).hexdigest()[:16]
-        target = d / f"sanlab-kernels-{key}.so"
+        yield d / f"sanlab-kernels-{key}.so", flags
+
+
+def _build(cc: str) -> tuple[Path, tuple[str, ...]]:
+    """The library for these sources, compiler and CPU: from the cache, or compiled into it
+    with the first flag set that compiles. Returns its path and its flags."""
+    errors = []
+    for target, flags in _candidates(cc):
         if target.exists():
             return target, flags
         error = compile_library(cc, flags, target)
