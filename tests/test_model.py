@@ -902,3 +902,72 @@ def test_torch_compile_matches_eager(ffn):
     seg = torch.tensor([[0] * 7 + [1] * 13, [0] * 20])
     _assert_same_training_loss(model, [model, torch.compile(model)], tokens, seg, 1e-4,
                                tols=((False, 1e-5), (True, 2e-2)))
+
+
+# --------------------------------------------------------------------------- attention within a window
+
+
+def _window_definition(seg: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(B, 1, T, T): query i sees key j when they share a document, j ≤ i and i − j < window."""
+    T = seg.shape[1]
+    allowed = torch.zeros(seg.shape[0], 1, T, T, dtype=torch.bool)
+    for b, i, j in itertools.product(range(seg.shape[0]), range(T), range(T)):
+        allowed[b, 0, i, j] = bool(seg[b, i] == seg[b, j]) and j <= i and (window is None or i - j < window)
+    return allowed
+
+
+def test_window_masks_are_the_definition():
+    """The dense mask with a window is the definition; each row's first key (the fused
+    kernel's form) is where that row's allowed keys begin; a recurring segment id has no
+    first-key form; a window is a positive int or None."""
+    from sanlab.model.attention import masks
+
+    seg = torch.tensor([[0] * 4 + [1] * 9 + [2] * 3, [0] * 16])
+    recurring = torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2] * 2])
+    for window in (None, 1, 2, 5, 16, 40):
+        allowed = masks.dense_mask(seg, window)
+        assert torch.equal(allowed, _window_definition(seg, window)), window
+        first = masks.row_starts(seg, segment_positions(seg), False, window)
+        assert first.dtype == torch.int32
+        assert torch.equal(first.long(), allowed[:, 0].int().argmax(-1)), window  # (the first True of each row)
+        assert torch.equal(masks.dense_mask(recurring, window), _window_definition(recurring, window))
+        assert masks.row_starts(recurring, segment_positions(recurring), False, window) is None
+    for bad in (0, -3, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="attention window"):
+            masks.check_window(bad)
+
+
+@pytest.mark.parametrize("backend", ["explicit", "sdpa", "pattern"])
+def test_attend_within_a_window_on_every_backend(backend):
+    """`attend(..., window=)` on the explicit kernel, SDPA and the pattern hook's path equals
+    the formula with the windowed mask (output and gradients from fp64 inputs, packed
+    documents, GQA); a window as long as the row is no window at all; a window of 0 is
+    refused."""
+    from sanlab.model.attention import attend, build_context
+    from sanlab.model.layers import HookPoint
+
+    torch.manual_seed(0)
+    B, H, Hkv, T, D, W = 2, 4, 2, 19, 8, 4
+    seg = torch.tensor([[0] * 6 + [1] * 13, [0] * 2 + [1] * 3 + [2] * 14])
+    ctx = build_context(tiny(attn_backend="sdpa" if backend == "sdpa" else "explicit"), seg, seg)
+    hook = None
+    if backend == "pattern":
+        hook = HookPoint()
+        seen = []
+        hook.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
+    leaves = [torch.randn(B, h, T, D, dtype=torch.float64, requires_grad=True) for h in (H, Hkv, Hkv)]
+    dout = torch.randn(B, H, T, D, dtype=torch.float64)
+    out = attend(*leaves, ctx, hook, window=W)
+    grads = torch.autograd.grad(out, leaves, dout)
+    ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
+    ref = explicit_kernel.attention_reference(*ref_leaves, _window_definition(seg, W)).double()
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dout)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)  # (attention_reference computes in fp32)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r.double(), rtol=1e-5, atol=1e-6)
+    if backend == "pattern":
+        assert torch.equal(seen[0] > 0, _window_definition(seg, W).expand(B, H, T, T))
+    with torch.no_grad():
+        assert torch.equal(attend(*leaves, ctx, hook, window=T), attend(*leaves, ctx, hook))
+        with pytest.raises(ValueError, match="attention window"):
+            attend(*leaves, ctx, hook, window=0)

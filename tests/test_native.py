@@ -43,14 +43,26 @@ def _documents(B: int, T: int, seed: int) -> torch.Tensor:
     return seg
 
 
-def _starts(seg: torch.Tensor) -> torch.Tensor:
-    return (torch.arange(seg.shape[1]) - segment_positions(seg)).to(torch.int32).contiguous()
+def _starts(seg: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Each row's first visible key: its document's start, or the window's if later."""
+    idx = torch.arange(seg.shape[1])
+    first = idx - segment_positions(seg)
+    if window is not None:
+        first = torch.maximum(first, idx - (window - 1))
+    return first.to(torch.int32).contiguous()
 
 
-def _reference(q, k, v, seg, dout):  # noqa: ANN001, ANN202
+def _allowed(seg: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(B, 1, T, T): key j for query i when both are in one document, j ≤ i, and i − j < window."""
+    T = seg.shape[1]
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    near = (i - j < window) if window is not None else torch.ones(T, T, dtype=torch.bool)
+    return ((seg[:, :, None] == seg[:, None, :]) & (j <= i) & near)[:, None]
+
+
+def _reference(q, k, v, seg, dout, window=None):  # noqa: ANN001, ANN202
     """Output and (dq, dk, dv) in fp64 by autograd through the plain formula with the dense mask."""
-    T = q.shape[2]
-    allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
+    allowed = _allowed(seg, window)
     leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
     out = explicit_kernel.attention_reference(*leaves, allowed).double()
     out.backward(dout.double())
@@ -92,6 +104,39 @@ def test_fused_attention_matches_the_formula(B, H, Hkv, T, D, mode):
             assert _rel(got, want) < TOL[mode]
         else:  # T = 1: q and k get no gradient (dP − δ cancels: to rounding on AMX)
             assert got.abs().max() < 10 * TOL[mode]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("B,H,Hkv,T,D,window", [
+    (2, 4, 2, 37, 32, 1),     # a token sees itself only
+    (2, 4, 2, 37, 32, 7),     # windows inside a block, documents shorter and longer
+    (1, 4, 1, 300, 64, 40),   # blocks of rows whose first keys move past the block's start
+    (1, 2, 1, 300, 32, 129),  # a window that is not a multiple of any panel
+    (2, 2, 2, 130, 16, 500),  # a window longer than the row: the document mask alone
+])
+def test_fused_attention_within_a_window_matches_the_formula(B, H, Hkv, T, D, window, mode):
+    """Sliding-window attention on the fused kernel, given as each row's first key
+    max(document start, i − window + 1): output and gradients against fp64 autograd through
+    `attention_reference` with the windowed mask, documents packed in the rows."""
+    torch.manual_seed(T + window)
+    seg = _documents(B, T, seed=T + window)
+    q, k, v = torch.randn(B, H, T, D), torch.randn(B, Hkv, T, D), torch.randn(B, Hkv, T, D)
+    dout = torch.randn(B, H, T, D)
+    ref, ref_grads = _reference(q, k, v, seg, dout, window)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, _, _ = fused_kernel.fused_attention(*leaves, _starts(seg, window), mode)
+    out.backward(dout)
+    assert _rel(out, ref) < TOL[mode]
+    for got, want in zip((t.grad for t in leaves), ref_grads):  # (window 1: q and k get no gradient)
+        assert _rel(got, want) < TOL[mode] if want.norm() > 0 else got.abs().max() < 10 * TOL[mode]
+    seg_q, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.float32, seed=window)
+    ref, ref_grads = _qkv_reference(qkv, gq, gk, 1e-6, seg_q, H, Hkv, dy, window)  # the one-op QKV path too
+    leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
+    y = fused_kernel.qkv_attention(*leaves, cos, sin, _starts(seg_q, window), 1e-6, H, Hkv, mode)[0]
+    y.backward(dy)
+    assert _rel(y, ref) < TOL[mode]
+    for got, want in zip((t.grad for t in leaves), ref_grads):
+        assert _rel(got, want) < 2 * TOL[mode] if want.norm() > 0 else got.abs().max() < 10 * TOL[mode]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -279,7 +324,7 @@ def test_a_run_records_its_attention_kernel(train_data_dir, tmp_path):
     assert device["attention"] == ("fused/amx" if amx else "fused/portable")
 
 
-def _qkv_reference(qkv, gq, gk, eps, seg, H, Hkv, dy):  # noqa: ANN001, ANN202
+def _qkv_reference(qkv, gq, gk, eps, seg, H, Hkv, dy, window=None):  # noqa: ANN001, ANN202
     """SoftmaxAttention's path written out in fp64: split, per-head QK-norm then RoPE
     (`norm_rope_reference`, positions restarting per document), attention, heads merged."""
     from sanlab.model.layers import rope_tables
@@ -293,8 +338,8 @@ def _qkv_reference(qkv, gq, gk, eps, seg, H, Hkv, dy):  # noqa: ANN001, ANN202
     q, k, v = x.split([H * D, Hkv * D, Hkv * D], dim=-1)
     q = norms.norm_rope_reference(q.reshape(B, T, H, D), g1, eps, c, s).transpose(1, 2)
     k = norms.norm_rope_reference(k.reshape(B, T, Hkv, D), g2, eps, c, s).transpose(1, 2)
-    allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
-    y = explicit_kernel.attention_reference(q, k, v.reshape(B, T, Hkv, D).transpose(1, 2), allowed).double()
+    y = explicit_kernel.attention_reference(q, k, v.reshape(B, T, Hkv, D).transpose(1, 2),
+                                            _allowed(seg, window)).double()
     y = y.transpose(1, 2).reshape(B, T, H * D)
     y.backward(dy.double())
     return y.detach(), [t.grad for t in leaves]

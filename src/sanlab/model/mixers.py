@@ -851,3 +851,8 @@ class SwiGLU(StateMixer):
 
 def build_state_mixer(cfg: ModelConfig) -> StateMixer:
     return state_mixer_class(cfg.state_mixer)(cfg, NoOptions())
+
+
+# Mixers written in modules of their own register when their module is imported: imported
+# here, so every name is in the registry wherever the registry is read.
+import sanlab.model.sliding_window  # noqa: E402, F401

@@ -17,17 +17,18 @@ from sanlab.model.layers import rope_tables
 
 @dataclass
 class AttentionContext:
-    """Per-batch data every attention layer shares: RoPE tables and the document mask.
+    """Per-batch data every attention layer shares: RoPE tables, positions, the backend and
+    the masks.
 
-    Built once per forward pass in `LM.forward`, not once per layer; masks are built
-    on first use and cached.
+    Built once per forward pass in `LM.forward`, not once per layer; each mask is built
+    on first use and cached (per window, for layers that attend within one).
     """
 
     segment_ids: torch.Tensor  # (B, T)
     positions: torch.Tensor  # (B, T) position within the document
     cos: torch.Tensor  # (B, T, 1, head_dim)
     sin: torch.Tensor  # (B, T, 1, head_dim)
-    backend: str  # "explicit" | "sdpa" | "flex"
+    backend: str  # "fused" | "explicit" | "sdpa" | "flex" (`dispatch.resolve_backend`)
     single_document: bool = False  # every row is one document (no segment ids given)
     embedded: torch.Tensor | None = None  # (B, T, d) the scaled input embedding (static_emb_qk)
     # Q/K source stream of rnd_emb_qk / fixed_seq_qk: per layer its input on the fixed
@@ -35,11 +36,11 @@ class AttentionContext:
     qk_stream: dict[int, torch.Tensor] | None = None
     qk_record: dict[int, torch.Tensor] = field(default_factory=dict)
     _static_qk: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
-    _dense_mask: torch.Tensor | None = None
-    _block_mask: object | None = None
-    _additive: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
-    _row_starts: torch.Tensor | None = None
-    _row_starts_known: bool = False
+    # the masks, built on first use, by window (None: the whole document)
+    _dense: dict[int | None, torch.Tensor] = field(default_factory=dict)
+    _starts: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
+    _additive: dict[tuple[torch.dtype, int | None], torch.Tensor] = field(default_factory=dict)
+    _block: dict[int | None, object] = field(default_factory=dict)
 
     def static_qk_input(self, dtype: torch.dtype) -> torch.Tensor:
         """The input embedding RMS-normalised (no gain), in `dtype`: StaticEmbQK's Q/K input."""
@@ -48,33 +49,45 @@ class AttentionContext:
             self._static_qk[dtype] = (x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()).to(dtype)
         return self._static_qk[dtype]
 
+    def allowed(self, window: int | None = None) -> torch.Tensor:
+        """(B, 1, T, T) bool, True where a query may see a key: causal, same document, and
+        with a window the last `window` keys (`masks.dense_mask`)."""
+        if window not in self._dense:
+            self._dense[window] = masks.dense_mask(self.segment_ids, window)
+        return self._dense[window]
+
+    def first_keys(self, window: int | None = None) -> torch.Tensor | None:
+        """(B, T) int32: the first key each query may see (`masks.row_starts`); None where a
+        segment id recurs after another (the fused kernel then does not run)."""
+        if window not in self._starts:
+            self._starts[window] = masks.row_starts(self.segment_ids, self.positions, self.single_document, window)
+        return self._starts[window]
+
+    def additive_mask(self, dtype: torch.dtype, window: int | None = None) -> torch.Tensor:
+        """(B, 1, T, T): 0 where attention is allowed (`allowed(window)`), -inf elsewhere."""
+        if (dtype, window) not in self._additive:
+            self._additive[dtype, window] = masks.additive_mask(self.allowed(window), dtype)
+        return self._additive[dtype, window]
+
+    def flex_block_mask(self, window: int | None = None) -> object:
+        """FlexAttention's block mask of `allowed(window)`."""
+        if window not in self._block:
+            self._block[window] = masks.block_mask(self.segment_ids, window)
+        return self._block[window]
+
     @property
     def dense_mask(self) -> torch.Tensor:
         """(B, 1, T, T) bool: causal AND same document. True = may attend."""
-        if self._dense_mask is None:
-            self._dense_mask = masks.dense_mask(self.segment_ids)
-        return self._dense_mask
+        return self.allowed()
 
     @property
     def row_starts(self) -> torch.Tensor | None:
-        """(B, T) int32: the first key each query may see (`masks.row_starts`); None where a
-        segment id recurs after another (the fused kernel then does not run)."""
-        if not self._row_starts_known:
-            self._row_starts = masks.row_starts(self.segment_ids, self.positions, self.single_document)
-            self._row_starts_known = True
-        return self._row_starts
-
-    def additive_mask(self, dtype: torch.dtype) -> torch.Tensor:
-        """(B, 1, T, T): 0 where attention is allowed, -inf elsewhere."""
-        if dtype not in self._additive:
-            self._additive[dtype] = masks.additive_mask(self.dense_mask, dtype)
-        return self._additive[dtype]
+        """(B, T) int32: where each query's document starts (`first_keys()`)."""
+        return self.first_keys()
 
     @property
     def block_mask(self) -> object:
-        if self._block_mask is None:
-            self._block_mask = masks.block_mask(self.segment_ids)
-        return self._block_mask
+        return self.flex_block_mask()
 
 
 def build_context(

@@ -136,13 +136,15 @@ class _ExplicitAttention(torch.autograd.Function):
 
 
 def explicit(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext, pattern_hook: HookPoint | None
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext, pattern_hook: HookPoint | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """The explicit kernel; with a pattern hook, plain autograd ops that materialise the
-    whole (B, H, T, T) probability tensor for the hook (same arithmetic, fp32 scores)."""
+    """The explicit kernel under `ctx`'s mask (with `window`: `ctx.allowed(window)`); with a
+    pattern hook, plain autograd ops that materialise the whole (B, H, T, T) probability
+    tensor for the hook (same arithmetic, fp32 scores)."""
     dt = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):  # keep the scores in fp32 under autocast
-        bias = ctx.additive_mask(dt)
+        bias = ctx.additive_mask(dt, window)
         if pattern_hook is None:
             B, H, T, _ = q.shape
             keep = explicit_keep(B, H, T, v.dtype if v.dtype.itemsize == 2 else None)

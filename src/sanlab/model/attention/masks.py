@@ -1,7 +1,9 @@
-"""The masks attention applies, from a batch's segment ids: a row's tokens see only
-earlier tokens (causal) of their own document (segment id), in the forms the kernels take
-(a dense bool mask, an additive one, each row's first visible key, a FlexAttention block
-mask).
+"""The masks attention applies, from a batch's segment ids: a token sees only itself and
+earlier tokens (causal) of its own document (segment id) and, given a `window`, only the
+last `window` of those (itself included: token i sees key j when 0 ≤ i − j < window).
+Each in the forms the kernels take: a dense bool mask, an additive one, each row's first
+visible key (the fused kernel's: the allowed keys of a row are one interval), a
+FlexAttention block mask.
 """
 
 from __future__ import annotations
@@ -19,25 +21,38 @@ def segment_positions(segment_ids: torch.Tensor) -> torch.Tensor:
     return idx - start_idx
 
 
-def dense_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """(B, 1, T, T) bool: causal AND same document. True = may attend."""
+def check_window(window: int | None) -> None:
+    """A window is None (the whole document) or a positive int; anything else is a ValueError."""
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"attention window: a positive number of keys or None, not {window!r}")
+
+
+def dense_mask(segment_ids: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """(B, 1, T, T) bool: causal AND same document (AND i − j < window). True = may attend."""
     seg = segment_ids
     T = seg.shape[1]
     causal = torch.ones(T, T, dtype=torch.bool, device=seg.device).tril()
+    if window is not None:
+        causal = causal.triu(1 - window)  # j ≥ i − window + 1
     same = seg[:, :, None] == seg[:, None, :]
     return (same & causal)[:, None]
 
 
-def row_starts(segment_ids: torch.Tensor, positions: torch.Tensor, single_document: bool) -> torch.Tensor | None:
-    """(B, T) int32: the first key each query may see, i.e. where its document starts
-    (the fused kernel's mask: row i sees keys [row_starts[i], i]). That describes the
-    dense mask exactly when every segment id is one run in its row, as packed rows
-    are (ids rise along the row); None otherwise (an id that recurs after another)."""
+def row_starts(segment_ids: torch.Tensor, positions: torch.Tensor, single_document: bool,
+               window: int | None = None) -> torch.Tensor | None:
+    """(B, T) int32: the first key each query may see, i.e. where its document starts, or
+    with a window the later of that and i − window + 1 (the fused kernel's mask: row i
+    sees keys [row_starts[i], i]). That describes the dense mask exactly when every
+    segment id is one run in its row, as packed rows are (ids rise along the row); None
+    otherwise (an id that recurs after another)."""
     seg = segment_ids
     if single_document or bool((seg[:, 1:] >= seg[:, :-1]).all()):
         T = seg.shape[1]
         idx = torch.arange(T, device=seg.device)
-        return (idx - positions).to(torch.int32).contiguous()
+        first = idx - positions
+        if window is not None:
+            first = torch.maximum(first, idx - window + 1)
+        return first.to(torch.int32).contiguous()
     return None
 
 
@@ -47,7 +62,7 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~allowed, float("-inf"))
 
 
-def block_mask(segment_ids: torch.Tensor) -> object:
+def block_mask(segment_ids: torch.Tensor, window: int | None = None) -> object:
     """FlexAttention's block mask of `dense_mask`."""
     from torch.nn.attention.flex_attention import create_block_mask
 
@@ -56,5 +71,8 @@ def block_mask(segment_ids: torch.Tensor) -> object:
     def doc_causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
         return (q_idx >= kv_idx) & (seg[b, q_idx] == seg[b, kv_idx])
 
+    def doc_causal_window(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
+        return doc_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
+
     B, T = seg.shape
-    return create_block_mask(doc_causal, B, None, T, T, device=seg.device)
+    return create_block_mask(doc_causal if window is None else doc_causal_window, B, None, T, T, device=seg.device)
