@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from sanlab.model import native
 
+
 # --------------------------------------------------------------------------- dtype
 
 

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import torch
 
-# --------------------------------------------------------------------------- fused head + loss
-# (`lm_loss` below is its reference formula: the same loss from logits already at hand)
-
 
 def _loss_chunk_rows(n_rows: int, vocab: int, device: torch.device) -> int:
     """Rows per chunk of the fused head + loss. On the CPU ~2M logits (8 MB in fp32): the
     passes over a chunk stay in the last-level cache, and the head's matmuls are large
-    enough to run near peak (measured: benchmarks/README.md). On accelerators ~128M (512 MB), which bounds the fp32
-    temporaries (a 16×2048-token micro-batch at V=16,384 would otherwise need 2 GB)
-    while keeping the number of kernel launches small."""
+    enough to run near peak (measured: benchmarks/README.md). On accelerators ~128M
+    (512 MB), which bounds the fp32 temporaries (a 16×2048-token micro-batch at V=16,384
+    would otherwise need 2 GB) while keeping the number of kernel launches small."""
     budget = 1 << 21 if device.type == "cpu" else 1 << 27
     return max(1, min(n_rows, budget // vocab))
 

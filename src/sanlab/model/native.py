@@ -175,8 +175,8 @@ def isa(cc: str, flags: tuple[str, ...]) -> str:
                               timeout=30)
     except (OSError, subprocess.SubprocessError):
         return ""
-    names = re.findall(r"^#define (__(?:SSE|AVX|AMX|FMA|F16C|BMI|ARM_NEON|ARM_FEATURE_|aarch64|x86_64)\w*)", proc.stdout,
-                       re.M)
+    isa_macro = r"^#define (__(?:SSE|AVX|AMX|FMA|F16C|BMI|ARM_NEON|ARM_FEATURE_|aarch64|x86_64)\w*)"
+    names = re.findall(isa_macro, proc.stdout, re.M)
     return " ".join(sorted(set(names)))
 
 

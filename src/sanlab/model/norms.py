@@ -13,6 +13,7 @@ import torch
 from sanlab.model import native
 from sanlab.model.kernels import NATIVE_DTYPES, rope_reference, rope_rotate, upcast
 
+
 # --------------------------------------------------------------------------- RMS norm
 
 
@@ -56,8 +57,8 @@ class _NativeRMSNorm(torch.autograd.Function):
         dgain = torch.empty(d, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         native.call(native.library().sanlab_rms_norm_bwd, native.RMSNormArgs(
             n=x.numel() // d, d=d, x=x.data_ptr(), gain=gain.data_ptr(), r=r.data_ptr(), dy=dy.data_ptr(),
-            dy_bf16=int(dy.dtype == torch.bfloat16), dx=dx.data_ptr(), dgain=None if dgain is None else dgain.data_ptr(),
-            nthreads=torch.get_num_threads()))
+            dy_bf16=int(dy.dtype == torch.bfloat16), dx=dx.data_ptr(),
+            dgain=None if dgain is None else dgain.data_ptr(), nthreads=torch.get_num_threads()))
         return dx, dgain, None, None
 
 
@@ -184,9 +185,9 @@ class _NativeNormRoPE(torch.autograd.Function):
         r = torch.empty(B, T, h, dtype=torch.float32)
         gain = gain.contiguous()
         native.call(native.library().sanlab_norm_rope_fwd, native.NormRoPEArgs(
-            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)), gain=gain.data_ptr(),
-            eps=eps, cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1), r=r.data_ptr(),
-            out=out.data_ptr(), nthreads=torch.get_num_threads()))
+            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)),
+            gain=gain.data_ptr(), eps=eps, cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1),
+            r=r.data_ptr(), out=out.data_ptr(), nthreads=torch.get_num_threads()))
         ctx.save_for_backward(x, gain, r, c, s)
         return out.transpose(1, 2)
 
@@ -199,9 +200,9 @@ class _NativeNormRoPE(torch.autograd.Function):
         dx = torch.empty(B, T, h, D, dtype=x.dtype)
         dgain = torch.empty(D, dtype=torch.float32) if ctx.needs_input_grad[1] else None
         native.call(native.library().sanlab_norm_rope_bwd, native.NormRoPEArgs(
-            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)), gain=gain.data_ptr(),
-            cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1), r=r.data_ptr(),
-            dy=native.tensor(dy, sb=dy.stride(0), sh=dy.stride(2), st=dy.stride(1)),
+            B=B, T=T, h=h, D=D, x=native.tensor(x, sb=x.stride(0), sh=x.stride(2), st=x.stride(1)),
+            gain=gain.data_ptr(), cos=c.data_ptr(), sin=s.data_ptr(), csb=c.stride(0), cst=c.stride(1),
+            r=r.data_ptr(), dy=native.tensor(dy, sb=dy.stride(0), sh=dy.stride(2), st=dy.stride(1)),
             dx=native.tensor(dx, sb=dx.stride(0), sh=dx.stride(2), st=dx.stride(1)),
             dgain=None if dgain is None else dgain.data_ptr(), nthreads=torch.get_num_threads()))
         return dx, None if dgain is None else dgain.to(gain.dtype), None, None, None
