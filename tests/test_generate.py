@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from sanlab.config import ModelConfig
-from sanlab.model import generate as gen
+from sanlab.model import mixers
 from sanlab.model.generate import Decoder, SamplingConfig, generate, pick
 from sanlab.model.lm import LM
+from sanlab.model.mixers.softmax import SoftmaxAttention, SoftmaxSpec
+from sanlab.model.mixers.static_emb_qk import StaticEmbQK, StaticEmbQKSpec
 
 
 def tiny(**kw) -> ModelConfig:
@@ -102,9 +104,9 @@ def test_stop_token_ends_generation():
     assert out == [first]
 
 
-def test_unknown_mixer_falls_back_to_full_forward(monkeypatch):
+def test_a_mixer_without_a_cache_falls_back_to_full_forward(monkeypatch):
     model = trained_looking(tiny())
-    monkeypatch.setattr(gen, "CACHED_MIXERS", {})
+    monkeypatch.setattr(SoftmaxAttention, "decode_cache", None)
     dec = Decoder(model, max_len=16)
     assert not dec.cached and "softmax" in dec.note
     prompt = torch.tensor([[4, 5, 6]])
@@ -159,3 +161,61 @@ def test_mixit_with_document_lengths_decodes_by_full_forward():
     for tok in out:
         assert tok == int(model(context[None])[0, -1].argmax())
         context = torch.cat([context, torch.tensor([tok])])
+
+
+# Options some mixers need at this size (MixiT's draw covers the context; FixedSeqQK draws
+# its sequence, there is no data to bind it from).
+OPTIONS = {"mixit": {"seq_len": 32, "sigma_length": "prefix"}, "fixed_seq_qk": {"sequence": "random", "seq_len": 32}}
+
+
+def decoding_equals_full_forward(model: LM, steps: int = 6, max_len: int = 32) -> Decoder:
+    """Greedy decoding, cached or not: every step's logits are a full forward pass's."""
+    dec = Decoder(model, max_len=max_len)
+    prompt = torch.randint(0, 64, (5,), generator=torch.Generator().manual_seed(3))
+    logits, context = dec.prefill(prompt[None]), prompt.clone()
+    for _ in range(steps):
+        torch.testing.assert_close(logits[0], model(context[None])[0, -1], atol=2e-5, rtol=2e-5)
+        nxt = logits[0].argmax()
+        context = torch.cat([context, nxt[None]])
+        logits = dec.append(nxt.view(1, 1))
+    return dec
+
+
+@pytest.mark.parametrize("mixer", sorted(mixers.MIXERS))
+def test_every_registered_mixer_decodes_as_its_full_forward(mixer):
+    """A decode cache is inherited by subclasses (`SequenceMixer.decode_cache`): whatever cache
+    a registered mixer has, its decoding is the full forward pass's, step by step; one
+    without decodes by full forward passes and says so."""
+    model = trained_looking(tiny(mixer=mixer, layout="hybrid", ffn=True, mixer_options=OPTIONS.get(mixer, {})))
+    dec = decoding_equals_full_forward(model)
+    assert dec.cached == (type(model.blocks[1].attn).decode_cache is not None)
+    assert (dec.note is None) == dec.cached
+
+
+def test_a_subclass_inherits_its_parents_cache_or_decodes_by_full_forward(monkeypatch):
+    """Mixers registered from outside sanlab: a subclass of softmax attention that changes
+    nothing the cache reads decodes through the KV cache it inherits; a subclass of a mixer
+    without a cache decodes by full forward passes, and the note names it."""
+
+    class MySoftmaxSpec(SoftmaxSpec):
+        name = "my_softmax"
+
+    class MySoftmax(SoftmaxAttention):
+        spec = MySoftmaxSpec
+
+    class MyStaticSpec(StaticEmbQKSpec):
+        name = "my_static"
+
+    class MyStatic(StaticEmbQK):
+        spec = MyStaticSpec
+
+    monkeypatch.setitem(mixers.MIXERS, "my_softmax", MySoftmaxSpec)  # what @register_mixer does
+    monkeypatch.setitem(mixers.MIXERS, "my_static", MyStaticSpec)
+    mine = trained_looking(tiny(mixer="my_softmax", layout="hybrid"))
+    assert type(mine.blocks[1].attn) is MySoftmax
+    dec = decoding_equals_full_forward(mine)
+    assert dec.cached and dec.note is None
+    static = trained_looking(tiny(mixer="my_static", layout="hybrid"))
+    assert type(static.blocks[1].attn) is MyStatic
+    dec = decoding_equals_full_forward(static)
+    assert not dec.cached and "my_static" in dec.note

@@ -1,4 +1,4 @@
-"""The sliding-window mixer (src/sanlab/model/sliding_window.py), docs/variants.md's worked
+"""The sliding-window mixer (src/sanlab/model/mixers/sliding_window.py), docs/variants.md's worked
 example of a variant: its test. (The registry tests of tests/test_variants.py check the
 rest for it, as for every registered mixer: accounting, FLOPs, causality, packed rows,
 the pattern hook, init, analysis.)"""

@@ -18,6 +18,11 @@ from sanlab.config import ModelConfig, OptimConfig
 from sanlab.errors import EXIT_USAGE, ConfigError
 from sanlab.model import mixers
 from sanlab.model.hooks import capture, hook_names
+from sanlab.model.mixers._stream import StreamQK
+from sanlab.model.mixers.approximate import taylor_attention, taylor_weights
+from sanlab.model.mixers.fixed_seq_qk import UNSET
+from sanlab.model.mixers.mixit import mixit_draw, mixit_matrices
+from sanlab.model.mixers.softmax import SoftmaxAttention, SoftmaxSpec
 from sanlab.model.lm import LM
 from sanlab.train import checkpoint
 from sanlab.train.optim import build_optimizers, route
@@ -76,7 +81,7 @@ def test_formula_matches_module_params(mixer: str, state: str) -> None:
 
 def _fixed_pass_flops(cfg: ModelConfig, T: int) -> int:
     """RndEmbQK / FixedSeqQK run the blocks once more on one fixed row (not in the per-token terms)."""
-    if not any(getattr(mixers.MIXERS[m], "uses_qk_stream", False) for m in cfg.layer_mixers):
+    if not any(issubclass(mixers.mixer_class(m), StreamQK) for m in cfg.layer_mixers):
         return 0
     f = count_flops(cfg, T)
     return T * (f.forward - f.head)
@@ -243,11 +248,11 @@ def test_taylor_linear_time_equals_quadratic_formula(chunk: int) -> None:
     q, k, v = (torch.randn(B, H, T, D, dtype=torch.float64) for _ in range(3))
     seg = torch.tensor([[0] * 6 + [1] * 11, [0] * 2 + [1] * 3 + [2] * 9 + [3] * 3])
     allowed = ((seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[:, None]
-    A = mixers.taylor_weights(q, k, allowed)
+    A = taylor_weights(q, k, allowed)
     s = q @ k.transpose(-1, -2) / D**0.5  # the formula written out once more
     w = (1 + s + s * s / 2) * allowed
     torch.testing.assert_close(A, w / w.sum(-1, keepdim=True))
-    torch.testing.assert_close(mixers.taylor_attention(q, k, v, seg, chunk), A @ v)
+    torch.testing.assert_close(taylor_attention(q, k, v, seg, chunk), A @ v)
 
 
 def test_taylor_training_path_forms_no_square() -> None:
@@ -272,7 +277,7 @@ def test_taylor_training_path_forms_no_square() -> None:
 
 def test_mixit_matrices_follow_spec2() -> None:
     H, T, D = 4, 20, 8
-    A = mixers.mixit_matrices(H, T, D, seed=5)
+    A = mixit_matrices(H, T, D, seed=5)
     assert A.shape == (H, T, T)
     assert (A.triu(1) == 0).all()  # strictly causal: nothing above the diagonal
     torch.testing.assert_close(A.sum(-1), torch.ones(H, T))  # rows sum to 1
@@ -283,8 +288,8 @@ def test_mixit_matrices_follow_spec2() -> None:
     sink = 0.5 * torch.eye(T)
     sink[:, 0] += 0.5
     torch.testing.assert_close(A[0], sink)
-    assert torch.equal(A, mixers.mixit_matrices(H, T, D, seed=5))  # reproducible from the seed
-    assert not torch.equal(A[1:], mixers.mixit_matrices(H, T, D, seed=6)[1:])
+    assert torch.equal(A, mixit_matrices(H, T, D, seed=5))  # reproducible from the seed
+    assert not torch.equal(A[1:], mixit_matrices(H, T, D, seed=6)[1:])
     # per-head scale between 1/√(T·d_h) and 1/√T
     std = torch.stack([(A[h] - torch.eye(T))[support.bool()].std() for h in range(1, H)])
     assert ((std > 0.5 / (T * D) ** 0.5) & (std < 1.5 / T**0.5)).all()
@@ -293,8 +298,8 @@ def test_mixit_matrices_follow_spec2() -> None:
 def test_mixit_draw_is_the_same_for_any_longer_draw() -> None:
     """The draw for T is the top-left block of the draw for any longer T, so the matrices of a
     document of L tokens do not depend on the `seq_len` the module was built for."""
-    u, C = mixers.mixit_draw(4, 20, seed=5)
-    u2, C2 = mixers.mixit_draw(4, 53, seed=5)
+    u, C = mixit_draw(4, 20, seed=5)
+    u2, C2 = mixit_draw(4, 53, seed=5)
     assert torch.equal(u, u2) and torch.equal(C, C2[:, :20, :20])
     built = [LM(tiny("mixit", mixer_options={"seq_len": n})).blocks[1].attn for n in (20, 37)]
     assert torch.equal(built[0].noise, built[1].noise[:, :20, :20])
@@ -360,7 +365,7 @@ def test_mixit_mixes_each_document_at_its_own_length() -> None:
     start = 0
     for L in LENGTHS:
         for i in range(4):
-            expected = mixers.mixit_matrices(8, L, 8, i).double()  # seed 0: 0·1,000,003 + i
+            expected = mixit_matrices(8, L, 8, i).double()  # seed 0: 0·1,000,003 + i
             got = acts[f"blocks.{i}.attn.pattern"][0, :, start : start + L, start : start + L]
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
         start += L
@@ -396,7 +401,7 @@ def test_each_mixit_layer_draws_its_own_matrices() -> None:
         model(tokens)
     pats = [acts[f"blocks.{i}.attn.pattern"][0] for i in range(3)]
     for i, A in enumerate(pats):
-        torch.testing.assert_close(A, mixers.mixit_matrices(4, L, 8, seed * 1_000_003 + i), rtol=0, atol=1e-6)
+        torch.testing.assert_close(A, mixit_matrices(4, L, 8, seed * 1_000_003 + i), rtol=0, atol=1e-6)
     for i, j in itertools.combinations(range(3), 2):
         assert (pats[i][1:] - pats[j][1:]).abs().max() > 1e-3, (i, j)
 
@@ -576,7 +581,7 @@ def _mixer_calls(model: LM, tokens: torch.Tensor, seg: torch.Tensor) -> tuple[li
     return calls, acts["blocks.0.attn.pattern"]
 
 
-def _v_path(mixer: mixers.SoftmaxAttention, A: torch.Tensor, u: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
+def _v_path(mixer: SoftmaxAttention, A: torch.Tensor, u: torch.Tensor, wv: torch.Tensor) -> torch.Tensor:
     """W_o(A · W_v u): the mixer's output for pattern A with V from u. (B, T, d)"""
     B, T, _ = u.shape
     H, Hkv, D = mixer.n_heads, mixer.n_kv_heads, mixer.head_dim
@@ -628,7 +633,7 @@ def test_fixed_seq_qk_without_data_has_no_sequence() -> None:
     cfg = tiny("fixed_seq_qk", mixer_options={"seq_len": 24})  # the default sequence="data"
     model = LM(cfg)
     assert count_params(cfg).breakdown == count_module_params(model).breakdown
-    assert (model.blocks[0].attn.tokens == mixers.UNSET).all()
+    assert (model.blocks[0].attn.tokens == UNSET).all()
     with pytest.raises(ConfigError, match="fixed_seq_qk: no fixed sequence"):
         model(torch.randint(0, 64, (1, 8)))
     model.bind_data(lambda n: torch.arange(8, 8 + min(n, 10)), seq_len=10)  # a held-out split of 10 tokens
@@ -711,7 +716,7 @@ def test_frozen_weights_stay_bit_identical_without_optimizer_state(target: str, 
     assert {n for n, _ in route(model)["frozen"]} == set(frozen)
 
 
-@pytest.mark.parametrize("mixer", [m for m in MIXERS if issubclass(mixers.MIXERS[m], mixers.SoftmaxAttention)])
+@pytest.mark.parametrize("mixer", [m for m in MIXERS if issubclass(mixers.MIXERS[m], SoftmaxSpec)])
 def test_frozen_qk_takes_the_gains_in_every_mixer_that_has_them(mixer: str) -> None:
     """`qk` freezes W_q, W_k and the q/k gains wherever they exist (non-approximate has
     gains only with its own QK-norm); `qk_proj` never the gains."""

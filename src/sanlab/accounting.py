@@ -19,14 +19,15 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import torch
-from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from typing import TYPE_CHECKING, Any
 
 from sanlab.config import ModelConfig
 from sanlab.errors import ConfigError
+from sanlab.model.mixers import NoOptions, mixer_options, mixer_spec, state_mixer_spec
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 EMBEDDING_PARAM = "embed.weight"
 # Residual kinds that carry one learned scalar per sublayer (σ(g) for gated, α for rezero).
@@ -52,30 +53,22 @@ class ParamCount:
         return asdict(self)
 
 
-def _check(cfg: ModelConfig) -> None:
-    from sanlab.model.mixers import check_model
-
-    check_model(cfg)
-
-
 def layer_params(cfg: ModelConfig, layer: int) -> dict[str, int]:
     """Parameters of block `layer` by name (relative to the block): the norms and residual
     scalars of its sublayers, plus what its sequence mixer (`attn.…`) and state mixer
-    (`ffn.…`) declare (`param_terms`). Zero-sized components are left out."""
-    from sanlab.model.mixers import mixer_class, mixer_options, state_mixer_class
-
+    (`ffn.…`) declare (their specs' `params`). Zero-sized components are left out."""
     d = cfg.d_model
     scalar = 1 if cfg.residual in _SCALAR_RESIDUALS else 0
     name = cfg.layer_mixers[layer]
     p: dict[str, int] = {"attn_norm.weight": d}
-    p |= {f"attn.{k}": v for k, v in mixer_class(name).param_terms(cfg, mixer_options(cfg, name)).items()}
+    p |= {f"attn.{k}": v for k, v in mixer_spec(name).param_terms(cfg, mixer_options(cfg, name)).items()}
     if cfg.sandwich_norm:
         p[ATTN_SANDWICH_PARAM] = d
     if scalar:
         p["attn_gate"] = scalar
     if cfg.ffn:
         p["ffn_norm.weight"] = d
-        p |= {f"ffn.{k}": v for k, v in state_mixer_class(cfg.state_mixer).param_terms(cfg, None).items()}
+        p |= {f"ffn.{k}": v for k, v in state_mixer_spec(cfg.state_mixer).param_terms(cfg, NoOptions()).items()}
         if cfg.sandwich_norm:
             p[FFN_SANDWICH_PARAM] = d
         if scalar:
@@ -86,7 +79,6 @@ def layer_params(cfg: ModelConfig, layer: int) -> dict[str, int]:
 def count_params(cfg: ModelConfig) -> ParamCount:
     """Parameters of `cfg` by the paper's convention: tied embedding V·d counted once;
     the per-layer terms summed over the layer layout."""
-    _check(cfg)
     breakdown: dict[str, int] = defaultdict(int)
     for layer in range(cfg.n_layers):
         for k, v in layer_params(cfg, layer).items():
@@ -184,13 +176,11 @@ class FlopCount:
 
 
 def layer_flops(cfg: ModelConfig, layer: int, seq_len: int, causal_half: bool = False) -> dict[str, int]:
-    """Forward FLOPs per token of block `layer`: what its mixers declare (`flop_terms`)."""
-    from sanlab.model.mixers import mixer_class, mixer_options, state_mixer_class
-
+    """Forward FLOPs per token of block `layer`: what its mixers' specs declare (`flops`)."""
     name = cfg.layer_mixers[layer]
-    f = dict(mixer_class(name).flop_terms(cfg, mixer_options(cfg, name), seq_len, causal_half))
+    f = dict(mixer_spec(name).flops(cfg, mixer_options(cfg, name), seq_len, causal_half))
     if cfg.ffn:
-        for k, v in state_mixer_class(cfg.state_mixer).flop_terms(cfg, None, seq_len, causal_half).items():
+        for k, v in state_mixer_spec(cfg.state_mixer).flops(cfg, NoOptions(), seq_len, causal_half).items():
             f[k] = f.get(k, 0) + v
     return f
 
@@ -205,7 +195,6 @@ def count_flops(cfg: ModelConfig, seq_len: int, *, causal_half: bool = False) ->
     """
     if seq_len <= 0:
         raise ConfigError(f"seq_len must be positive, got {seq_len}")
-    _check(cfg)
     terms: dict[str, int] = {}
     for layer in range(cfg.n_layers):
         for k, v in layer_flops(cfg, layer, seq_len, causal_half).items():
@@ -255,6 +244,10 @@ def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **
     counted, attention as the full square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
     forward pass is seen.
     """
+    # torch here only: the accounting above imports without it (the report's tables)
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
     import sanlab.model.attention.fused  # noqa: F401 - registers sanlab::fused_attention
 
     mapping = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops,

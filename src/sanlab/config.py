@@ -183,7 +183,7 @@ class ModelConfig(StrictModel):
     # W_o / W_down std = init_std / sqrt(2 * n_layers) (SPEC §1.1); false = unscaled (Theorem 1 contrast)
     scale_out_init: bool = True
     mixer: str = "softmax"
-    """Registered sequence mixer: softmax attention or a variant (sanlab.model.mixers.MIXERS)."""
+    """Registered sequence mixer: softmax attention or a variant (sanlab.model.mixers.MIXERS; docs/variants.md)."""
     mixer_options: dict[str, Any] = {}
     """The mixer's own options, validated by its `Options` model (an unknown key is an error)."""
     layout: str | list[str] = "uniform"
@@ -256,6 +256,13 @@ class ModelConfig(StrictModel):
             raise ValueError(f"layout: {len(self.layout)} mixers listed for n_layers={self.n_layers}")
         # `ffn` reads whether there is a state mixer (set directly: no re-validation loop)
         self.__dict__["ffn"] = self.state_mixer != "none"
+        # the mixer names and options against the registry's specs (no torch)
+        from sanlab.model.mixers import check_model  # here, not at the top: the specs import this module
+
+        try:
+            check_model(self)
+        except ConfigError as e:
+            raise ValueError(str(e).removeprefix("model.")) from None
         return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> "ModelConfig":
@@ -425,7 +432,7 @@ class TrainConfig(StrictModel):
 class Config(StrictModel):
     """A whole run."""
 
-    model: ModelConfig = ModelConfig()
+    model: ModelConfig = Field(default_factory=ModelConfig)
     """The architecture."""
     data: DataConfig = DataConfig()
     """The prepared data and the row length."""

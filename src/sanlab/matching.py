@@ -26,6 +26,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 from sanlab.accounting import FlopCount, ParamCount, accounting_summary, count_flops, count_params
 from sanlab.config import ModelConfig, validate
 from sanlab.errors import MatchingError
+from sanlab.model.mixers import mixer_spec
 
 Policy = Literal["nearest", "at_most", "at_least"]
 Target = Literal["params", "flops", "depth"]
@@ -43,12 +44,10 @@ def layout_prefix(c: ModelConfig) -> str:
     `top-mlp` (a placement of the standard layers), `mixed-…` (an explicit list)."""
     if c.is_standard:
         return ""
-    from sanlab.model.mixers import mixer_class
-
     if not isinstance(c.layout, str):
-        shorts = [mixer_class(m).short for m in dict.fromkeys(c.layout) if m != "softmax"]
+        shorts = [mixer_spec(m).short for m in dict.fromkeys(c.layout) if m != "softmax"]
         return "mixed-" + "+".join(shorts)
-    short = mixer_class(c.mixer).short
+    short = mixer_spec(c.mixer).short
     return {"uniform": short, "hybrid": f"hyb-{short}"}.get(c.layout, f"{c.layout}-{short}")
 
 

@@ -169,6 +169,7 @@ def stream_sources(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
     positions 0 … seq_len−1, as `blocks.{i}.attn.qk_stream` (seq_len, d). The fixed pass is
     causal, so a row of T ≤ seq_len tokens reads the first T of them, as in sanlab."""
     from sanlab.model.lm import LM
+    from sanlab.model.mixers._stream import fixed_stream
 
     layers = [i for i, mx in enumerate(src.cfg.model.layer_mixers) if mx in STREAM_MIXERS]
     if not layers:
@@ -176,7 +177,7 @@ def stream_sources(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
     lm = LM(src.cfg.model)
     lm.load_state_dict(src.weights, strict=True)
     with torch.no_grad():
-        record = lm.eval()._qk_stream(seq_len, torch.device("cpu"))
+        record = fixed_stream(lm.eval(), seq_len, torch.device("cpu"))
     return {f"blocks.{i}.attn.qk_stream": record[i][0].float().contiguous() for i in layers}
 
 

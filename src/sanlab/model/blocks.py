@@ -21,7 +21,8 @@ from sanlab.config import ModelConfig
 from sanlab.model.attention import AttentionContext
 from sanlab.model.kernels import gated_residual
 from sanlab.model.layers import HookPoint, make_norm
-from sanlab.model.mixers import Role, build_mixer, build_state_mixer
+from sanlab.model.mixers import build_mixer, build_state_mixer
+from sanlab.model.mixers.spec import Role
 
 
 def residual_scalar(mode: str) -> nn.Parameter | None:
@@ -52,7 +53,7 @@ class Block(nn.Module):
         self.resid_mid = HookPoint()
         if cfg.ffn:
             self.ffn_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
-            self.ffn = build_state_mixer(cfg)
+            self.ffn = build_state_mixer(cfg, layer_idx)
             self.ffn_post_norm = make_norm(cfg, cfg.d_model) if cfg.sandwich_norm else None
             self.ffn_out = HookPoint()
             self.ffn_gate = residual_scalar(cfg.residual)

@@ -3,15 +3,16 @@
 A decoder runs the model's own modules, one new token at a time: the embedding, then
 every block through its own `forward` (norms, residual gates, sandwich norms, FFN
 exactly as in training), the final norm and the tied head. Only each block's sequence
-mixer is swapped, for the duration of a call, for a cached twin that reads the mixer's
-own weights (`wq`, `wk`, `wv`, `wo`, `q_norm`, `k_norm`) and keeps K and V of every
-position seen so far, so a new token costs O(context) instead of a forward pass over
-the whole context.
+mixer is swapped, for the duration of a call, for its decode cache: the class the mixer
+names as `decode_cache` (`sanlab.model.mixers.base.DecodeCache`; a subclass inherits its
+parent's), which reads the mixer's own weights and keeps what the mixer needs of every
+position seen so far (softmax attention: K and V), so a new token costs O(context)
+instead of a forward pass over the whole context.
 
-Which mixers have a cached twin is decided by the mixer's registered name
-(`CACHED_MIXERS`; a twin may decline a configuration, `unsupported`); a model with any
-other mixer decodes by a full forward pass over the context at every step
-(`Decoder.note` says so in one line), which gives the same tokens, only slower.
+A model with a mixer that has no decode cache (`decode_cache = None`), or whose cache
+declines its configuration (`DecodeCache.unsupported`), decodes by a full forward pass
+over the context at every step (`Decoder.note` says so in one line), which gives the
+same tokens, only slower.
 
 The whole context is one document (segment 0), RoPE positions 0, 1, 2, … as in the
 training rows' first document. When the context would outgrow the cache (the model's
@@ -23,139 +24,27 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sanlab.model.mixers import MIXERS
+from sanlab.errors import ConfigError
+from sanlab.model.mixers.base import DecodeCache, DecodeStep, SequenceMixer
 
 
-# --------------------------------------------------------------------------- cached mixers
+def uncached_reason(mixer: SequenceMixer) -> str | None:
+    """Why `mixer` decodes without a cache (its name, or its cache's reason), None when it has one."""
+    cache = type(mixer).decode_cache
+    if cache is None:
+        return type(mixer).spec.name or type(mixer).__name__
+    return cache.unsupported(mixer)
 
 
-def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE (the formula of `sanlab.model.layers.apply_rope`), in fp32.
-    x (B, T, H, D), positions (T,) -> (B, T, H, D)."""
-    D = x.shape[-1]
-    inv_freq = 1.0 / theta ** (torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
-    angles = positions.float()[:, None] * inv_freq  # (T, D/2)
-    cos, sin = angles.cos()[None, :, None, :], angles.sin()[None, :, None, :]
-    x1, x2 = x[..., : D // 2], x[..., D // 2 :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-@dataclass
-class StepContext:
-    """What a cached mixer needs for one call: the positions of the new tokens (T,)."""
-
-    positions: torch.Tensor
-    rope_theta: float
-
-
-class CachedSoftmaxAttention(nn.Module):
-    """The `softmax` mixer (`sanlab.model.mixers.SoftmaxAttention`) with a KV cache.
-
-    Same arithmetic as the training forward: q, k = RoPE(ZCN_h(W u)) in fp32, GQA,
-    softmax(q kᵀ/√D) v with the scores in fp32, then W_o. The new tokens attend to
-    every cached position and causally among themselves.
-    """
-
-    def __init__(self, mixer: nn.Module, batch: int, max_len: int) -> None:
-        super().__init__()
-        self.mixer = mixer
-        Hkv, D = mixer.n_kv_heads, mixer.head_dim
-        dev = mixer.wk.weight.device
-        self.k = torch.zeros(batch, Hkv, max_len, D, device=dev)  # (B, Hkv, T_max, D), fp32
-        self.v = torch.zeros(batch, Hkv, max_len, D, device=dev)
-        self.length = 0
-
-    def forward(self, u: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        m = self.mixer
-        B, T, _ = u.shape
-        H, Hkv, D = m.n_heads, m.n_kv_heads, m.head_dim
-        q = m.wq(u).view(B, T, H, D).float()
-        k = m.wk(u).view(B, T, Hkv, D).float()
-        v = m.wv(u).view(B, T, Hkv, D).float()
-        if m.q_norm is not None:
-            q, k = m.q_norm(q), m.k_norm(k)
-        q, k = _rope(q, ctx.positions, ctx.rope_theta), _rope(k, ctx.positions, ctx.rope_theta)
-        s, e = self.length, self.length + T
-        self.k[:, :, s:e] = k.transpose(1, 2)
-        self.v[:, :, s:e] = v.transpose(1, 2)
-        self.length = e
-        rep = H // Hkv
-        q5 = q.transpose(1, 2).reshape(B, Hkv, rep, T, D) * D**-0.5  # (B, Hkv, rep, T, D)
-        scores = q5 @ self.k[:, :, None, :e].transpose(-1, -2)  # (B, Hkv, rep, T, e)
-        causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s)
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-        y = (probs @ self.v[:, :, None, :e]).reshape(B, H, T, D)  # (B, H, T, D)
-        y = y.transpose(1, 2).reshape(B, T, H * D).to(u.dtype)
-        return m.wo(y)
-
-
-class CachedMixiT(nn.Module):
-    """The `mixit` mixer (`sanlab.model.mixers.MixiT`) with a V cache: out = W_o(A v) with
-    the rows of the new positions of A for one document of the context's length
-    (`MixiT.sequence_weights`), in fp32. Exact where the weights of position p depend on p
-    alone (`sigma_length` prefix or row); with "document" they depend on the document's
-    length, which grows with every token, so such a model decodes by full forward passes
-    (`unsupported`)."""
-
-    def __init__(self, mixer: nn.Module, batch: int, max_len: int) -> None:
-        super().__init__()
-        self.mixer = mixer
-        dev = mixer.wv.weight.device
-        self.v = torch.zeros(batch, mixer.n_kv_heads, max_len, mixer.head_dim, device=dev)  # (B, Hkv, T_max, D)
-        self.length = 0
-
-    @staticmethod
-    def unsupported(mixer: nn.Module) -> str | None:
-        if mixer.opts.sigma_length == "document":
-            return ("mixit with sigma_length=document (every position's weights depend on the "
-                    "document's length, which grows with the context)")
-        return None
-
-    def forward(self, u: torch.Tensor, ctx: StepContext) -> torch.Tensor:
-        m = self.mixer
-        B, T, _ = u.shape
-        H, Hkv, D = m.n_heads, m.n_kv_heads, m.head_dim
-        s, e = self.length, self.length + T
-        self.v[:, :, s:e] = m.wv(u).view(B, T, Hkv, D).float().transpose(1, 2)
-        self.length = e
-        A = m.sequence_weights(e)[:, s:e].float()  # (H, T, e)
-        y = A @ self.v[:, :, :e].repeat_interleave(H // Hkv, dim=1)  # (B, H, T, D)
-        return m.wo(y.transpose(1, 2).reshape(B, T, H * D).to(u.dtype))
-
-
-# registered mixer name -> cached twin; every other mixer decodes by full forward passes, and so
-# does a mixer whose twin's `unsupported(mixer)` gives a reason
-CACHED_MIXERS: dict[str, Callable[[nn.Module, int, int], nn.Module]] = {
-    "softmax": CachedSoftmaxAttention,
-    "mixit": CachedMixiT,
-}
-
-
-def uncached_reason(mixer: nn.Module) -> str | None:
-    """Why `mixer` has no cached twin (its name, or its twin's reason), None when it has one."""
-    name = mixer_name(mixer)
-    twin = CACHED_MIXERS.get(name) if name is not None else None
-    if twin is None:
-        return str(name or "?")
-    check = getattr(twin, "unsupported", None)
-    return check(mixer) if check is not None else None
-
-
-def mixer_name(mixer: nn.Module) -> str | None:
-    """The registered name of a sequence mixer module (None if it is not registered)."""
-    return next((name for name, cls in MIXERS.items() if type(mixer) is cls), None)
-
-
-def _block_mixers(block: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(attribute, module) of the registered sequence mixers directly inside a block."""
-    registered = tuple(MIXERS.values())
-    return [(name, child) for name, child in block.named_children() if isinstance(child, registered)]
+def _block_mixers(block: nn.Module) -> list[tuple[str, SequenceMixer]]:
+    """(attribute, module) of the sequence mixers directly inside a block."""
+    return [(name, child) for name, child in block.named_children() if isinstance(child, SequenceMixer)]
 
 
 # --------------------------------------------------------------------------- decoder
@@ -181,7 +70,7 @@ class Decoder:
             self.note = (f"no KV cache for sequence mixer {', '.join(uncached) or '?'}: "
                          "decoding with a full forward pass per token")
         self.context = torch.zeros(batch, 0, dtype=torch.long, device=self._device)
-        self._caches: list[dict[str, nn.Module]] = []
+        self._caches: list[dict[str, DecodeCache]] = []
 
     @property
     def _device(self) -> torch.device:
@@ -195,7 +84,7 @@ class Decoder:
         if not self.cached:
             return self._full_logits()
         self._caches = [
-            {attr: CACHED_MIXERS[mixer_name(m)](m, tokens.shape[0], self.max_len) for attr, m in _block_mixers(b)}
+            {attr: type(m).decode_cache(m, tokens.shape[0], self.max_len) for attr, m in _block_mixers(b)}
             for b in self.model.blocks
         ]
         return self._run(tokens, start=0)
@@ -219,7 +108,7 @@ class Decoder:
     def _run(self, tokens: torch.Tensor, start: int) -> torch.Tensor:
         m = self.model
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
-        ctx = StepContext(positions, m.cfg.rope_theta)
+        ctx = DecodeStep(positions, m.cfg.rope_theta)
         x = m.embed(tokens) * m.embed_scale  # (B, T, d)
         for block, caches in zip(m.blocks, self._caches):
             with _swapped(block, caches):
@@ -255,8 +144,6 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from sanlab.errors import ConfigError
-
         if self.max_new_tokens < 0:
             raise ConfigError(f"--max-new-tokens must be non-negative, got {self.max_new_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

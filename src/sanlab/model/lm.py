@@ -15,7 +15,8 @@ from sanlab.model.blocks import Block
 from sanlab.model.attention import build_context
 from sanlab.model.layers import HookPoint, make_norm
 from sanlab.model.loss import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
-from sanlab.model.mixers import Mixer, Role, StaticEmbQK, check_model
+from sanlab.model.mixers.base import Mixer
+from sanlab.model.mixers.spec import Role
 
 
 class LM(nn.Module):
@@ -24,15 +25,14 @@ class LM(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        check_model(cfg)
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg, cfg.d_model, feeds_matmul=True)
         self.final = HookPoint()
         self.embed_scale = math.sqrt(cfg.d_model)
-        self._stream_layers = [i for i, b in enumerate(self.blocks) if getattr(b.attn, "uses_qk_stream", False)]
-        self._needs_embedded = any(isinstance(b.attn, StaticEmbQK) for b in self.blocks)
+        # each distinct per-forward hook of the mixers (`Mixer.prepare`), once, in layer order
+        self._prepare = [f for f in dict.fromkeys(type(m).prepare for _, m in self._mixers()) if f is not Mixer.prepare]
         self.frozen: list[str] = []  # the train.freeze targets applied (see `freeze`)
         self.reset_parameters()
 
@@ -94,25 +94,6 @@ class LM(nn.Module):
         self.frozen = list(dict.fromkeys([*self.frozen, *targets]))
         return names
 
-    def _qk_stream(self, T: int, device: torch.device) -> dict[int, torch.Tensor]:
-        """RndEmbQK / FixedSeqQK: run the blocks on the fixed sequence (one row of T tokens,
-        one document) and return each such layer's normalised input."""
-        first = self.blocks[self._stream_layers[0]].attn
-        x = first.fixed_input(self.embed, self.embed_scale, T, self.cfg, device)
-        ctx = build_context(self.cfg, torch.zeros(1, T, dtype=torch.long, device=device), None)
-        ctx.embedded = x
-        # the fixed pass is not what analysis captures: its hook points stay silent
-        muted = [(m, dict(m._forward_hooks)) for m in self.modules() if isinstance(m, HookPoint) and m.active]
-        for m, _ in muted:
-            m._forward_hooks.clear()
-        try:
-            for block in self.blocks:
-                x = block(x, ctx)
-        finally:
-            for m, hooks in muted:
-                m._forward_hooks.update(hooks)
-        return dict(ctx.qk_record)
-
     def forward(
         self,
         tokens: torch.Tensor,
@@ -131,10 +112,9 @@ class LM(nn.Module):
         """
         ctx = build_context(self.cfg, tokens, segment_ids)
         x = self.embed(tokens) * self.embed_scale  # (B, T, d)
-        if self._needs_embedded:
-            ctx.embedded = x
-        if self._stream_layers:
-            ctx.qk_stream = self._qk_stream(tokens.shape[1], tokens.device)
+        ctx.embedded = x
+        for prepare in self._prepare:
+            prepare(self, ctx)
         for block in self.blocks:
             x = block(x, ctx)
         x = self.final(self.final_norm(x))

@@ -1,9 +1,12 @@
 """Probe arms: a name plus `section.key=value` overrides of the run config.
 
-The preset table below is the one place that says what each named arm is. A variant
-that this build does not have yet (its mixer is not registered, or its config key does
-not exist) is refused with one line naming the arm, before anything trains. A custom
-arm is given on the command line as `--arm "NAME: key=value key=value"`.
+The presets are the standard and attention-only arms, SPEC §2's freezes, and one arm
+per registered sequence mixer whose spec names a probe arm (`SequenceSpec.probe_arm`:
+the mixer in every layer of the standard architecture), so a variant that declares one
+joins the suite without an edit here. A variant that this build does not have (its
+mixer is not registered, or its config key does not exist) is refused with one line
+naming the arm, before anything trains. A custom arm is given on the command line as
+`--arm "NAME: key=value key=value"`.
 """
 
 from __future__ import annotations
@@ -14,18 +17,26 @@ from typing import Sequence
 
 from sanlab.config import Config, apply_overrides
 from sanlab.errors import ConfigError
+from sanlab.model.mixers import MIXERS
 
-# name -> overrides. SPEC §2's variants are switches on the standard architecture.
-PRESETS: dict[str, tuple[str, ...]] = {
-    "standard": ("model.ffn=true",),
-    "san": ("model.ffn=false",),  # SPEC §1.1: attention only
-    "frozen_qk": ("model.ffn=true", 'train.freeze=["qk"]'),  # W_q, W_k and the QK-norm gains at their init
-    "frozen_mlp": ("model.ffn=true", 'train.freeze=["mlp"]'),  # the FFN's matrices at their init
-    "mixit": ("model.ffn=true", "model.mixer=mixit"),
+# name -> (label as SPEC §2 names it in table rows, overrides). SPEC §2's variants are
+# switches on the standard architecture.
+_FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "standard": ("Standard", ("model.ffn=true",)),
+    "san": ("SAN", ("model.ffn=false",)),  # SPEC §1.1: attention only
+    "frozen_qk": ("Frozen-QK", ("model.ffn=true", 'train.freeze=["qk"]')),  # W_q, W_k and the QK-norm gains at their init
+    "frozen_mlp": ("Frozen-MLP", ("model.ffn=true", 'train.freeze=["mlp"]')),  # the FFN's matrices at their init
 }
-# How SPEC §2 names them (table rows).
-LABELS: dict[str, str] = {"standard": "Standard", "san": "SAN", "frozen_qk": "Frozen-QK",
-                          "frozen_mlp": "Frozen-MLP", "mixit": "MixiT"}
+
+
+def _presets() -> dict[str, tuple[str, tuple[str, ...]]]:
+    mixers = {name: (spec.probe_arm, ("model.ffn=true", f"model.mixer={name}"))
+              for name, spec in MIXERS.items() if spec.probe_arm and name not in _FIXED}
+    return {**_FIXED, **mixers}
+
+
+PRESETS: dict[str, tuple[str, ...]] = {name: overrides for name, (_, overrides) in _presets().items()}
+LABELS: dict[str, str] = {name: label for name, (label, _) in _presets().items()}
 
 
 @dataclass(frozen=True)
@@ -79,17 +90,15 @@ def resolve_arms(names: Sequence[str], custom: Sequence[str] = ()) -> list[Arm]:
 def unavailable(arm: Arm) -> str | None:
     """Why this build cannot run `arm` (a missing variant), or None."""
     try:
-        cfg = apply_overrides(Config, {}, arm.overrides, source=f"arm {arm.name}")
+        apply_overrides(Config, {}, arm.overrides, source=f"arm {arm.name}")
     except ConfigError as e:
         if "unknown key" in str(e):
             key = str(e).split("unknown key", 1)[1].strip()
             return f"arm {arm.name}: variant not available in this build ({key} is not a config key)"
+        if "unknown sequence mixer" in str(e):  # config validation reads the registry
+            why = str(e).split("unknown sequence mixer", 1)[1].strip()
+            return f"arm {arm.name}: variant not available in this build (sequence mixer {why})"
         raise ConfigError(f"arm {arm.name}: {e}") from None
-    from sanlab.model.mixers import MIXERS
-
-    if cfg.model.mixer not in MIXERS:
-        return (f"arm {arm.name}: variant not available in this build (model.mixer={cfg.model.mixer} "
-                f"is not a registered mixer; have {', '.join(MIXERS)})")
     return None
 
 

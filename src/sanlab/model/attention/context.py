@@ -5,13 +5,13 @@ document positions, the backend and the masks, built once per forward (`build_co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from sanlab.config import ModelConfig
 from sanlab.model.attention import masks
 from sanlab.model.attention.dispatch import resolve_backend
-from sanlab.model.kernels import upcast
 from sanlab.model.layers import rope_tables
 
 
@@ -30,24 +30,15 @@ class AttentionContext:
     sin: torch.Tensor  # (B, T, 1, head_dim)
     backend: str  # "fused" | "explicit" | "sdpa" | "flex" (`dispatch.resolve_backend`)
     single_document: bool = False  # every row is one document (no segment ids given)
-    embedded: torch.Tensor | None = None  # (B, T, d) the scaled input embedding (static_emb_qk)
-    # Q/K source stream of rnd_emb_qk / fixed_seq_qk: per layer its input on the fixed
-    # sequence, (1, T, d); None while that fixed pass runs, which fills `qk_record`.
-    qk_stream: dict[int, torch.Tensor] | None = None
-    qk_record: dict[int, torch.Tensor] = field(default_factory=dict)
-    _static_qk: dict[torch.dtype, torch.Tensor] = field(default_factory=dict)
+    embedded: torch.Tensor | None = None  # (B, T, d) the scaled input embedding entering block 0
+    # What mixers keep for this batch, each under a name of its own: what their `prepare`
+    # hooks computed for the whole model (the stream-QK variants' fixed stream), caches.
+    mixer_state: dict[str, Any] = field(default_factory=dict)
     # the masks, built on first use, by window (None: the whole document)
     _dense: dict[int | None, torch.Tensor] = field(default_factory=dict)
     _starts: dict[int | None, torch.Tensor | None] = field(default_factory=dict)
     _additive: dict[tuple[torch.dtype, int | None], torch.Tensor] = field(default_factory=dict)
     _block: dict[int | None, object] = field(default_factory=dict)
-
-    def static_qk_input(self, dtype: torch.dtype) -> torch.Tensor:
-        """The input embedding RMS-normalised (no gain), in `dtype`: StaticEmbQK's Q/K input."""
-        if dtype not in self._static_qk:
-            x = upcast(self.embedded)
-            self._static_qk[dtype] = (x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()).to(dtype)
-        return self._static_qk[dtype]
 
     def allowed(self, window: int | None = None) -> torch.Tensor:
         """(B, 1, T, T) bool, True where a query may see a key: causal, same document, and
