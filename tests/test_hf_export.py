@@ -354,9 +354,12 @@ def test_bad_input_is_one_line_and_writes_nothing(exported, tmp_path: Path, trai
     assert (out / "mine.txt").read_text() == "keep me"
     shutil.rmtree(out)
     # a variant the exported code does not compute: one registered by a user
-    from sanlab.model.mixers import MIXERS, SoftmaxAttention
+    from sanlab.model.mixers import MIXERS
+    from sanlab.model.mixers.softmax import SoftmaxAttention, SoftmaxSpec
 
-    monkeypatch.setitem(MIXERS, "my_mixer", type("MyMixer", (SoftmaxAttention,), {"name": "my_mixer"}))
+    spec = type("MySpec", (SoftmaxSpec,), {"name": "my_mixer"})
+    type("MyMixer", (SoftmaxAttention,), {"spec": spec})
+    monkeypatch.setitem(MIXERS, "my_mixer", spec)  # what @register_mixer does
     mine = make_run(tmp_path / "mine", train_data_dir, mixer="my_mixer")
     _refused(capsys, ["export", str(mine), "--hf", str(out)], out, "model.mixer my_mixer cannot be exported")
     assert not out.exists()

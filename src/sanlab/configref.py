@@ -11,26 +11,44 @@ the comment on the field's line, else the comment lines directly above it. A fie
 none of these is still listed.
 
     python -m sanlab.configref > config.md
+
+The mixer tables of docs/variants.md and docs/architecture.md are generated here too,
+from the mixer registry (`sanlab.model.mixers`), between `<!-- sanlab:NAME -->` and
+`<!-- /sanlab:NAME -->` markers; tests/test_docs.py fails while a committed table
+differs from what the registry gives, and
+
+    python -m sanlab.configref --write-docs
+
+rewrites them.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import inspect
 import io
 import json
+import sys
 import textwrap
 import tokenize
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from sanlab.config import Config, format_tokens, parse_tokens
+from sanlab.config import STANDARD_MIXER, Config, format_tokens, parse_tokens
+from sanlab.data.prepare import PrepareConfig
+from sanlab.errors import ConfigError, SanlabError
+from sanlab.data.probes import TASKS
+from sanlab.model.mixers import MIXERS, STATE_MIXERS, MixerSpec, mixer_class, state_mixer_class
+from sanlab.probes.runner import ProbeOptions
+from sanlab.study.spec import StudySpec
 
 
 @dataclass(frozen=True)
@@ -44,12 +62,6 @@ class Root:
 
 def roots() -> list[Root]:
     """The configs a user writes, in the order the reference shows them."""
-    from sanlab.data.prepare import PrepareConfig
-    from sanlab.data.probes import TASKS
-    from sanlab.model.mixers import MIXERS
-    from sanlab.probes.runner import ProbeOptions
-    from sanlab.study.spec import StudySpec
-
     return [
         Root("Run config", Config,
              "`sanlab train`, `sanlab match`, `sanlab signal`; stored as a run dir's `config.json`"),
@@ -61,8 +73,9 @@ def roots() -> list[Root]:
              "`train.*` go to the run config)"),
         *(Root(f"Probe task: {name}", task.config, f"`sanlab probe {name} task.KEY=VALUE`")
           for name, task in TASKS.items()),
-        *(Root(f"Mixer options: {name}", cls.Options, f"`model.mixer={name}` with `model.mixer_options.KEY=VALUE`")
-          for name, cls in MIXERS.items() if cls.Options.model_fields),
+        *(Root(f"Mixer options: {spec.name}", spec.Options,
+               f"`model.mixer={spec.name}` with `model.mixer_options.KEY=VALUE`")
+          for spec in mixer_specs() if spec.Options.model_fields),
     ]
 
 
@@ -266,5 +279,99 @@ def render_markdown() -> str:
     return "\n".join(out)
 
 
+# --------------------------------------------------------------------------- mixer tables
+
+
+def mixer_specs() -> list[type[MixerSpec]]:
+    """The registered sequence mixers in the docs' order: the standard one, then by name."""
+    return sorted(MIXERS.values(), key=lambda s: (s.name != STANDARD_MIXER, s.name))
+
+
+def _options_text(spec: type[MixerSpec]) -> str:
+    fields = spec.Options.model_fields
+    if not fields:
+        return "—"
+    return ", ".join(f"`{name}` ({default_text(spec.Options, name).strip(chr(34))})" for name in fields)
+
+
+def render_mixer_table() -> str:
+    """docs/variants.md: every sequence mixer, what it does and its options; the state mixers."""
+    rows = ["| `model.mixer` | paper | what it does | options (`model.mixer_options`, default) |", "|---|---|---|---|"]
+    rows += [f"| `{s.name}` | {s.paper or '—'} | {_cell(s.summary)} | {_options_text(s)} |" for s in mixer_specs()]
+    rows += ["", "| `model.state_mixer` | paper | what it does |", "|---|---|---|",
+             "| `none` | SPEC §1.1 | no FFN: the SAN (`model.ffn=false`) |"]
+    rows += [f"| `{s.name}` | {s.paper} | {_cell(s.summary)} (`model.ffn=true`) |" for s in STATE_MIXERS.values()]
+    return "\n".join(rows)
+
+
+def render_mixer_files() -> str:
+    """docs/architecture.md: each mixer's file, spec, module and decode cache (imports torch:
+    the module classes)."""
+    rows = ["| mixer | file (`src/sanlab/model/mixers/`) | spec | module | decode |", "|---|---|---|---|---|"]
+    for s in mixer_specs():
+        cls = mixer_class(s.name)
+        cache = cls.decode_cache
+        decode = f"`{cache.__name__}`" if cache is not None else "full forward"
+        rows.append(f"| `{s.name}` | `{s.__module__.rsplit('.', 1)[1]}.py` | `{s.__name__}` | `{cls.__name__}` | {decode} |")
+    for s in STATE_MIXERS.values():
+        rows.append(f"| `{s.name}` (state) | `{s.__module__.rsplit('.', 1)[1]}.py` | `{s.__name__}` | "
+                    f"`{state_mixer_class(s.name).__name__}` | — |")
+    return "\n".join(rows)
+
+
+# file (relative to the repository root) -> marker name -> what goes between its markers
+GENERATED: dict[str, dict[str, Any]] = {
+    "docs/variants.md": {"mixers": render_mixer_table},
+    "docs/architecture.md": {"mixer-files": render_mixer_files},
+}
+
+
+def regenerated(text: str, blocks: dict[str, Any], where: str) -> str:
+    """`text` with every marked block replaced by its rendering (ConfigError: a marker missing)."""
+    for name, render in blocks.items():
+        start, end = f"<!-- sanlab:{name} -->", f"<!-- /sanlab:{name} -->"
+        if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+            raise ConfigError(f"{where}: expected one {start} … {end} block")
+        head, rest = text.split(start, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{start}\n{render()}\n{end}{tail}"
+    return text
+
+
+def stale_docs(root: Path, write: bool = False) -> list[str]:
+    """The generated docs under `root` that differ from the registry (rewritten with `write`)."""
+    new: dict[Path, str] = {}
+    for rel, blocks in GENERATED.items():
+        text = (root / rel).read_text()
+        if (fresh := regenerated(text, blocks, rel)) != text:
+            new[root / rel] = fresh
+    if write:  # every file checked first: a missing marker writes nothing
+        for path, text in new.items():
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(path)
+    return [str(path.relative_to(root)) for path in new]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sanlab.configref", description="the configuration reference "
+                                     "(stdout), or the mixer tables of the docs")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite the generated blocks of docs/*.md")
+    parser.add_argument("--check-docs", action="store_true", help="exit 1 when a generated block is stale")
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[2], help="the repository")
+    args = parser.parse_args(argv)
+    if not (args.write_docs or args.check_docs):
+        print(render_markdown())
+        return 0
+    try:
+        stale = stale_docs(args.root, write=args.write_docs)
+    except (OSError, SanlabError) as e:
+        print(f"configref: error: {e}", file=sys.stderr)
+        return 2
+    for rel in stale:
+        print(f"{rel}: {'rewritten' if args.write_docs else 'stale (python -m sanlab.configref --write-docs)'}")
+    return 1 if stale and args.check_docs else 0
+
+
 if __name__ == "__main__":
-    print(render_markdown())
+    raise SystemExit(main())

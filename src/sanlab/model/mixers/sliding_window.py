@@ -26,6 +26,7 @@ class SlidingWindowSpec(SoftmaxSpec):
 
     name = "sliding_window"
     short = "swa"
+    paper = ""  # not a paper's variant
     summary = "softmax attention in which each token sees only the last `window` tokens of its document, itself included"
     Options = SlidingWindowOptions
 
