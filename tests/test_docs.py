@@ -269,3 +269,95 @@ def test_the_home_page_commands_row_links_every_command():
     linked = re.findall(r"\[([a-z]+)\]\(commands/([a-z]+)\.md\)", row)
     assert [name for name, _ in linked] == [page for _, page in linked]
     assert {name for name, _ in linked} == set(COMMANDS), set(COMMANDS) ^ {name for name, _ in linked}
+
+
+# --------------------------------------------------------------------------- generated from the registry
+
+
+def test_the_mixer_tables_are_what_the_registry_gives():
+    """docs/variants.md and docs/architecture.md hold the registry's tables
+    (`python -m sanlab.configref --write-docs` rewrites them)."""
+    assert configref.stale_docs(ROOT) == [], "stale: run `python -m sanlab.configref --write-docs`"
+
+
+def test_a_stale_or_unmarked_table_is_caught_and_nothing_is_written(tmp_path):
+    for rel in configref.GENERATED:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text((ROOT / rel).read_text())
+    variants = tmp_path / "docs" / "variants.md"
+    variants.write_text(variants.read_text().replace("| `softmax` |", "| `softmax2` |"))
+    assert configref.stale_docs(tmp_path) == ["docs/variants.md"]
+    assert configref.main(["--check-docs", "--root", str(tmp_path)]) == 1
+    assert configref.main(["--write-docs", "--root", str(tmp_path)]) == 0
+    assert configref.stale_docs(tmp_path) == []
+    arch = tmp_path / "docs" / "architecture.md"
+    arch.write_text(arch.read_text().replace("<!-- /sanlab:mixer-files -->", ""))
+    variants.write_text(variants.read_text().replace("| `softmax` |", "| `softmax2` |"))
+    before = variants.read_text()
+    assert configref.main(["--write-docs", "--root", str(tmp_path)]) == 2  # one line, nothing written
+    assert variants.read_text() == before
+
+
+def _guide_blocks() -> tuple[str, str]:
+    """The mixer file and its test from docs/variants.md's "Write a variant" section."""
+    text = (ROOT / "docs" / "variants.md").read_text()
+    section = text.split("## Write a variant", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```python\n(.*?)^```", section, flags=re.M | re.S)
+    assert len(blocks) >= 2, "the guide's example: the mixer file, then its test"
+    return blocks[0], blocks[1]
+
+
+def test_the_variant_guide_example_is_one_file_and_one_test_that_pass(tmp_path, monkeypatch):
+    """The guide's file, loaded as a mixer from outside sanlab, registers itself; the
+    registry's checks hold for it (accounting = module, FLOPs = FlopCounterMode, a packed
+    row = each document alone, causal, decoding = full forward) and its own test passes."""
+    import importlib.util
+
+    from sanlab.model import mixers
+
+    source, test = _guide_blocks()
+    path = tmp_path / "mean.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("guide_mean", path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "guide_mean", module)
+    registered = dict(mixers.MIXERS)
+    try:
+        spec.loader.exec_module(module)
+        assert "mean" in mixers.MIXERS and mixers.mixer_class("mean").spec is mixers.MIXERS["mean"]
+        _check_guide_mixer(test)
+    finally:  # the example's registration ends with the test
+        mixers.MIXERS.clear()
+        mixers.MIXERS.update(registered)
+
+
+def _check_guide_mixer(test: str) -> None:
+    import torch
+
+    from sanlab.accounting import count_flops, count_module_params, count_params, measure_forward_flops
+    from sanlab.config import ModelConfig
+    from sanlab.model.generate import Decoder
+    from sanlab.model.lm import LM
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=64, d_ff=48, mixer="mean",
+                      layout="hybrid", state_mixer="swiglu")
+    model = LM(cfg).eval()
+    assert count_params(cfg).breakdown == count_module_params(model).breakdown
+    tokens = torch.randint(0, 64, (2, 16))
+    seg = (torch.arange(16) >= 6).long().expand(2, 16)
+    assert measure_forward_flops(model, tokens, seg).total == 2 * 16 * count_flops(cfg, 16).forward
+    with torch.no_grad():
+        packed = model(tokens, seg)
+        torch.testing.assert_close(packed[:, :6], model(tokens[:, :6]), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(packed[:, 6:], model(tokens[:, 6:]), atol=1e-5, rtol=1e-5)
+        changed = tokens.clone()
+        changed[:, 10] = (changed[:, 10] + 1) % 64
+        torch.testing.assert_close(model(changed, seg)[:, :10], packed[:, :10])
+        dec = Decoder(model, max_len=16)
+        torch.testing.assert_close(dec.prefill(tokens[:1, :5]), model(tokens[:1, :5])[:, -1])
+    namespace: dict = {}
+    exec(compile(test, "tests/test_mean.py (docs/variants.md)", "exec"), namespace)  # noqa: S102
+    for name, fn in namespace.items():
+        if name.startswith("test_"):
+            fn()

@@ -60,6 +60,45 @@ def test_registries_hold_the_variants() -> None:
     assert "swiglu" in STATES
 
 
+def test_specs_config_and_accounting_need_no_torch() -> None:
+    """The registry, every mixer's spec, config validation, accounting and labels load and
+    run with torch blocked: each file's part above its first `import torch` is torch-free."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "class Block:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch' or name.startswith('torch.'):\n"
+            "            raise ImportError('torch is blocked')\n"
+            "sys.meta_path.insert(0, Block())\n"
+            "import json\n"
+            "from sanlab.accounting import count_flops, count_params\n"
+            "from sanlab.config import Config, apply_overrides\n"
+            "from sanlab.errors import ConfigError\n"
+            "from sanlab.matching import model_label\n"
+            "from sanlab.model import mixers\n"
+            "out = {}\n"
+            "for name in mixers.MIXERS:\n"
+            "    cfg = apply_overrides(Config, {}, [f'model.mixer={name}', 'model.layout=hybrid', 'model.ffn=true'])\n"
+            "    out[name] = [count_params(cfg.model).total, count_flops(cfg.model, 64).train, model_label(cfg.model)]\n"
+            "try:\n"
+            "    apply_overrides(Config, {}, ['model.mixer=mixit', 'model.mixer_options.nope=1'])\n"
+            "except ConfigError as e:\n"
+            "    out['error'] = str(e)\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n"
+            "print(json.dumps(out))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "mixer_options (mixer mixit): nope: unknown key" in out.pop("error")
+    assert set(out) == set(MIXERS)
+    for name, (params, flops, label) in out.items():
+        cfg = ModelConfig(mixer=name, layout="hybrid", ffn=True)
+        assert [params, flops] == [count_params(cfg).total, count_flops(cfg, 64).train], name
+
+
 # --------------------------------------------------------------------------- accounting = module
 
 

@@ -15,8 +15,8 @@ gap or a noise verdict. Anything missing (a run still going, no analysis yet) is
 absent from the data; the report shows a placeholder for it. A damaged results line is
 skipped and counted (`ResultStore.damaged`).
 
-This module imports without torch. Computing the tables does import it (the arms'
-parameter accounting uses the model), and so does `--analyze`.
+Neither importing this module nor computing the tables imports torch (the arms'
+accounting reads the mixers' torch-free specs); `--analyze` does.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sanlab.errors import DataError, SanlabError
+from sanlab.study.results import table_json
 from sanlab.study.store import ResultStore
 
 SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
@@ -115,10 +116,6 @@ def check_study_dir(study_dir: Path) -> dict[str, Any]:
 def study_tables(study_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
     """The study's own tables (`sanlab.study.results.table_json`): (tables, None), or (None,
     the one-line error) when they cannot be computed (e.g. a spec the matching refuses)."""
-    # imported here, not at the top: the arms' accounting imports torch, and the report's
-    # modules stay importable without it (tests/test_report.py)
-    from sanlab.study.results import table_json
-
     try:
         return json.loads(json.dumps(table_json(study_dir))), None  # the printed JSON's types
     except SanlabError as e:
