@@ -60,6 +60,21 @@ def test_registries_hold_the_variants() -> None:
     assert "swiglu" in STATES
 
 
+def test_init_roles_and_accounting_are_the_recorded_ones() -> None:
+    """Every mixer's init (each parameter and buffer, bit for bit, from one seed), roles and
+    parameter and FLOP counts equal tests/data/mixer_fingerprints.json (recorded before the
+    mixers became specs and modules; rewrite it only for a change meant to move them)."""
+    import json
+
+    from mixer_fingerprints import FILE, all_fingerprints
+
+    recorded, now = json.loads(FILE.read_text()), all_fingerprints()
+    assert set(now) == set(recorded)
+    for name in recorded:
+        for key in recorded[name]:
+            assert now[name][key] == recorded[name][key], f"{name}: {key}"
+
+
 def test_specs_config_and_accounting_need_no_torch() -> None:
     """The registry, every mixer's spec, config validation, accounting and labels load and
     run with torch blocked: each file's part above its first `import torch` is torch-free."""
@@ -800,6 +815,23 @@ def _error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 ])
 def test_bad_variant_input_is_one_line(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
     assert needle in _error(capsys, "match", "--preset", "tiny", *argv)
+
+
+def test_mixer_names_and_options_are_checked_when_the_config_loads(tmp_path: Path) -> None:
+    """A config naming an unregistered mixer, or options its mixer does not have, is refused
+    when it loads (one ConfigError naming the key), before any model or accounting."""
+    from sanlab.config import Config, load_config, validate
+
+    with pytest.raises(ConfigError, match=r"^config: model: mixer: unknown sequence mixer 'nope'"):
+        validate(Config, {"model": {"mixer": "nope"}})
+    with pytest.raises(ConfigError, match=r"^config: model: layout: unknown sequence mixer 'nope'"):
+        validate(Config, {"model": {"n_layers": 2, "layout": ["softmax", "nope"]}})
+    toml = tmp_path / "run.toml"
+    toml.write_text('[model]\nmixer = "mixit"\nmixer_options = {seq_len = 0}\n')
+    with pytest.raises(ConfigError, match=r"mixer_options \(mixer mixit\): seq_len: Input should be greater than 0"):
+        load_config(toml)
+    with pytest.raises(ConfigError, match="unknown state mixer 'geglu'"):
+        validate(ModelConfig, {"state_mixer": "geglu"})
 
 
 @pytest.mark.parametrize("overrides,needle", [

@@ -124,6 +124,9 @@ def check_model(cfg: ModelConfig) -> None:
     valid (ConfigError naming the key otherwise). `ModelConfig` runs this when it
     validates, so every config that exists has passed it."""
     mixer_spec(cfg.mixer)
+    for name in cfg.layer_mixers:
+        if name not in MIXERS:
+            raise ConfigError(f"model.layout: unknown sequence mixer {name!r} (known: {', '.join(MIXERS)})")
     for name in dict.fromkeys([*cfg.layer_mixers, cfg.mixer]):  # options for an unused mixer: still checked
         mixer_options(cfg, name)
     if cfg.state_mixer != "none":
