@@ -462,7 +462,7 @@ MUTANTS: tuple[Mutant, ...] = (
     M("options-unchecked-at-load", "src/sanlab/config.py",
       "        try:\n            check_model(self)\n",
       "        try:\n            pass\n",
-      (T + "test_variants.py::test_bad_variant_input_is_one_line",),
+      (T + "test_variants.py::test_mixer_names_and_options_are_checked_when_the_config_loads",),
       "config validation does not check the mixer names and options against the registry"),
     # ---- report figures and tables (tests/test_report_figures.py reads the data behind each figure)
     M("report-delta-population-sd", "src/sanlab/report/build.py",
