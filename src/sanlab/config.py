@@ -146,9 +146,12 @@ class ModelConfig(StrictModel):
     """Architecture (SPEC §1.1). The SAN is `state_mixer="none"` (`ffn=false`); the standard
     arm is `state_mixer="swiglu"` (`ffn=true`).
 
-    `ffn` is kept as the spelling users know: on input `ffn=true/false` sets `state_mixer`
-    (true: `swiglu`, or the legacy `ffn_type`), and `cfg.ffn` reads whether there is a
-    state mixer. Old configs with `ffn` / `ffn_type` keep loading.
+    The FFN of every block has one spelling, `state_mixer` (a registered state mixer, or
+    none), and one alias, the `ffn` users know: on input `ffn=true/false` sets
+    `state_mixer`, and `cfg.ffn` reads whether there is a state mixer. (config.json files
+    written before `state_mixer` existed named the type `ffn_type` beside `ffn`; they keep
+    loading.) The mixer names and options are checked against the registry's specs when
+    the config validates (`sanlab.model.mixers.check_model`).
     """
 
     d_model: int = 128
@@ -197,10 +200,11 @@ class ModelConfig(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _ffn_alias(cls, data: Any) -> Any:
-        """`ffn` (and the legacy `ffn_type`) are input spellings of `state_mixer`. When given,
-        `ffn` decides whether there is a state mixer (so `{**cfg.model_dump(), "ffn": True}`
-        and `model.ffn=false` on a file with `state_mixer = "swiglu"` do what they say);
-        with `ffn=true` a named state_mixer (or the legacy ffn_type) picks its type."""
+        """`ffn` is the input alias of `state_mixer`. When given, it decides whether there is a
+        state mixer (so `{**cfg.model_dump(), "ffn": True}` and `model.ffn=false` on a file
+        with `state_mixer = "swiglu"` do what they say); with `ffn=true` a named
+        state_mixer picks its type. `ffn_type` is how config.json files from before
+        `state_mixer` named that type."""
         if not isinstance(data, dict) or ("ffn" not in data and "ffn_type" not in data):
             return data
         data = dict(data)

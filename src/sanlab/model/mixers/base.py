@@ -21,18 +21,16 @@ its spec, and the two hooks a mixer may need beyond its forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
 
 from sanlab.config import ModelConfig
+from sanlab.model.attention import AttentionContext
 from sanlab.model.layers import HookPoint, make_norm
 from sanlab.model.mixers import implement
 from sanlab.model.mixers.spec import MixerSpec, Param, Role, SequenceSpec, StateSpec
-
-if TYPE_CHECKING:
-    from sanlab.model.attention import AttentionContext
 
 
 def build_parameters(module: nn.Module, cfg: ModelConfig, params: dict[str, Param]) -> None:
