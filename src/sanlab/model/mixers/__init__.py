@@ -48,7 +48,7 @@ __all__ = ["MIXERS", "STATE_MIXERS", "ROLES", "MixerSpec", "NoOptions", "Param",
            "StateSpec", "build_mixer", "build_state_mixer", "check_model", "mixer_class", "mixer_options",
            "mixer_spec", "register_mixer", "register_state_mixer", "state_mixer_class", "state_mixer_spec"]
 
-# name -> spec class, in registration order (the order of the docs tables)
+# name -> spec class, in registration order
 MIXERS: dict[str, type[SequenceSpec]] = {}
 STATE_MIXERS: dict[str, type[StateSpec]] = {}
 # spec class -> the module class that implements it (`spec = …` in the class body)
