@@ -165,7 +165,9 @@ def test_mixit_with_document_lengths_decodes_by_full_forward():
 
 # Options some mixers need at this size (MixiT's draw covers the context; FixedSeqQK draws
 # its sequence, there is no data to bind it from).
-OPTIONS = {"mixit": {"seq_len": 32, "sigma_length": "prefix"}, "fixed_seq_qk": {"sequence": "random", "seq_len": 32}}
+# A window shorter than the context, so a cache that ignored it would show.
+OPTIONS = {"mixit": {"seq_len": 32, "sigma_length": "prefix"}, "fixed_seq_qk": {"sequence": "random", "seq_len": 32},
+           "sliding_window": {"window": 3}}
 
 
 def decoding_equals_full_forward(model: LM, steps: int = 6, max_len: int = 32) -> Decoder:
