@@ -47,7 +47,7 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
     for cell in res["cells"]:
         assert cell["test_total"] == 12 and 0 <= cell["test_correct"] <= 12
         assert cell["test_accuracy"] == cell["test_correct"] / 12
-        run = Path(cell["points"][0]["run_dir"])
+        run = tmp_path / "out" / cell["points"][0]["run_dir"]
         assert (run / "metrics.jsonl").is_file() and (run / "checkpoints" / "latest").is_dir()
         scored = json.loads((run / "probe.json").read_text())
         assert scored["test_correct"] == cell["test_correct"]
@@ -57,11 +57,11 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
     rows = list(csv.DictReader((tmp_path / "out" / "probe-retrieval.csv").open()))
     assert [r["arm"] for r in rows] == ["standard", "san"] and rows[0]["paper"] == "100.0"
     # A rerun reuses the finished runs (the trainer returns them as they are).
-    first = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+    first = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text())["finished_at"]
              for c in res["cells"]]
     assert _probe(tmp_path, "retrieval", "--arms", "standard,san", *TINY,
                   "task.n_train=40", "task.n_val=8", "task.n_test=12") == 0
-    again = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+    again = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text())["finished_at"]
              for c in res["cells"]]
     assert again == first
 
@@ -87,8 +87,8 @@ def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, i
     by_n = {}
     for cell in res["cells"]:
         best = next(p for p in cell["points"] if p["multiplier"] == cell["multiplier"])
-        scored = json.loads((Path(best["run_dir"]) / "probe.json").read_text())
-        meta = json.loads((Path(best["run_dir"]) / "meta.json").read_text())
+        scored = json.loads((tmp_path / "out" / best["run_dir"] / "probe.json").read_text())
+        meta = json.loads((tmp_path / "out" / best["run_dir"] / "meta.json").read_text())
         by_n[cell["task_config"]["n_train"]] = (scored["test_correct"], trainable_from_meta(meta))
         assert scored["test_total"] == cell["task_config"]["n_train"]  # scored on the training set
     params = {p for _, p in by_n.values()}
@@ -239,7 +239,7 @@ def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.
     assert _probe(tmp_path, "dyck", "--arm", "wide: model.ffn=true model.d_ff=40", *TINY,
                   "task.n_train=20", "task.n_val=4", "task.n_test=4", "task.max_len=8") == 0
     res = json.loads((tmp_path / "out" / "probe-dyck.json").read_text())
-    cfg = json.loads((Path(res["cells"][0]["points"][0]["run_dir"]) / "config.json").read_text())
+    cfg = json.loads((tmp_path / "out" / res["cells"][0]["points"][0]["run_dir"] / "config.json").read_text())
     assert cfg["model"]["d_ff"] == 40 and cfg["model"]["state_mixer"] == "swiglu" and cfg["model"]["n_layers"] == 2
 
 

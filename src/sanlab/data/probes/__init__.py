@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from sanlab.data.probes import addition, dyck, induction, memorize, modadd, retrieval, sentiment
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, write_probe_dir
+from sanlab.data.probes.base import (Example, Generated, ProbeData, ProbeTask, TaskConfig, plan_probe_dir,
+                                    write_probe_dir)
 from sanlab.errors import ConfigError
 
 TASKS: dict[str, ProbeTask] = {
@@ -21,8 +22,8 @@ TASKS: dict[str, ProbeTask] = {
               sentiment.TASK)
 }
 
-__all__ = ["TASKS", "Example", "Generated", "ProbeTask", "TaskConfig", "get_task", "task_config",
-           "write_probe_dir"]
+__all__ = ["TASKS", "Example", "Generated", "ProbeData", "ProbeTask", "TaskConfig", "get_task", "plan_probe_dir",
+           "task_config", "write_probe_dir"]
 
 
 def get_task(name: str) -> ProbeTask:
