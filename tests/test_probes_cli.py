@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,74 @@ def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, i
     best_bits = max(c for c, _ in by_n.values()) * 2.0  # log2(4) = 2 bits a label
     assert cap["bits_per_param"] == pytest.approx(best_bits / params.pop())
     assert res["table"]["standard"]["capacity"] == cap["bits_per_param"]
+
+
+def _rescored(out: Path, cell: dict[str, Any], split: str = "test") -> dict[str, Any]:
+    """The accuracy of a cell's selected run, computed again from its checkpoint and data."""
+    from sanlab.analysis.rundir import RunDir
+    from sanlab.probes.evaluate import accuracy
+
+    best = next(p for p in cell["points"] if p["multiplier"] == cell["multiplier"])
+    run = RunDir.open(out / best["run_dir"])
+    return accuracy(run.load_model("latest"), run.data_dir(), split)
+
+
+def test_a_task_runs_from_a_working_directory_with_a_relative_out(
+        tmp_path: Path, in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs train with their run dir as the working directory: nothing the probe writes
+    into a run's config may be relative to where the command was started."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "retrieval", "--arms", "standard", *TINY, "task.n_train=40", "task.n_val=8",
+                 "task.n_test=12", "--out", "rel/out"]) == 0
+    out = tmp_path / "rel" / "out"
+    res = json.loads((out / "probe-retrieval.json").read_text())
+    cell = res["cells"][0]
+    assert cell["points"][0]["status"] == "completed"
+    run = out / cell["points"][0]["run_dir"]
+    cfg = json.loads((run / "config.json").read_text())
+    data = out / "data" / Path(cfg["data"]["dir"]).name
+    assert cfg["data"]["dir"] == os.path.join("..", "..", "data", data.name)  # relative to the run dir
+    assert (run / cfg["data"]["dir"]).resolve() == data.resolve() and (data / "manifest.json").is_file()
+    # the numbers: the test split's exact matches at the selected LR, recomputed from the checkpoint
+    monkeypatch.chdir(tmp_path / "rel")  # and from another working directory
+    again = _rescored(out, cell)
+    assert (cell["test_correct"], cell["test_total"]) == (again["correct"], again["total"]) == \
+        (cell["test_correct"], 12)
+    assert cell["test_accuracy"] == again["correct"] / 12 == res["table"]["standard"]["retrieval"] / 100
+
+
+def test_the_default_out_is_under_the_working_directory(tmp_path: Path, in_process: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "dyck", "--arms", "standard", *TINY, "task.n_train=20", "task.n_val=4",
+                 "task.n_test=4", "task.max_len=8"]) == 0
+    res = json.loads((tmp_path / "runs" / "probe" / "probe-dyck.json").read_text())
+    cell = res["cells"][0]
+    assert cell["points"][0]["status"] == "completed"
+    assert cell["test_correct"] == _rescored(tmp_path / "runs" / "probe", cell)["correct"]
+
+
+def test_the_quick_suite_runs_from_a_working_directory_with_a_relative_out(
+        tmp_path: Path, in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "--suite", "--quick", "--arms", "standard", *TINY, "task.n_train=40", "task.n_val=8",
+                 "task.n_test=8", "capacity.ns=[32]", "--out", "suite"]) == 0
+    out = tmp_path / "suite"
+    res = json.loads((out / "suite.json").read_text())
+    assert res["quick"] is True and not res.get("unscored")
+    for cell in res["cells"]:
+        assert {p["status"] for p in cell["points"]} == {"completed"}, cell["key"]
+        scored = json.loads((out / cell["points"][0]["run_dir"] / "probe.json").read_text())
+        assert (scored["test_correct"], scored["test_total"]) == (cell["test_correct"], cell["test_total"])
+        assert cell["test_accuracy"] == cell["test_correct"] / cell["test_total"]
+    by_key = {c["key"]: c for c in res["cells"]}
+    for task in ("addition", "modadd", "retrieval", "induction", "dyck", "sentiment"):
+        assert res["table"]["standard"][task] == pytest.approx(100 * by_key[f"{task}/standard"]["test_accuracy"])
+    cap = res["capacity"]["standard"]
+    mem = by_key["capacity-n32/standard"]
+    assert cap["memorised"] == mem["test_correct"] and cap["n"] == 32 == mem["test_total"]
+    assert cap["bits_per_param"] == pytest.approx(mem["test_correct"] * math.log2(16) / mem["trainable_params"])
+    assert by_key["retrieval/standard"]["test_correct"] == _rescored(out, by_key["retrieval/standard"])["correct"]
 
 
 # --------------------------------------------------------------------------- capacity arithmetic
