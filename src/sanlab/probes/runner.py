@@ -269,6 +269,7 @@ def make_cell(key: str, task: str, arm: Arm, task_cfg: TaskConfig, run_items: Se
     arm's run config on its layout. Nothing is written: `Cell.data.write()` does that.
     `planned` shares one plan between the cells (arms) of the same task config."""
     planned = {} if planned is None else planned
+    check_run_config(arm, run_items, user_run)  # before the data is generated: a typo fails at once
     data_dir = out / DATA / f"{task}-{_short_hash([task_cfg.model_dump(mode='json'), opts.row_tokens])}"
     if data_dir not in planned:
         planned[data_dir] = plan_probe_dir(get_task(task), task_cfg, data_dir, row_tokens=opts.row_tokens)
@@ -278,6 +279,12 @@ def make_cell(key: str, task: str, arm: Arm, task_cfg: TaskConfig, run_items: Se
              f"model.vocab_size={data.vocab_size}", f"train.eval_rows={data.rows['val']}"]
     cfg = apply_overrides(Config, {}, items, source=f"arm {arm.name}")
     return Cell(key, task, arm, task_cfg, cfg, opts.sweep, data)
+
+
+def check_run_config(arm: Arm, run_items: Sequence[str], user_run: Sequence[str]) -> None:
+    """The arm's run config without the data's settings (row length, vocabulary, val rows):
+    every error that does not depend on the data, found before any data is generated."""
+    apply_overrides(Config, {}, [*BASE_OVERRIDES, *run_items, *arm.overrides, *user_run], source=f"arm {arm.name}")
 
 
 def _point_config(cell: Cell, multiplier: float) -> tuple[Config, float]:

@@ -20,7 +20,7 @@ from sanlab.tables import Output, Table
 
 from sanlab.probes.arms import LABELS, Arm
 from sanlab.probes.capacity import capacity, trainable_from_meta
-from sanlab.probes.runner import Cell, Overrides, ProbeOptions, make_cell, task_settings
+from sanlab.probes.runner import Cell, Overrides, ProbeOptions, check_run_config, make_cell, task_settings
 
 CAPACITY = "capacity"  # the memorization-capacity sweep: a pseudo-task over task `memorize`
 # SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
@@ -40,21 +40,25 @@ ANCHORS: dict[str, dict[str, float | str]] = {
 
 def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: ProbeOptions,
                 quick: bool, out: Path) -> list[Cell]:
-    """Every cell, its task config, data layout and run config checked; nothing written
-    (`write_data` writes the data dirs)."""
-    cells = []
-    planned: dict[Path, Any] = {}
+    """Every cell with its task config, data layout and run config, all checked; nothing
+    written (`write_data` writes the data dirs). Every task config and every run config
+    that does not depend on the data is checked before any task's data is generated."""
+    specs: list[tuple[str, str, Arm, Any, list[str]]] = []  # key, task, arm, task config, run items
     for task in tasks:
         for arm in arms:
             if task == CAPACITY:
                 for n in opts.capacity.ns:
                     cfg, run_items = task_settings("memorize", quick, [*ov.task, f"n_train={n}"])
-                    cells.append(make_cell(f"capacity-n{n}/{arm.name}", "memorize", arm, cfg,
-                                           [*run_items, *opts.capacity.model], ov.run, opts, out, planned))
+                    specs.append((f"capacity-n{n}/{arm.name}", "memorize", arm, cfg,
+                                  [*run_items, *opts.capacity.model]))
             else:
                 cfg, run_items = task_settings(task, quick, ov.task)
-                cells.append(make_cell(f"{task}/{arm.name}", task, arm, cfg, run_items, ov.run, opts, out, planned))
-    return cells
+                specs.append((f"{task}/{arm.name}", task, arm, cfg, run_items))
+    for _, _, arm, _, run_items in specs:
+        check_run_config(arm, run_items, ov.run)
+    planned: dict[Path, Any] = {}
+    return [make_cell(key, task, arm, cfg, run_items, ov.run, opts, out, planned)
+            for key, task, arm, cfg, run_items in specs]
 
 
 def write_data(cells: Sequence[Cell]) -> None:

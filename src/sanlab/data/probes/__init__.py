@@ -33,7 +33,16 @@ def get_task(name: str) -> ProbeTask:
 
 
 def task_config(name: str, overrides: Sequence[str] = ()) -> TaskConfig:
-    """The task's config with `key=value` overrides (without the `task.` prefix)."""
-    from sanlab.config import apply_overrides
+    """The task's config with `key=value` overrides (without the `task.` prefix).
 
-    return apply_overrides(get_task(name).config, {}, overrides, source=f"task {name}")
+    Errors name the keys as the command line spells them (`task.n_train=abc`,
+    `unknown key task.nope`): the overrides are applied under a `task` section.
+    """
+    from pydantic import create_model
+
+    from sanlab.config import StrictModel, apply_overrides
+
+    cls = get_task(name).config
+    section = create_model(f"{cls.__name__}Section", __base__=StrictModel, task=(cls, cls()))
+    items = [f"task.{item.strip()}" if "=" in item else item for item in overrides]
+    return apply_overrides(section, {}, items, source=f"probe {name}").task  # type: ignore[attr-defined]
