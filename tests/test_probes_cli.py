@@ -237,6 +237,18 @@ def test_capacity_model_overrides_reach_only_the_capacity_cells(tmp_path: Path) 
         Overrides.parse(['capacity.model=["d_model=16"]']).options_model()
 
 
+def test_full_size_retrieval_trains_at_64_rows_a_step_and_quick_keeps_8() -> None:
+    """The documented defaults (docs/commands/probe.md, "Retrieval at the full size")."""
+    from sanlab.probes.runner import BASE_OVERRIDES, task_settings
+
+    cfg, items = task_settings("retrieval", False, [])
+    assert (cfg.m_max, cfg.keys, cfg.values, cfg.n_train) == (16, 24, 24, 50000)
+    assert items == ["train.batch_rows=64", "train.steps=1000"]
+    cfg, items = task_settings("retrieval", True, [])
+    assert (cfg.m_max, cfg.keys, cfg.values) == (8, 16, 16) and items == ["train.steps=500"]
+    assert "train.batch_rows=8" in BASE_OVERRIDES  # every other task
+
+
 def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None:
     """A model that predicts all but the last answer digit right scores zero."""
     from sanlab.data.probes import TASKS, task_config, write_probe_dir
