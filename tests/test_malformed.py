@@ -175,6 +175,48 @@ CASES: dict[str, tuple[str, str]] = {
     "analyze bad checkpoint": ("analyze {run} --checkpoint milestone-033 --skip spectra", "milestone-033"),
     # ---- the dispatcher
     "unknown command": ("frobnicate", "unknown command 'frobnicate'"),
+    # ---- probe: every task.* error, and run-config errors, refused before anything is
+    # written: no --out dir, no ./runs/probe (the test runs in {root}), no data set
+    "probe n_train zero": ("probe retrieval task.n_train=0", "n_train must be at least 1"),
+    "probe n_val zero": ("probe retrieval task.n_val=0 --out {root}/probe-new", "n_val must be at least 1"),
+    "probe n_test zero": ("probe dyck task.n_test=0", "n_test must be at least 1"),
+    "probe modadd p 1": ("probe modadd task.p=1 --out {root}/probe-new", "p must be at least 2"),
+    "probe modadd p too large": ("probe modadd task.p=70000", "p must be at most 65000"),
+    "probe modadd train_frac 1": ("probe modadd task.train_frac=1", "train_frac must lie in (0, 1)"),
+    "probe modadd nothing held out": ("probe modadd task.p=3 task.train_frac=0.9", "leaves 1 of 9 pairs held out"),
+    "probe memorize alphabet 1": ("probe memorize task.alphabet=1 --out {root}/probe-new",
+                                  "alphabet must be at least 2 labels"),
+    "probe memorize key_symbols 1": ("probe memorize task.key_symbols=1", "key_symbols at least 2"),
+    "probe memorize key space": ("probe memorize task.key_len=1 task.n_train=100", "exceeds the 16 distinct keys"),
+    "probe capacity alphabet 1": ("probe capacity task.alphabet=1", "alphabet must be at least 2 labels"),
+    "probe induction hops 0": ("probe induction task.hops=0", "hops must be at least 1"),
+    "probe induction chain": ("probe induction task.pairs=1 task.hops=2", "cannot hold a chain of hops=2"),
+    "probe induction nodes": ("probe induction task.pairs=20 task.nodes=8", "need more than nodes=8"),
+    "probe dyck odd length": ("probe dyck task.min_len=3", "need even 2 <= min_len <= max_len"),
+    "probe sentiment cues": ("probe sentiment task.max_cues=5 task.min_words=4", "max_cues <= min_words"),
+    "probe sentiment negation": ("probe sentiment task.negation=1.5", "negation must lie in [0, 1]"),
+    "probe addition digits": ("probe addition task.digits=0", "digits must lie in [1, 18]"),
+    "probe addition space": ("probe addition task.digits=1 task.n_train=200", "exceeds the 100 pairs"),
+    "probe retrieval m_min": ("probe retrieval task.m_min=0", "need 1 <= m_min <= m_max"),
+    "probe retrieval key space": ("probe retrieval task.m_max=30 --out {root}/probe-new",
+                                  "the key space has only 24"),
+    "probe retrieval values": ("probe retrieval task.values=1", "values must be at least 2"),
+    "probe retrieval too few examples": ("probe retrieval task.keys=2 task.values=2 task.m_max=1 task.n_train=100",
+                                         "cannot draw 868 distinct retrieval examples"),
+    "probe dyck too few examples": ("probe dyck task.max_len=2 --out {root}/probe-new",
+                                    "cannot draw 10768 distinct dyck examples"),
+    "probe task unknown key": ("probe retrieval task.nope=1", "unknown key task.nope"),
+    "probe task key text": ("probe retrieval task.n_train=abc", "override task.n_train=abc"),
+    "probe task nan": ("probe sentiment task.negation=nan", "override task.negation=nan: Input should be a finite"),
+    "probe suite task error": ("probe --suite --quick task.n_train=0", "n_train must be at least 1"),
+    "probe steps -1": ("probe retrieval train.steps=-1", "steps must be positive, got -1"),
+    "probe steps -1 with --out": ("probe retrieval train.steps=-1 --out {root}/probe-new", "steps must be positive"),
+    "probe lr inf": ("probe retrieval optim.lr=inf", "optim.lr=inf: Input should be a finite number"),
+    "probe lr inf with --out": ("probe retrieval optim.lr=inf --out {root}/probe-new", "finite number"),
+    "probe suite steps -1": ("probe --suite --quick train.steps=-1", "steps must be positive"),
+    "probe out is a file": ("probe retrieval --out {root}/file.txt", "exists and is not a directory"),
+    "probe out under a file": ("probe retrieval --out {root}/file.txt/p", "is a file, not a directory"),
+    "probe out unwritable": ("probe retrieval --out {root}/readonly/p", "no permission to write"),
 }
 
 
@@ -266,15 +308,17 @@ def readonly(world: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_table_covers_every_command() -> None:
     assert len(CASES) >= 60
     commands = {argv.split()[0] for argv, _ in CASES.values()}
-    assert {"train", "prepare", "study", "match", "signal", "analyze"} <= commands
+    assert {"train", "prepare", "study", "match", "signal", "analyze", "probe"} <= commands
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_malformed_input_is_one_line_exit_2_and_changes_nothing(
-        name: str, world: dict[str, str], readonly: None, capsys: pytest.CaptureFixture[str]) -> None:
+        name: str, world: dict[str, str], readonly: None, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     template, needle = CASES[name]
     argv = template.format(**world).split()
     root = Path(world["root"])
+    monkeypatch.chdir(root)  # a default output location (`probe`: ./runs/probe) is inside the world too
     before = _snapshot(root)
     rc = main(argv)
     captured = capsys.readouterr()

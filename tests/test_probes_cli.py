@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
     for cell in res["cells"]:
         assert cell["test_total"] == 12 and 0 <= cell["test_correct"] <= 12
         assert cell["test_accuracy"] == cell["test_correct"] / 12
-        run = Path(cell["points"][0]["run_dir"])
+        run = tmp_path / "out" / cell["points"][0]["run_dir"]
         assert (run / "metrics.jsonl").is_file() and (run / "checkpoints" / "latest").is_dir()
         scored = json.loads((run / "probe.json").read_text())
         assert scored["test_correct"] == cell["test_correct"]
@@ -57,11 +58,11 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
     rows = list(csv.DictReader((tmp_path / "out" / "probe-retrieval.csv").open()))
     assert [r["arm"] for r in rows] == ["standard", "san"] and rows[0]["paper"] == "100.0"
     # A rerun reuses the finished runs (the trainer returns them as they are).
-    first = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+    first = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text())["finished_at"]
              for c in res["cells"]]
     assert _probe(tmp_path, "retrieval", "--arms", "standard,san", *TINY,
                   "task.n_train=40", "task.n_val=8", "task.n_test=12") == 0
-    again = [json.loads((Path(c["points"][0]["run_dir"]) / "meta.json").read_text())["finished_at"]
+    again = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text())["finished_at"]
              for c in res["cells"]]
     assert again == first
 
@@ -87,8 +88,8 @@ def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, i
     by_n = {}
     for cell in res["cells"]:
         best = next(p for p in cell["points"] if p["multiplier"] == cell["multiplier"])
-        scored = json.loads((Path(best["run_dir"]) / "probe.json").read_text())
-        meta = json.loads((Path(best["run_dir"]) / "meta.json").read_text())
+        scored = json.loads((tmp_path / "out" / best["run_dir"] / "probe.json").read_text())
+        meta = json.loads((tmp_path / "out" / best["run_dir"] / "meta.json").read_text())
         by_n[cell["task_config"]["n_train"]] = (scored["test_correct"], trainable_from_meta(meta))
         assert scored["test_total"] == cell["task_config"]["n_train"]  # scored on the training set
     params = {p for _, p in by_n.values()}
@@ -96,6 +97,74 @@ def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, i
     best_bits = max(c for c, _ in by_n.values()) * 2.0  # log2(4) = 2 bits a label
     assert cap["bits_per_param"] == pytest.approx(best_bits / params.pop())
     assert res["table"]["standard"]["capacity"] == cap["bits_per_param"]
+
+
+def _rescored(out: Path, cell: dict[str, Any], split: str = "test") -> dict[str, Any]:
+    """The accuracy of a cell's selected run, computed again from its checkpoint and data."""
+    from sanlab.analysis.rundir import RunDir
+    from sanlab.probes.evaluate import accuracy
+
+    best = next(p for p in cell["points"] if p["multiplier"] == cell["multiplier"])
+    run = RunDir.open(out / best["run_dir"])
+    return accuracy(run.load_model("latest"), run.data_dir(), split)
+
+
+def test_a_task_runs_from_a_working_directory_with_a_relative_out(
+        tmp_path: Path, in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runs train with their run dir as the working directory: nothing the probe writes
+    into a run's config may be relative to where the command was started."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "retrieval", "--arms", "standard", *TINY, "task.n_train=40", "task.n_val=8",
+                 "task.n_test=12", "--out", "rel/out"]) == 0
+    out = tmp_path / "rel" / "out"
+    res = json.loads((out / "probe-retrieval.json").read_text())
+    cell = res["cells"][0]
+    assert cell["points"][0]["status"] == "completed"
+    run = out / cell["points"][0]["run_dir"]
+    cfg = json.loads((run / "config.json").read_text())
+    data = out / "data" / Path(cfg["data"]["dir"]).name
+    assert cfg["data"]["dir"] == os.path.join("..", "..", "data", data.name)  # relative to the run dir
+    assert (run / cfg["data"]["dir"]).resolve() == data.resolve() and (data / "manifest.json").is_file()
+    # the numbers: the test split's exact matches at the selected LR, recomputed from the checkpoint
+    monkeypatch.chdir(tmp_path / "rel")  # and from another working directory
+    again = _rescored(out, cell)
+    assert (cell["test_correct"], cell["test_total"]) == (again["correct"], again["total"]) == \
+        (cell["test_correct"], 12)
+    assert cell["test_accuracy"] == again["correct"] / 12 == res["table"]["standard"]["retrieval"] / 100
+
+
+def test_the_default_out_is_under_the_working_directory(tmp_path: Path, in_process: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "dyck", "--arms", "standard", *TINY, "task.n_train=20", "task.n_val=4",
+                 "task.n_test=4", "task.max_len=8"]) == 0
+    res = json.loads((tmp_path / "runs" / "probe" / "probe-dyck.json").read_text())
+    cell = res["cells"][0]
+    assert cell["points"][0]["status"] == "completed"
+    assert cell["test_correct"] == _rescored(tmp_path / "runs" / "probe", cell)["correct"]
+
+
+def test_the_quick_suite_runs_from_a_working_directory_with_a_relative_out(
+        tmp_path: Path, in_process: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["probe", "--suite", "--quick", "--arms", "standard", *TINY, "task.n_train=40", "task.n_val=8",
+                 "task.n_test=8", "capacity.ns=[32]", "--out", "suite"]) == 0
+    out = tmp_path / "suite"
+    res = json.loads((out / "suite.json").read_text())
+    assert res["quick"] is True and not res.get("unscored")
+    for cell in res["cells"]:
+        assert {p["status"] for p in cell["points"]} == {"completed"}, cell["key"]
+        scored = json.loads((out / cell["points"][0]["run_dir"] / "probe.json").read_text())
+        assert (scored["test_correct"], scored["test_total"]) == (cell["test_correct"], cell["test_total"])
+        assert cell["test_accuracy"] == cell["test_correct"] / cell["test_total"]
+    by_key = {c["key"]: c for c in res["cells"]}
+    for task in ("addition", "modadd", "retrieval", "induction", "dyck", "sentiment"):
+        assert res["table"]["standard"][task] == pytest.approx(100 * by_key[f"{task}/standard"]["test_accuracy"])
+    cap = res["capacity"]["standard"]
+    mem = by_key["capacity-n32/standard"]
+    assert cap["memorised"] == mem["test_correct"] and cap["n"] == 32 == mem["test_total"]
+    assert cap["bits_per_param"] == pytest.approx(mem["test_correct"] * math.log2(16) / mem["trainable_params"])
+    assert by_key["retrieval/standard"]["test_correct"] == _rescored(out, by_key["retrieval/standard"])["correct"]
 
 
 # --------------------------------------------------------------------------- capacity arithmetic
@@ -166,6 +235,18 @@ def test_capacity_model_overrides_reach_only_the_capacity_cells(tmp_path: Path) 
     assert by_key["dyck/standard"].config.model.d_model == 64
     with pytest.raises(ConfigError, match="capacity.model"):
         Overrides.parse(['capacity.model=["d_model=16"]']).options_model()
+
+
+def test_full_size_retrieval_trains_at_64_rows_a_step_and_quick_keeps_8() -> None:
+    """The documented defaults (docs/commands/probe.md, "Retrieval at the full size")."""
+    from sanlab.probes.runner import BASE_OVERRIDES, task_settings
+
+    cfg, items = task_settings("retrieval", False, [])
+    assert (cfg.m_max, cfg.keys, cfg.values, cfg.n_train) == (16, 24, 24, 50000)
+    assert items == ["train.batch_rows=64", "train.steps=1000"]
+    cfg, items = task_settings("retrieval", True, [])
+    assert (cfg.m_max, cfg.keys, cfg.values) == (8, 16, 16) and items == ["train.steps=500"]
+    assert "train.batch_rows=8" in BASE_OVERRIDES  # every other task
 
 
 def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None:
@@ -239,7 +320,7 @@ def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.
     assert _probe(tmp_path, "dyck", "--arm", "wide: model.ffn=true model.d_ff=40", *TINY,
                   "task.n_train=20", "task.n_val=4", "task.n_test=4", "task.max_len=8") == 0
     res = json.loads((tmp_path / "out" / "probe-dyck.json").read_text())
-    cfg = json.loads((Path(res["cells"][0]["points"][0]["run_dir"]) / "config.json").read_text())
+    cfg = json.loads((tmp_path / "out" / res["cells"][0]["points"][0]["run_dir"] / "config.json").read_text())
     assert cfg["model"]["d_ff"] == 40 and cfg["model"]["state_mixer"] == "swiglu" and cfg["model"]["n_layers"] == 2
 
 

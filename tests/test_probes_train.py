@@ -33,6 +33,6 @@ def test_standard_two_layer_model_learns_retrieval_and_modadd(task: str, items: 
                *items, "--out", str(tmp_path)])
     assert rc == 0
     cell = json.loads((tmp_path / f"probe-{task}.json").read_text())["cells"][0]
-    config = json.loads((Path(cell["points"][0]["run_dir"]) / "config.json").read_text())
+    config = json.loads((tmp_path / cell["points"][0]["run_dir"] / "config.json").read_text())
     assert config["model"]["n_layers"] == 2 and config["model"]["state_mixer"] == "swiglu"
     assert cell["test_accuracy"] >= 0.95, cell

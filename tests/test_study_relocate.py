@@ -115,3 +115,64 @@ def test_external_data_is_recorded_absolute(study_data_dir: Path, tmp_path: Path
     assert study(spec, tmp_path / "t") == 0
     for rec in ResultStore(tmp_path / "t").runs().values():
         assert rec["config"]["data"]["dir"] == str(tmp_path / "shared-data")
+
+
+CLI_SPEC = """name = "cwd"
+seeds = [1]
+[data]
+dir = "mydata"
+seq_len = 32
+[model]
+d_model = 32
+n_layers = 2
+n_heads = 4
+n_kv_heads = 2
+vocab_size = 512
+[train]
+batch_rows = 4
+eval_every = 0
+eval_rows = 8
+milestones = [1.0]
+precision = "fp32"
+[matching]
+arms = ["iso_depth"]
+[sweep]
+enabled = false
+[noise]
+enabled = false
+[final]
+tokens = [1024]
+[runner]
+workers = 1
+threads = 1
+"""
+
+
+def test_study_run_from_a_working_directory_with_a_relative_out_and_data_dir(
+        study_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sanlab study run SPEC --out REL` with the real trainer, whose runs train with their run
+    dir as the working directory: the spec's relative `data.dir` is the caller's, and the
+    table's numbers are the runs' own (Δ = arm − reference of their final val losses)."""
+    from sanlab.cli import main
+    from sanlab.study.results import table_json
+
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(study_data_dir, tmp_path / "mydata")
+    (tmp_path / "spec.toml").write_text(CLI_SPEC)
+    monkeypatch.setattr("sanlab.study.orchestrate.make_runner", lambda spec, d: InlineRunner())
+    assert main(["study", "run", "spec.toml", "--out", "rel/study"]) == 0
+    out = tmp_path / "rel" / "study"
+    records = ResultStore(out).runs()
+    assert len(records) == 2 and {r["status"] for r in records.values()} == {"completed"}
+    losses = {}
+    for rid in records:
+        run = out / "runs" / rid
+        assert json.loads((run / "config.json").read_text())["data"]["dir"] == str(tmp_path / "mydata")
+        meta = json.loads((run / "meta.json").read_text())
+        logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert meta["final"]["val_loss"] == [x for x in logged if x.get("val_loss") is not None][-1]["val_loss"]
+        losses[rid] = meta["final"]["val_loss"]
+    monkeypatch.chdir(tmp_path / "rel")  # the table read from elsewhere
+    (gap,) = table_json(Path("study"))["gaps"]
+    pair = gap["runs"]["1"]
+    assert gap["per_seed"]["1"] == pytest.approx(losses[pair["arm"]] - losses[pair["reference"]], abs=1e-12)

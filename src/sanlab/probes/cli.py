@@ -13,6 +13,7 @@ memorization) at the LR the validation split selected. See docs/commands/probe.m
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -84,8 +85,10 @@ def run(args: argparse.Namespace) -> int:
 
     from sanlab.data.probes import TASKS
     from sanlab.probes.arms import available_presets, check_available, resolve_arms
+    from sanlab.paths import check_out_dir
     from sanlab.probes.runner import Overrides, run_cells
-    from sanlab.probes.suite import CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results, write_results
+    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
+                                     write_data, write_results)
     from sanlab.tables import Output
 
     console = Output(args.format)
@@ -118,25 +121,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         arms = resolve_arms(["standard", "san"])
     opts = ov.options_model(args.quick)
-    out: Path = args.out
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot create ({e.strerror})") from None
-    if not os_access_writable(out):
-        raise ConfigError(f"--out {out}: not writable")
-
-    # Everything is checked (task configs, arm configs, data) before the first run.
+    # One validation step before anything is written: the --out location, every task
+    # config, every task's data (generated in memory) and every arm's run config. Only
+    # then are the --out dir and the data dirs created.
+    check_out_dir(args.out)
+    out = Path(os.path.abspath(args.out))  # the runs train in their run dirs: no path may be cwd-relative
     cells = build_cells(tasks, arms, ov, opts, args.quick, out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_data(cells)
     t0 = time.time()
     stem = "suite" if args.suite else f"probe-{tasks[0]}"
     console.progress(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
                   f"{opts.runner.workers} worker(s) × {opts.runner.threads} thread(s) → {out}")
 
     def save_so_far() -> None:
-        write_results(results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0), out, stem)
+        write_results(results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0), out, stem)
 
     def on_round(n: int, runs: int) -> None:
         console.progress(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
@@ -151,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
         save_so_far()  # a stopped suite keeps every finished run's numbers in its results
 
     run_cells(cells, opts, out, progress, on_round, save_so_far)
-    res = results(tasks, arms, cells, quick=args.quick, wall_s=time.time() - t0)
+    res = results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0)
     print_cells(res, console)
     print_table(res, console)
     json_path, csv_path = write_results(res, out, stem)
@@ -162,8 +161,3 @@ def run(args: argparse.Namespace) -> int:
     console.close()
     return 1 if failed else 0
 
-
-def os_access_writable(path: Path) -> bool:
-    import os
-
-    return os.access(path, os.W_OK)

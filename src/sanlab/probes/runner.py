@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from pydantic import model_validator
 
 from sanlab.config import Config, StrictModel, apply_overrides
-from sanlab.data.probes import TaskConfig, get_task, task_config, write_probe_dir
+from sanlab.data.probes import ProbeData, TaskConfig, get_task, plan_probe_dir, task_config
 from sanlab.errors import ConfigError
 from sanlab.probes.arms import Arm
 from sanlab.study.runner import Job, LocalRunner
@@ -52,12 +52,15 @@ BASE_OVERRIDES: tuple[str, ...] = (
 # Per task: task settings and training length, full and --quick (prefix `task.` = task
 # config). The quick budgets are sized so `sanlab probe --suite --quick` (every preset
 # arm, a 3-point LR sweep per cell) fits about 15 minutes on a 2-core CPU.
+# Retrieval at the full size (m <= 16 pairs, 24 keys / values) needs a larger batch, not
+# more steps: at 8 rows a step the standard arm stayed at 21-27% test accuracy (3000 and
+# 12000 steps); at 64 rows it reaches 100% in 1000 steps (measured; docs/commands/probe.md).
 TASK_DEFAULTS: dict[str, dict[str, tuple[str, ...]]] = {
     "addition": {"full": ("task.n_train=50000", "train.steps=3000"),
                  "quick": ("task.n_train=20000", "train.steps=250")},
     "modadd": {"full": ("task.p=113", "train.steps=3000"), "quick": ("task.p=31", "train.steps=250")},
     "memorize": {"full": ("train.steps=3000",), "quick": ("train.steps=300",)},
-    "retrieval": {"full": ("task.n_train=50000", "task.m_max=16", "train.steps=3000"),
+    "retrieval": {"full": ("task.n_train=50000", "task.m_max=16", "train.batch_rows=64", "train.steps=1000"),
                   "quick": ("task.n_train=4000", "task.keys=16", "task.values=16", "train.steps=500")},
     "induction": {"full": ("task.n_train=50000", "train.steps=3000"),
                   "quick": ("task.n_train=20000", "train.steps=250")},
@@ -174,7 +177,7 @@ def _short_hash(data: Any) -> str:
 class Point:
     multiplier: float
     lr: float
-    run_dir: str
+    run_dir: str  # relative to the probe's --out dir: runs/RUN_ID
     status: str | None = None
     val_accuracy: float | None = None
     test_accuracy: float | None = None
@@ -202,14 +205,28 @@ class Cell:
     task_cfg: TaskConfig
     config: Config  # the run config at multiplier 1 (data dir set)
     sweep: SweepSettings
+    data: ProbeData  # the task's data dir (planned; written before the first run)
     points: dict[float, Point] = field(default_factory=dict)
 
     def results(self) -> dict[float, float | None]:
         return {m: p.criterion() for m, p in self.points.items() if p.status is not None}
 
+    def failed(self) -> bool:
+        """Every point run so far failed (an error, not a divergence): no LR was selected
+        and none would be by another LR, so the sweep does not extend past its grid."""
+        done = [p for p in self.points.values() if p.status is not None]
+        return bool(done) and all(p.status not in ("completed", "diverged") for p in done)
+
+    def first_error(self) -> str | None:
+        """The error of the first failed point in the order the sweep ran them (×1 first)."""
+        bad = [p for p in self.points.values() if p.status not in (None, "completed", "diverged")]
+        bad.sort(key=lambda p: (abs(math.log2(p.multiplier)), p.multiplier))
+        return next((p.error or f"run {p.status}" for p in bad), None)
+
     def decision(self) -> Any:
         grid = self.sweep.grid if self.sweep.enabled else [1.0]
-        return decide(grid, self.results(), extend=self.sweep.enabled, max_extensions=self.sweep.max_extensions)
+        extend = self.sweep.enabled and not self.failed()
+        return decide(grid, self.results(), extend=extend, max_extensions=self.sweep.max_extensions)
 
     def best(self) -> Point | None:
         d = self.decision()
@@ -221,24 +238,55 @@ class Cell:
             "key": self.key, "task": self.task, "arm": self.arm.name, "label": self.arm.label,
             "arm_overrides": list(self.arm.overrides), "task_config": self.task_cfg.model_dump(mode="json"),
             "base_lr": self.config.optim.lr, "multiplier": d.best, "lr": best.lr if best else None,
-            "at_edge": d.at_edge and self.sweep.enabled, "val_accuracy": best.val_accuracy if best else None,
+            # an edge is a statement about a selected LR: a cell with none has no edge
+            "at_edge": d.at_edge and self.sweep.enabled and best is not None,
+            "failed": self.failed(), "error": self.first_error() if best is None else None,
+            "val_accuracy": best.val_accuracy if best else None,
             "test_accuracy": best.test_accuracy if best else None,
             "test_correct": best.test_correct if best else None, "test_total": best.test_total if best else None,
             "points": [vars(p) for _, p in sorted(self.points.items())],
         }
 
 
+DATA = "data"  # DIR/data/TASK-HASH: the probe data dirs
+RUNS = "runs"  # DIR/runs/RUN_ID: the run dirs
+JOBS = "jobs"  # DIR/jobs: the study runner's job, outcome, lock and log files
+
+
+def run_data_dir(data: ProbeData) -> str:
+    """`data.dir` as a probe run records it: relative to the run dir (`../../data/NAME`).
+
+    Runs train with their run dir as the working directory (`sanlab.study.runner`), and
+    every run dir is `DIR/runs/RUN_ID`, so this names the same dir wherever DIR is, from
+    any working directory, and it keeps the run's config (and so its id) the same when
+    DIR moves or is spelled differently. It is the study's rule for data inside the
+    study dir (`sanlab.study.orchestrate.portable_data_dir`).
+    """
+    return os.path.join(os.pardir, os.pardir, DATA, data.out.name)
+
+
 def make_cell(key: str, task: str, arm: Arm, task_cfg: TaskConfig, run_items: Sequence[str],
-              user_run: Sequence[str], opts: ProbeOptions, out: Path) -> Cell:
-    """Write (or reuse) the task's data and resolve the arm's run config."""
-    data_dir = out / "data" / f"{task}-{_short_hash([task_cfg.model_dump(mode='json'), opts.row_tokens])}"
-    manifest = write_probe_dir(get_task(task), task_cfg, data_dir, row_tokens=opts.row_tokens)
+              user_run: Sequence[str], opts: ProbeOptions, out: Path,
+              planned: dict[Path, ProbeData] | None = None) -> Cell:
+    """Plan the task's data (generated in memory, or an existing dir reused) and resolve the
+    arm's run config on its layout. Nothing is written: `Cell.data.write()` does that.
+    `planned` shares one plan between the cells (arms) of the same task config."""
+    planned = {} if planned is None else planned
+    data_dir = out / DATA / f"{task}-{_short_hash([task_cfg.model_dump(mode='json'), opts.row_tokens])}"
+    if data_dir not in planned:
+        planned[data_dir] = plan_probe_dir(get_task(task), task_cfg, data_dir, row_tokens=opts.row_tokens)
+    data = planned[data_dir]
     items = [*BASE_OVERRIDES, *run_items, *arm.overrides, *user_run,
-             f"data.dir={data_dir}", f"data.seq_len={manifest['seq_len']}",
-             f"model.vocab_size={manifest['vocab_size']}",
-             f"train.eval_rows={manifest['splits']['val']['rows']}"]
+             f"data.dir={run_data_dir(data)}", f"data.seq_len={data.seq_len}",
+             f"model.vocab_size={data.vocab_size}", f"train.eval_rows={data.rows['val']}"]
     cfg = apply_overrides(Config, {}, items, source=f"arm {arm.name}")
-    return Cell(key, task, arm, task_cfg, cfg, opts.sweep)
+    return Cell(key, task, arm, task_cfg, cfg, opts.sweep, data)
+
+
+def check_run_config(arm: Arm, run_items: Sequence[str], user_run: Sequence[str]) -> None:
+    """The arm's run config without the data's settings (row length, vocabulary, val rows):
+    every error that does not depend on the data, found before any data is generated."""
+    apply_overrides(Config, {}, [*BASE_OVERRIDES, *run_items, *arm.overrides, *user_run], source=f"arm {arm.name}")
 
 
 def _point_config(cell: Cell, multiplier: float) -> tuple[Config, float]:
@@ -250,9 +298,9 @@ def _job(cell: Cell, multiplier: float, out: Path) -> tuple[Job, Point]:
     cfg, lr = _point_config(cell, multiplier)
     data = json.loads(cfg.model_dump_json())
     run_id = f"{cell.key.replace('/', '-')}-lr{lr:g}-{_short_hash(data)}"
-    run_dir = out / "runs" / run_id
-    return Job(run_id=run_id, run_dir=str(run_dir), config=data, jobs_dir=str(out / "jobs"),
-               train_fn=TRAIN_FN), Point(multiplier, lr, str(run_dir))
+    run_dir = f"{RUNS}/{run_id}"  # relative to DIR, as the results files keep it
+    return Job(run_id=run_id, run_dir=os.path.abspath(out / run_dir), config=data,
+               jobs_dir=os.path.abspath(out / JOBS), train_fn=TRAIN_FN), Point(multiplier, lr, run_dir)
 
 
 def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from sanlab.tables import Output, Table
 
 from sanlab.probes.arms import LABELS, Arm
 from sanlab.probes.capacity import capacity, trainable_from_meta
-from sanlab.probes.runner import Cell, Overrides, ProbeOptions, make_cell, task_settings
+from sanlab.probes.runner import Cell, Overrides, ProbeOptions, check_run_config, make_cell, task_settings
 
 CAPACITY = "capacity"  # the memorization-capacity sweep: a pseudo-task over task `memorize`
 # SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
@@ -40,46 +40,67 @@ ANCHORS: dict[str, dict[str, float | str]] = {
 
 def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: ProbeOptions,
                 quick: bool, out: Path) -> list[Cell]:
-    cells = []
+    """Every cell with its task config, data layout and run config, all checked; nothing
+    written (`write_data` writes the data dirs). Every task config and every run config
+    that does not depend on the data is checked before any task's data is generated."""
+    specs: list[tuple[str, str, Arm, Any, list[str]]] = []  # key, task, arm, task config, run items
     for task in tasks:
         for arm in arms:
             if task == CAPACITY:
                 for n in opts.capacity.ns:
                     cfg, run_items = task_settings("memorize", quick, [*ov.task, f"n_train={n}"])
-                    cells.append(make_cell(f"capacity-n{n}/{arm.name}", "memorize", arm, cfg,
-                                           [*run_items, *opts.capacity.model], ov.run, opts, out))
+                    specs.append((f"capacity-n{n}/{arm.name}", "memorize", arm, cfg,
+                                  [*run_items, *opts.capacity.model]))
             else:
                 cfg, run_items = task_settings(task, quick, ov.task)
-                cells.append(make_cell(f"{task}/{arm.name}", task, arm, cfg, run_items, ov.run, opts, out))
-    return cells
+                specs.append((f"{task}/{arm.name}", task, arm, cfg, run_items))
+    for _, _, arm, _, run_items in specs:
+        check_run_config(arm, run_items, ov.run)
+    planned: dict[Path, Any] = {}
+    return [make_cell(key, task, arm, cfg, run_items, ov.run, opts, out, planned)
+            for key, task, arm, cfg, run_items in specs]
 
 
-def _meta(run_dir: str | None) -> dict[str, Any]:
-    if not run_dir:
+def write_data(cells: Sequence[Cell]) -> None:
+    """Write each planned data dir once (a dir already there is reused as it is)."""
+    seen: set[Path] = set()
+    for c in cells:
+        if c.data.out not in seen:
+            seen.add(c.data.out)
+            c.data.write()
+
+
+def _meta(run_dir: Path | None) -> dict[str, Any]:
+    if run_dir is None:
         return {}
     try:
-        return json.loads((Path(run_dir) / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        meta = json.loads((run_dir / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *, quick: bool,
-            wall_s: float | None = None) -> dict[str, Any]:
-    """Everything the table, JSON and CSV show."""
+            out: Path, wall_s: float | None = None) -> dict[str, Any]:
+    """Everything the table, JSON and CSV show (run dirs relative to `out`, the --out dir)."""
     summaries = []
     for c in cells:
         s = c.summary()
         best = c.best()
-        meta = _meta(best.run_dir if best else None)
+        meta = _meta(out / best.run_dir if best else None)
         s["trainable_params"] = trainable_from_meta(meta) if meta else None
         s["params"] = (meta.get("accounting") or {}).get("params_module") if meta else None
         summaries.append(s)
     table: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
     caps: dict[str, Any] = {}
+    unscored: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
     for a in arms:
         for task in tasks:
             mine = [s for s in summaries if s["arm"] == a.name and (
                 s["key"].startswith("capacity-") if task == CAPACITY else s["key"] == f"{task}/{a.name}")]
+            why = _unscored(mine)
+            if why is not None:
+                unscored[a.name][task] = why
             if task == CAPACITY:
                 params = next((s["trainable_params"] for s in mine if s["trainable_params"]), None)
                 alphabet = mine[0]["task_config"]["alphabet"] if mine else None
@@ -94,8 +115,21 @@ def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *,
         "quick": quick, "tasks": list(tasks), "arms": [{"name": a.name, "label": a.label,
                                                         "overrides": list(a.overrides)} for a in arms],
         "table": table, "capacity": caps, "anchors": {a: ANCHORS.get(a, {}) for a in table},
-        "cells": summaries, "wall_s": wall_s,
+        "unscored": {a: v for a, v in unscored.items() if v}, "cells": summaries, "wall_s": wall_s,
     }
+
+
+def _unscored(mine: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Why a column of an arm has no number: none of its cells selected an LR, because
+    their runs failed (`{"status": "failed", "error": the first cell's first error}`) or
+    all diverged. None when some cell has a result or none has run yet."""
+    ran = [s for s in mine if any(p.get("status") for p in s["points"])]
+    if not ran or len(ran) < len(mine) or any(s["lr"] is not None for s in ran):
+        return None
+    errors = [s["error"] for s in ran if s.get("error")]
+    if errors:
+        return {"status": "failed", "error": (str(errors[0]).splitlines() or [""])[0]}
+    return {"status": "diverged", "error": None}
 
 
 def _fmt(value: Any, task: str) -> str:
@@ -121,9 +155,14 @@ def print_table(res: dict[str, Any], console: Output | Console) -> None:
     t.column("arm")
     for task in tasks:
         t.column(COLUMNS.get(task, task), "right")
+    unscored = res.get("unscored") or {}
     for a in res["arms"]:
         row = []
         for task in tasks:
+            why = (unscored.get(a["name"]) or {}).get(task)
+            if why is not None:  # no LR selected: no number, and no edge to speak of
+                row.append(why["status"])
+                continue
             cell = (_fmt_capacity(res["capacity"].get(a["name"], {})) if task == CAPACITY
                     else _fmt(res["table"][a["name"]].get(task), task))
             at_edge = any(k[0] == a["name"] and (k[1] == task or (task == CAPACITY and k[1].startswith("capacity-")))
@@ -131,6 +170,11 @@ def print_table(res: dict[str, Any], console: Output | Console) -> None:
             row.append(cell + ("*" if at_edge else ""))
         t.add_row(a["label"], *row)
     console.table(t)
+    for name, whys in unscored.items():
+        for task, why in whys.items():
+            what = (f"every run failed; the first error: {why['error']}" if why["status"] == "failed"
+                    else "every run diverged")
+            console.note(f"{COLUMNS.get(task, task)} / {LABELS.get(name, name)}: {what}", style="red")
     if any(s["at_edge"] for s in res["cells"]):
         console.note("* the selected LR is still at an edge of its sweep (the sweep hit sweep.max_extensions)")
     if any(c.get("lower_bound") for c in res["capacity"].values()):
@@ -163,6 +207,8 @@ def print_cells(res: dict[str, Any], console: Output | Console) -> None:
         t.column(col, "left" if col in ("task", "arm") else "right")
     for s in res["cells"]:
         lr = "—" if s["lr"] is None else f"{s['lr']:.3g} (×{s['multiplier']:g})" + ("*" if s["at_edge"] else "")
+        if s["lr"] is None and s.get("error"):
+            lr = "failed"
         va, te = s["val_accuracy"], s["test_accuracy"]
         t.add_row(s["key"].split("/")[0], s["label"], lr, "—" if va is None else f"{100 * va:.1f}%",
                   "—" if te is None else f"{100 * te:.1f}%",

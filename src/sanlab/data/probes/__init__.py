@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from sanlab.data.probes import addition, dyck, induction, memorize, modadd, retrieval, sentiment
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, write_probe_dir
+from sanlab.data.probes.base import (Example, Generated, ProbeData, ProbeTask, TaskConfig, plan_probe_dir,
+                                    write_probe_dir)
 from sanlab.errors import ConfigError
 
 TASKS: dict[str, ProbeTask] = {
@@ -21,8 +22,8 @@ TASKS: dict[str, ProbeTask] = {
               sentiment.TASK)
 }
 
-__all__ = ["TASKS", "Example", "Generated", "ProbeTask", "TaskConfig", "get_task", "task_config",
-           "write_probe_dir"]
+__all__ = ["TASKS", "Example", "Generated", "ProbeData", "ProbeTask", "TaskConfig", "get_task", "plan_probe_dir",
+           "task_config", "write_probe_dir"]
 
 
 def get_task(name: str) -> ProbeTask:
@@ -32,7 +33,16 @@ def get_task(name: str) -> ProbeTask:
 
 
 def task_config(name: str, overrides: Sequence[str] = ()) -> TaskConfig:
-    """The task's config with `key=value` overrides (without the `task.` prefix)."""
-    from sanlab.config import apply_overrides
+    """The task's config with `key=value` overrides (without the `task.` prefix).
 
-    return apply_overrides(get_task(name).config, {}, overrides, source=f"task {name}")
+    Errors name the keys as the command line spells them (`task.n_train=abc`,
+    `unknown key task.nope`): the overrides are applied under a `task` section.
+    """
+    from pydantic import create_model
+
+    from sanlab.config import StrictModel, apply_overrides
+
+    cls = get_task(name).config
+    section = create_model(f"{cls.__name__}Section", __base__=StrictModel, task=(cls, cls()))
+    items = [f"task.{item.strip()}" if "=" in item else item for item in overrides]
+    return apply_overrides(section, {}, items, source=f"probe {name}").task  # type: ignore[attr-defined]

@@ -173,12 +173,44 @@ def encode(ex: Example, ids: dict[str, int], length: int) -> tuple[np.ndarray, n
     return np.asarray([ids[t] for t in toks], np.int64), np.asarray(regions, np.uint8)
 
 
-def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_tokens: int = 256,
-                    force: bool = False) -> dict[str, Any]:
-    """Generate `task` with `cfg` and write it as a prepared dir at `out` (atomically).
+@dataclass
+class ProbeData:
+    """A probe data dir, planned: the task generated in memory and its layout known, nothing
+    written yet (`plan_probe_dir`). `write()` writes it (or returns the reused manifest), so a
+    command can check every input, the run configs built on this layout included, before
+    it creates anything."""
 
-    Returns the manifest. An existing dir with the same task, config and row length is
-    reused as it is (generation is deterministic); anything else there needs `force`.
+    task: ProbeTask
+    cfg: TaskConfig
+    out: Path
+    row_tokens: int
+    seq_len: int
+    vocab_size: int
+    rows: dict[str, int]  # rows per split, as the writer packs them
+    existing: dict[str, Any] | None = None  # the manifest of a dir reused as it is
+    gen: Generated | None = None
+
+    def write(self) -> dict[str, Any]:
+        """Write the dir (atomically) and return its manifest; a reused dir is left as it is."""
+        if self.existing is not None:
+            return self.existing
+        assert self.gen is not None
+        manifest = _write(self.task, self.cfg, self.gen, self.out, self.row_tokens)
+        written = {s: manifest["splits"][s]["rows"] for s in SPLITS}
+        if (manifest["seq_len"], manifest["vocab_size"], written) != (self.seq_len, self.vocab_size, self.rows):
+            raise RuntimeError(f"{self.out}: written layout {manifest['seq_len']}, {manifest['vocab_size']}, "
+                               f"{written} differs from the planned one")
+        return manifest
+
+
+def plan_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_tokens: int = 256,
+                   force: bool = False) -> ProbeData:
+    """Generate `task` with `cfg` in memory and lay it out for `out`, writing nothing.
+
+    An existing dir with the same task, config and row length is reused as it is
+    (generation is deterministic, so it is not generated again); anything else there is
+    a `ConfigError` unless `force`. A task whose space cannot hold the examples asked for
+    is a `ConfigError` here, before anything is written.
     """
     out = Path(out)
     probe_key = {"task": task.name, "config": cfg.model_dump(mode="json"), "row_tokens": row_tokens}
@@ -186,19 +218,48 @@ def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_to
     if existing.is_file():
         try:
             old = json.loads(existing.read_text())
-        except (OSError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             old = {}
-        if {k: old.get("probe", {}).get(k) for k in probe_key} == probe_key:
-            return old
-        if not force:
+        old = old if isinstance(old, dict) else {}
+        probe = old.get("probe") if isinstance(old.get("probe"), dict) else {}
+        if {k: probe.get(k) for k in probe_key} == probe_key:
+            try:
+                return ProbeData(task, cfg, out, row_tokens, int(old["seq_len"]), int(old["vocab_size"]),
+                                 {s: int(old["splits"][s]["rows"]) for s in SPLITS}, existing=old)
+            except (KeyError, TypeError, ValueError):
+                pass  # this task's own dir with a damaged manifest: generated and written again
+        elif not force:
             raise ConfigError(f"{out}: holds other probe data (use a new directory or --force)")
     elif out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"{out}: exists and is not a probe data dir")
     gen = task.generate(cfg)
+    per_row, seq_len = row_layout(doc_length(gen), row_tokens)
+    rows = {s: -(-len(gen.splits[s]) // per_row) for s in SPLITS}  # every document has the same length
+    return ProbeData(task, cfg, out, row_tokens, seq_len, _vocab_size(gen), rows, gen=gen)
+
+
+def _vocab_size(gen: Generated) -> int:
+    """The specials and the task's tokens, rounded up to a multiple of 8 (an embedding with a
+    multiple-of-8 row count; the extra rows are never used)."""
+    n = N_SPECIAL + len(gen.vocab)
+    return n + (-n % 8)
+
+
+def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_tokens: int = 256,
+                    force: bool = False) -> dict[str, Any]:
+    """Generate `task` with `cfg` and write it as a prepared dir at `out` (atomically).
+
+    Returns the manifest. An existing dir with the same task, config and row length is
+    reused as it is (generation is deterministic); anything else there needs `force`.
+    """
+    return plan_probe_dir(task, cfg, out, row_tokens=row_tokens, force=force).write()
+
+
+def _write(task: ProbeTask, cfg: TaskConfig, gen: Generated, out: Path, row_tokens: int) -> dict[str, Any]:
+    probe_key = {"task": task.name, "config": cfg.model_dump(mode="json"), "row_tokens": row_tokens}
     length = doc_length(gen) - 2
     per_row, seq_len = row_layout(length + 2, row_tokens)
-    vocab_size = N_SPECIAL + len(gen.vocab)
-    vocab_size += -vocab_size % 8  # an embedding with a multiple-of-8 row count; extra rows are never used
+    vocab_size = _vocab_size(gen)
     ids = {t: N_SPECIAL + i for i, t in enumerate(gen.vocab)}
 
     with staged_dir(out) as tmp:
