@@ -505,7 +505,8 @@ MUTANTS: tuple[Mutant, ...] = (
       "{\"lm_head.weight\": src.weights[\"embed.weight\"].clone()}",
       (T + "test_hf_export.py::test_folder_layout_config_and_no_pickle",), "the tied head is saved a second time"),
     M("hf-checkpoint-unverified", "src/sanlab/hf/export.py",
-      "    state = verify_checkpoint(ckpt)\n", "    state = {}\n",
+      "    state = run.verify(name)  # state.json's sha256 of the weights, as every reader checks\n",
+      "    state = {}\n",
       (T + "test_hf_export.py::test_bad_input_is_one_line_and_writes_nothing",),
       "export reads a checkpoint without verifying its checksums"),
 )

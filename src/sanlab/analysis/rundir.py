@@ -91,9 +91,17 @@ class RunDir:
             raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {have})")
         return f
 
+    def verify(self, name: str) -> dict[str, Any]:
+        """Check checkpoint `name`'s weights against the sha256 its state.json records
+        (`sanlab.train.checkpoint.verify`, the check of every reader); returns state.json."""
+        from sanlab.train.checkpoint import verify
+
+        return verify(self.checkpoint_file(name).parent, (MODEL_FILE,))
+
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
-        """The model weights of checkpoint `name` (safetensors, no code executed)."""
+        """The model weights of checkpoint `name` (safetensors, no code executed), verified."""
         f = self.checkpoint_file(name)
+        self.verify(name)
         try:
             return load_file(str(f))
         except (SafetensorError, OSError) as e:
