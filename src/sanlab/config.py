@@ -464,13 +464,9 @@ def validate(cls: type[M], data: Mapping[str, Any], *, source: str = "config") -
 
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, with a one-line error for a missing or malformed file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: malformed TOML: {e}") from None
+    from sanlab.fileio import read_toml
+
+    return read_toml(path, ConfigError)
 
 
 def _dict_value_type(annotation: Any) -> Any | None:
@@ -544,7 +540,10 @@ def apply_overrides(
     cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
 ) -> M:
     """Apply `a.b=value` overrides to raw config data and validate the result."""
-    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
+    try:
+        merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
     for item in overrides:
         if not item.isprintable():  # a newline or another control character: never meant
             raise ConfigError(f"override {item!r}: contains a control character")

@@ -8,7 +8,6 @@ recorded final metrics, and `config.data.dir` where the held-out documents live.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors.torch import load_file
 
 from sanlab.config import Config, validate
 from sanlab.errors import CheckpointError, ConfigError, DataError
+from sanlab.fileio import read_json_object
 
 MODEL_FILE = "model.safetensors"
 _MILESTONE = re.compile(r"^milestone-(\d{3})$")
@@ -47,10 +47,7 @@ class RunDir:
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             raise CheckpointError(f"{p}: not a run dir (no config.json)")
-        try:
-            raw = json.loads(cfg_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{cfg_file}: malformed JSON: {e}") from None
+        raw = read_json_object(cfg_file, CheckpointError)
         try:
             config = validate(Config, raw, source=str(cfg_file))
         except ConfigError as e:
@@ -58,10 +55,7 @@ class RunDir:
         meta: dict[str, Any] = {}
         meta_file = p / "meta.json"
         if meta_file.is_file():
-            try:
-                meta = json.loads(meta_file.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise CheckpointError(f"{meta_file}: malformed JSON: {e}") from None
+            meta = read_json_object(meta_file, CheckpointError)
         return cls(p, config, meta)
 
     @property

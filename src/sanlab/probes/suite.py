@@ -57,10 +57,9 @@ def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: 
 def _meta(run_dir: str | None) -> dict[str, Any]:
     if not run_dir:
         return {}
-    try:
-        return json.loads((Path(run_dir) / "meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
+    from sanlab.fileio import try_read_json_object
+
+    return try_read_json_object(Path(run_dir) / "meta.json") or {}
 
 
 def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *, quick: bool,

@@ -34,16 +34,11 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from sanlab.fileio import parse_line, read_jsonl  # parse_line: one store line, None when damaged
+
 STORE_NAME = "results.jsonl"
 
 
-def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """One store line as its record, or None when it is damaged (not UTF-8 JSON, not an object)."""
-    try:
-        rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return rec if isinstance(rec, dict) else None
 
 
 class ResultStore:
@@ -118,17 +113,7 @@ class ResultStore:
     def lines(self) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
         """(1-based line number, its bytes, its record or None when damaged) of every
         non-blank line, in order: the one reader of the file."""
-        if not self.path.is_file():
-            return
-        try:
-            data = self.path.read_bytes()
-        except OSError as e:
-            from sanlab.errors import DataError
-
-            raise DataError(f"{self.path}: cannot be read ({e.strerror})") from None
-        for i, raw in enumerate(data.split(b"\n"), 1):
-            if raw.strip():
-                yield i, raw, parse_line(raw)
+        yield from read_jsonl(self.path)
 
     def records(self) -> list[dict[str, Any]]:
         """Every complete record in order; a torn or damaged line is skipped."""

@@ -64,10 +64,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """A run-dir JSON file's object, or None when it is missing or damaged (`sanlab.fileio`)."""
+    from sanlab.fileio import try_read_json_object
+
+    return try_read_json_object(path)
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:

@@ -184,10 +184,9 @@ def write_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_to
     probe_key = {"task": task.name, "config": cfg.model_dump(mode="json"), "row_tokens": row_tokens}
     existing = out / MANIFEST
     if existing.is_file():
-        try:
-            old = json.loads(existing.read_text())
-        except (OSError, json.JSONDecodeError):
-            old = {}
+        from sanlab.fileio import try_read_json_object
+
+        old = try_read_json_object(existing) or {}
         if {k: old.get("probe", {}).get(k) for k in probe_key} == probe_key:
             return old
         if not force:
