@@ -28,6 +28,15 @@ LABELS: dict[str, str] = {"standard": "Standard", "san": "SAN", "frozen_qk": "Fr
                           "frozen_mlp": "Frozen-MLP", "mixit": "MixiT"}
 
 
+RUN_SECTIONS = ("model", "optim", "train")  # what an arm (or a run override) may set
+
+
+def data_override(item: str) -> ConfigError:
+    """The one refusal of a `data.*` override, on the command line or in an arm: the probe
+    writes its own data, so its row length and data dir come from the task."""
+    return ConfigError(f"override {item}: the probe writes its own data (data.* is not settable)")
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
@@ -50,6 +59,13 @@ def parse_custom(spec: str) -> Arm:
         raise ConfigError(f"--arm {spec!r}: {e}") from None
     if not items or any("=" not in i for i in items):
         raise ConfigError(f"--arm {spec!r}: expected section.key=value overrides after the name")
+    for item in items:
+        section = item.split("=", 1)[0].split(".", 1)[0].strip()
+        if section == "data":
+            raise ConfigError(f"--arm {spec!r}: {data_override(item)}")
+        if section not in RUN_SECTIONS:
+            raise ConfigError(f"--arm {spec!r}: override {item}: an arm sets {', '.join(s + '.*' for s in RUN_SECTIONS)} "
+                              "only (task.*, sweep.*, … apply to every arm: give them on the command line)")
     return Arm(name, items)
 
 
