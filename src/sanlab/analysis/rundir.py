@@ -81,8 +81,9 @@ class RunDir:
         name = checkpoint_name(name)
         f = self.path / "checkpoints" / name / MODEL_FILE
         if not f.is_file():
-            have = ", ".join(self.checkpoints()) or "none"
-            raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {have})")
+            if not self.checkpoints():
+                raise CheckpointError(f"{self.path}: no checkpoint with model weights yet (is it trained?)")
+            raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {', '.join(self.checkpoints())})")
         return f
 
     def verify(self, name: str) -> dict[str, Any]:
