@@ -222,10 +222,13 @@ class ModelConfig(StrictModel):
         """A per-layer list may also be written `softmax,mlp,…` or as a JSON list string
         (what a command-line override gives)."""
         if isinstance(value, str) and value.strip().startswith("["):
+            from sanlab.fileio import parse_json
+
             try:
-                return json.loads(value)
-            except json.JSONDecodeError:
-                raise ValueError(f"layout: not a list of mixer names: {value}") from None
+                return parse_json(value)
+            except ValueError as e:  # malformed, or nested too deeply
+                shown = value if len(value) <= 60 else value[:57] + "..."
+                raise ValueError(f"layout: not a list of mixer names: {shown} ({e})") from None
         if isinstance(value, str) and "," in value:
             return [v.strip() for v in value.split(",")]
         return value
