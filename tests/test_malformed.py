@@ -17,6 +17,7 @@ import pytest
 
 from sanlab.cli import main
 from sanlab.errors import EXIT_USAGE
+from sanlab.train.checkpoint import state_digest
 from sanlab.train.trainer import train
 from test_train_loop import TINY, tiny_config
 
@@ -197,6 +198,12 @@ CASES |= {
                                     "is a finished run, but"),
     "sample state.json not UTF-8": ("sample {badstate} --prompt hi", "unreadable checkpoint state (not UTF-8 JSON)"),
     "sample state.json without checksums": ("sample {nochecks} --prompt hi", "no checksums of model.safetensors"),
+    "sample state.json edited": ("sample {editedstate} --prompt hi", "checksum mismatch of its own content"),
+    "resume state.json edited": ("train --out {editedstate_unfinished} --resume", "checksum mismatch of its own"),
+    "sample config.json edited": ("sample {editedcfg} --prompt hi", "its model differs from the config latest was"),
+    "analyze config.json edited": ("analyze {editedcfg} --skip spectra", "its model differs from the config"),
+    "resume config.json edited": ("train --out {editedcfg_unfinished} --resume",
+                                  "written under another config than the run dir's config.json (train.z_loss"),
     "resume state.json not UTF-8": ("train --out {badstate_unfinished} --resume", "unreadable checkpoint state"),
     # ---- one validation step before anything is written
     "mixit draw shorter than the rows": ("train {base} model.mixer=mixit model.mixer_options.seq_len=16 --out {root}/new",
@@ -323,6 +330,7 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     shutil.copytree(run, incomplete)
     state = json.loads((incomplete / "checkpoints" / "latest" / "state.json").read_text())
     del state["rng"]
+    state["state_sha256"] = state_digest(state)  # a state written without it, not a damaged one
     (incomplete / "checkpoints" / "latest" / "state.json").write_text(json.dumps(state))
     meta = json.loads((incomplete / "meta.json").read_text())
     (incomplete / "meta.json").write_text(json.dumps({**meta, "status": "interrupted"}))
@@ -390,7 +398,16 @@ def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
         f = _copy_run(run, root / name, status=status) / latest / "state.json"
         f.write_bytes(b"\xff\xfe" + f.read_bytes())
     f = _copy_run(run, root / "nochecks") / latest / "state.json"
-    f.write_text(json.dumps({k: v for k, v in json.loads(f.read_text()).items() if k != "checksums"}))
+    state = {k: v for k, v in json.loads(f.read_text()).items() if k != "checksums"}
+    f.write_text(json.dumps({**state, "state_sha256": state_digest(state)}))
+    for name, status in (("editedstate", None), ("editedstate_unfinished", "interrupted")):
+        f = _copy_run(run, root / name, status=status) / latest / "state.json"
+        f.write_text(f.read_text().replace('"step": 2', '"step": 1', 1))  # still JSON, another step
+    for name, status, key, value in (("editedcfg", None, "model", {"rope_theta": 10001.0}),
+                                     ("editedcfg_unfinished", "interrupted", "train", {"z_loss": 0.5})):
+        f = _copy_run(run, root / name, status=status) / "config.json"
+        cfg = json.loads(f.read_text())
+        f.write_text(json.dumps({**cfg, key: {**cfg[key], **value}}))  # valid, and not what was trained
     (_copy_run(run, root / "badcfg") / "config.json").write_bytes(b'{"model": "\xff"}')
     (_copy_run(run, root / "listcfg") / "config.json").write_text("[1, 2]")
     (_copy_run(run, root / "deepmeta") / "meta.json").write_text("[" * DEEP + "]" * DEEP)
@@ -418,6 +435,7 @@ def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
     (root / "deepstudy").mkdir()
     (root / "deepstudy" / "study.json").write_text("[" * DEEP + "]" * DEEP)
     names = ("badms", "nostate", "nostate_unfinished", "badstate", "badstate_unfinished", "nochecks", "badcfg",
+             "editedstate", "editedstate_unfinished", "editedcfg", "editedcfg_unfinished",
              "listcfg", "deepmeta", "study", "dmgstudy", "badspec", "badstudy2", "deepstudy")
     return {**{n: str(root / n) for n in names}, "deep_list": "[" * DEEP + "]" * DEEP,
             "bad_prompt": b"\xff\xfe".decode("utf-8", "surrogateescape")}  # what Python makes of argv bytes

@@ -91,7 +91,27 @@ class RunDir:
         (`sanlab.train.checkpoint.verify`, the check of every reader); returns state.json."""
         from sanlab.train.checkpoint import verify
 
-        return verify(self.checkpoint_file(name).parent, (MODEL_FILE,))
+        f = self.checkpoint_file(name)
+        state = verify(f.parent, (MODEL_FILE,))
+        self._check_written_config(f.parent, state.get("config"))
+        return state
+
+    def _check_written_config(self, ckpt: Path, written: Any) -> None:
+        """config.json must describe the model the checkpoint was written with (its state.json
+        records that config, checksummed): a config.json damaged into another valid config
+        (a digit of rope_theta changed) would otherwise rebuild another model silently.
+        Compared: the model section and data.seq_len (data.dir may move with the run)."""
+        if not isinstance(written, dict):
+            return  # a checkpoint that records no config (older ones, hand-written ones)
+        try:
+            then = validate(Config, written, source="checkpoint")
+        except ConfigError:
+            return  # written by a version whose config this one no longer reads: nothing to compare
+        for key, a, b in (("model", then.model, self.config.model), ("data.seq_len", then.data.seq_len,
+                                                                      self.config.data.seq_len)):
+            if a != b:
+                raise CheckpointError(f"{self.path / 'config.json'}: its {key} differs from the config "
+                                      f"{ckpt.name} was written with (a damaged or edited config.json)")
 
     def state_dict(self, name: str) -> dict[str, torch.Tensor]:
         """The model weights of checkpoint `name` (safetensors, no code executed), verified."""

@@ -4,8 +4,8 @@ A checkpoint directory holds
     model.safetensors   the weights (tied tensors stored once)
     optim.safetensors   every tensor of the optimizer state, keyed `{optimizer}/{param name}/{key}`
     state.json          step, loader position, every RNG state, trainer scalars, the
-                        non-tensor optimizer state (param groups, scalars) and the sha256
-                        of both safetensors files
+                        non-tensor optimizer state (param groups, scalars), the sha256
+                        of both safetensors files and of its own content (`state_sha256`)
 No pickle anywhere: a checkpoint can be read without executing code.
 
 Writes are atomic: the files go to a temporary sibling directory that is renamed into
@@ -130,6 +130,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """sha256 of state.json's content without its own `state_sha256` (canonical JSON: sorted
+    keys, no spaces), so damage that still parses (a digit of the step changed) is seen."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -170,6 +177,7 @@ def save(dest: Path, model: nn.Module, optims: Optimizers, state: dict[str, Any]
             "format": FORMAT, **state, "rng": rng_state(), "optim": optim_meta,
             "checksums": {f: _sha256(tmp / f) for f in (MODEL_FILE, OPTIM_FILE)},
         }
+        full["state_sha256"] = state_digest(full)
         (tmp / STATE_FILE).write_text(json.dumps(full))
         for f in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
             _fsync(tmp / f)
@@ -225,6 +233,8 @@ def verify(path: Path, files: Sequence[str] = (MODEL_FILE, OPTIM_FILE)) -> dict[
         raise CheckpointError(f"{f}: unreadable checkpoint state ({why})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{f}: not a sanlab checkpoint (format {FORMAT})")
+    if "state_sha256" in state and state["state_sha256"] != state_digest(state):  # (older checkpoints lack it)
+        raise CheckpointError(f"{f}: checksum mismatch of its own content (a damaged checkpoint state)")
     checksums = state.get("checksums")
     if not isinstance(checksums, dict) or not all(isinstance(checksums.get(n), str) for n in files):
         raise CheckpointError(f"{f}: no checksums of {' and '.join(files)}")

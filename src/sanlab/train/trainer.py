@@ -272,6 +272,12 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
         state = checkpoint.load(found, model, optims)
         if not (isinstance(state.get("loader"), dict) and isinstance(state.get("trainer"), dict)):
             raise CheckpointError(f"{found}: not a training checkpoint (no loader / trainer state)")
+        written = state.get("config")
+        diff = rundir.first_difference(rundir.config_json(cfg), written) if isinstance(written, dict) else None
+        if diff and not decision.force:
+            raise CheckpointError(f"{found}: written under another config than the run dir's config.json "
+                                  f"({diff.replace('in the run dir', 'in the checkpoint')}; a damaged config.json?); "
+                                  "use --force to continue under config.json's")
         train_data.load_state_dict(state["loader"])
         start, trainer_state = state["step"], state["trainer"]
     # ---- the dry check of a fresh start: the evaluation at init, a forward pass through every
@@ -285,7 +291,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     d.barrier()
     meta: dict[str, Any] = {}
     if found is not None:
-        meta = rundir.read_json(out / rundir.META_FILE) or {}
+        meta = rundir.resumed_meta(out / rundir.META_FILE)
         if d.is_main:
             truncate_metrics(out / rundir.METRICS_FILE, start)
             _complete_milestones(ckpt_dir, found, start, plan)
