@@ -38,4 +38,14 @@ def write_run(
         d = path / "checkpoints" / name
         d.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in lm.state_dict().items()}, str(d / "model.safetensors"))
+        seal(d)
     return path
+
+
+def seal(checkpoint_dir: Path) -> None:
+    """The checkpoint's state.json with the sha256 of its weights, as the trainer writes it
+    (every reader verifies the weights against it)."""
+    from sanlab.train.checkpoint import FORMAT, MODEL_FILE, STATE_FILE, _sha256
+
+    state = {"format": FORMAT, "step": 0, "checksums": {MODEL_FILE: _sha256(checkpoint_dir / MODEL_FILE)}}
+    (checkpoint_dir / STATE_FILE).write_text(json.dumps(state))

@@ -46,6 +46,17 @@ def test_sample_streams_a_greedy_continuation(run: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out == out
 
 
+def test_sample_passes_the_temperature_through(run: Path, capsys: pytest.CaptureFixture) -> None:
+    """Greedy (T = 0) is the same whatever the seed; at T = 5 (near-uniform draws) two
+    seeds give different continuations."""
+    def sample(t: str, seed: str) -> str:
+        assert main(["sample", str(run), "--prompt", "The", "--max-new-tokens", "12", "--temperature", t,
+                     "--seed", seed]) == 0
+        return capsys.readouterr().out
+    assert sample("0", "1") == sample("0", "2")
+    assert sample("5", "1") != sample("5", "2")
+
+
 def test_sample_truncates_a_long_prompt_with_a_warning(run: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["sample", str(run), "--prompt", "word " * 200, "--max-new-tokens", "2", "--seed", "3"]) == 0
     err = capsys.readouterr().err

@@ -126,8 +126,24 @@ def test_top_k_and_top_p_filters():
     assert int(pick(logits, SamplingConfig(temperature=0), g)) == 0
 
 
+@pytest.mark.parametrize("temperature", [0.05, 0.5, 1.0, 2.0])
+def test_draw_frequencies_follow_softmax_of_logits_over_temperature(temperature):
+    """Each token is drawn with probability softmax(logits / T)_i: N draws at once (a batch
+    of N identical rows), every token's count within 5 binomial sds (+1 draw) of N·p_i.
+    At T = 0.05 with p = [0.6, 0.4, …] the second token is ~0.03%, the third ~0."""
+    base = torch.tensor([0.6, 0.4, 0.25, 0.1]).log()
+    n = 40_000
+    g = torch.Generator().manual_seed(1)
+    draws = pick(base.expand(n, -1).clone(), SamplingConfig(temperature=temperature), g)
+    counts = torch.bincount(draws, minlength=4).double()
+    p = torch.softmax(base.double() / temperature, dim=-1)
+    bound = 5 * (n * p * (1 - p)).sqrt() + 1
+    assert ((counts - n * p).abs() <= bound).all(), (temperature, counts.tolist(), (n * p).tolist())
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-1.0), dict(temperature=float("nan")), dict(top_p=0.0),
-                                 dict(top_p=1.5), dict(top_k=-1), dict(max_new_tokens=-2)])
+                                 dict(top_p=1.5), dict(top_k=-1), dict(max_new_tokens=-2),
+                                 dict(max_new_tokens=gen.MAX_NEW_TOKENS + 1), dict(seed=-1), dict(seed=2**64)])
 def test_bad_sampling_settings_are_user_errors(bad):
     from sanlab.errors import SanlabError
 

@@ -17,6 +17,7 @@ import pytest
 
 from sanlab.cli import main
 from sanlab.errors import EXIT_USAGE
+from sanlab.train.checkpoint import state_digest
 from sanlab.train.trainer import train
 from test_train_loop import TINY, tiny_config
 
@@ -219,6 +220,123 @@ CASES: dict[str, tuple[str, str]] = {
     "probe out unwritable": ("probe retrieval --out {root}/readonly/p", "no permission to write"),
 }
 
+# Round 3 (issue 29): the commands added in round 2, tried as a new user would.
+CASES |= {
+    # ---- every reader of a checkpoint verifies it against state.json, the same way
+    "sample corrupt weights": ("sample {corrupt} --prompt hi", "model.safetensors: checksum mismatch"),
+    "eval corrupt weights": ("eval {corrupt} --tasks builtin", "model.safetensors: checksum mismatch"),
+    "eval a good run then a corrupt one": ("eval {run} {corrupt} --tasks builtin", "checksum mismatch"),
+    "analyze corrupt weights": ("analyze {corrupt} --skip spectra", "model.safetensors: checksum mismatch"),
+    "analyze corrupt milestone": ("analyze {badms}", "milestone-000/model.safetensors: checksum mismatch"),
+    "export corrupt weights": ("export {corrupt} --hf {root}/hf", "model.safetensors: checksum mismatch"),
+    "export corrupt milestone": ("export {badms} --hf {root}/hf --checkpoint 0", "checksum mismatch"),
+    "sample no state.json": ("sample {nostate} --prompt hi", "state.json: missing, so the checkpoint cannot"),
+    "analyze no state.json": ("analyze {nostate} --skip spectra", "state.json: missing"),
+    "export no state.json": ("export {nostate} --hf {root}/hf", "state.json: missing"),
+    "eval no state.json": ("eval {nostate} --tasks builtin", "state.json: missing"),
+    "resume no state.json": ("train --out {nostate_unfinished} --resume",
+                             "--resume: " + "{nostate_unfinished}/checkpoints/latest/state.json is missing"),
+    "finished run, no state.json": ("train {base} train.milestones=[0.0,1.0] --out {nostate}",
+                                    "is a finished run, but"),
+    "sample state.json not UTF-8": ("sample {badstate} --prompt hi", "unreadable checkpoint state (not UTF-8 JSON)"),
+    "sample state.json without checksums": ("sample {nochecks} --prompt hi", "no checksums of model.safetensors"),
+    "sample state.json edited": ("sample {editedstate} --prompt hi", "checksum mismatch of its own content"),
+    "resume state.json edited": ("train --out {editedstate_unfinished} --resume", "checksum mismatch of its own"),
+    "sample config.json edited": ("sample {editedcfg} --prompt hi", "its model differs from the config latest was"),
+    "analyze config.json edited": ("analyze {editedcfg} --skip spectra", "its model differs from the config"),
+    "resume config.json edited": ("train --out {editedcfg_unfinished} --resume",
+                                  "written under another config than the run dir's config.json (train.z_loss"),
+    "resume state.json not UTF-8": ("train --out {badstate_unfinished} --resume", "unreadable checkpoint state"),
+    # ---- one validation step before anything is written
+    "mixit draw shorter than the rows": ("train {base} model.mixer=mixit model.mixer_options.seq_len=16 --out {root}/new",
+                                         "its fixed draw covers model.mixer_options.seq_len=16"),
+    "freeze what the model lacks": ('train {base} train.freeze=["mlp"] --out {root}/new', "nothing to freeze for 'mlp'"),
+    "unknown mixer": ("train {base} model.mixer=nosuch --out {root}/new", "nosuch"),
+    "layout of the wrong length": ("train {base} model.layout=softmax,softmax --out {root}/new",
+                                   "2 mixers listed for n_layers=1"),
+    "eval builtin then an unknown task": ("eval {run} --tasks builtin,no_such_task", "unknown task 'no_such_task'"),
+    "eval an unknown task": ("eval {run} --tasks no_such_task", "unknown task 'no_such_task'"),
+    "eval limit zero": ("eval {run} --tasks builtin --limit 0", "--limit must be positive"),
+    "eval batch size zero": ("eval {run} --tasks builtin --batch-size 0", "--batch-size must be positive"),
+    "eval no tasks": ("eval {run} --tasks ,", "at least one task"),
+    "eval run missing": ("eval {root}/nowhere --tasks builtin", "run dir not found"),
+    "eval bad checkpoint": ("eval {run} --tasks builtin --checkpoint 33", "no checkpoint 'milestone-033'"),
+    # ---- one reader per file format
+    "toml nested 100,000 deep (train)": ("train {root}/deep.toml --out {root}/new", "nested too deeply"),
+    "toml tables nested 100,000 deep": ("train {root}/deep_tables.toml --out {root}/new", "nested too deeply"),
+    "toml nested 100,000 deep (match)": ("match {root}/deep.toml", "nested too deeply"),
+    "toml nested 100,000 deep (study plan)": ("study plan {root}/deep.toml", "nested too deeply"),
+    "toml nested 100,000 deep (study run)": ("study run {root}/deep.toml --out {root}/s", "nested too deeply"),
+    "toml nested 100,000 deep (prepare)": ("prepare --config {root}/deep.toml --out {root}/new", "nested too deeply"),
+    "toml not UTF-8 (train)": ("train {root}/latin1.toml --out {root}/new", "malformed TOML (not UTF-8: byte 0xe9"),
+    "toml not UTF-8 (study plan)": ("study plan {root}/latin1.toml", "not UTF-8"),
+    "override nested 100,000 deep": ("train {base} model.layout={deep_list} --out {root}/new", "model.layout"),
+    "config.json not UTF-8 (sample)": ("sample {badcfg} --prompt hi", "config.json: malformed JSON (not UTF-8"),
+    "config.json not UTF-8 (analyze)": ("analyze {badcfg}", "config.json: malformed JSON (not UTF-8"),
+    "config.json not UTF-8 (resume)": ("train --out {badcfg} --resume", "config.json: unreadable run config"),
+    "config.json a list": ("sample {listcfg} --prompt hi", "config.json: malformed JSON (a list, not an object)"),
+    "meta.json nested 100,000 deep": ("analyze {deepmeta}", "meta.json: malformed JSON (nested too deeply)"),
+    "meta.json nested deep (export)": ("export {deepmeta} --hf {root}/hf", "nested too deeply"),
+    "study.json not UTF-8 (status)": ("study status {badstudy2}", "study.json: malformed JSON (not UTF-8"),
+    "study.json not UTF-8 (table)": ("study table {badstudy2}", "study.json: malformed JSON (not UTF-8"),
+    "study.json nested deep (report)": ("report {deepstudy}", "nested too deeply"),
+    "manifest not UTF-8": ("train {nodata} data.dir={root}/latin1-manifest --out {root}/new",
+                           "manifest.json: malformed manifest (not UTF-8"),
+    "import config.json not UTF-8": ("import --hf {root}/hfbad --out {root}/imported", "config.json: malformed JSON"),
+    "import no folder": ("import --hf {root}/nowhere --out {root}/imported", "no such folder"),
+    # ---- sample
+    "sample prompt not UTF-8": ("sample {run} --prompt {bad_prompt}", "--prompt: not valid UTF-8 text"),
+    "sample seed too large": ("sample {run} --prompt hi --seed 99999999999999999999999", "--seed must lie in"),
+    "sample seed negative": ("sample {run} --prompt hi --seed -1", "--seed must lie in"),
+    "sample max-new-tokens 1e9": ("sample {run} --prompt hi --max-new-tokens 1000000000",
+                                  "--max-new-tokens must lie in [0, 1,000,000]"),
+    "sample max-new-tokens negative": ("sample {run} --prompt hi --max-new-tokens -1", "--max-new-tokens"),
+    "sample temperature nan": ("sample {run} --prompt hi --temperature nan", "--temperature must be"),
+    "sample top-p zero": ("sample {run} --prompt hi --top-p 0", "--top-p must lie in"),
+    "sample top-k negative": ("sample {run} --prompt hi --top-k -1", "--top-k must be non-negative"),
+    "sample empty prompt": ("sample {run} --prompt=", "--prompt: give some text"),
+    "sample bad checkpoint": ("sample {run} --prompt hi --checkpoint 33", "no checkpoint 'milestone-033'"),
+    "sample run missing": ("sample {root}/nowhere --prompt hi", "run dir not found"),
+    # ---- destinations that cannot be written although permissions say they can
+    "train out in /proc": ("train {base} --out /proc/sanlab-x", "cannot create anything in /proc"),
+    "prepare out in /proc": ("prepare --tokens 1000 --out /proc/sanlab-x", "cannot create anything in /proc"),
+    "study run out in /proc": ("study run {spec} --out /proc/sanlab-x", "cannot create anything in /proc"),
+    "analyze out in /proc": ("analyze {run} --out /proc/sanlab-x", "cannot create anything in /proc"),
+    "signal json in /proc": ("signal --depths 2 --json /proc/sanlab-x.json", "cannot create anything in /proc"),
+    "export out in /proc": ("export {run} --hf /proc/sanlab-x", "cannot create anything in /proc"),
+    "export out not empty": ("export {run} --hf {root}/other", "exists and is not empty"),
+    "record export under a file": ("record export {study} {root}/file.txt/sub", "is a file, not a directory"),
+    "record export into a user's dir": ("record export {study} {root}/other", "is not empty and not a record"),
+    "record export into itself": ("record export {study} {study}", "is the source itself"),
+    "record export inside itself": ("record export {study} {study}/rec", "is inside the source"),
+    "record export into a run dir": ("record export {study} {run}", "is a training run dir"),
+    "record export into a file": ("record export {study} {root}/file.txt", "exists and is not a directory"),
+    "record export in /proc": ("record export {study} /proc/sanlab-x", "cannot create anything in /proc"),
+    "record export study.json not UTF-8": ("record export {badspec} {root}/rec", "study.json: malformed JSON (not UTF"),
+    # ---- accepted silently before
+    "match no targets": ("match --preset tiny --targets ,", "--targets ',': give at least one partner"),
+    "match a target twice": ("match --preset tiny --targets params,params", "params given twice"),
+    "match unknown target": ("match --preset tiny --targets nope", "unknown target 'nope'"),
+    "probe arm sets data": ("probe retrieval --arm x:data.seq_len=32 --out {root}/probe",
+                            "the probe writes its own data (data.* is not settable)"),
+    "probe arm sets the task": ("probe retrieval --arm x:task.n_keys=3 --out {root}/probe",
+                                "an arm sets model.*, optim.*, train.* only"),
+    "ffn true, no state mixer": ("train {base} model.ffn=true model.state_mixer=none --out {root}/new",
+                                 "ffn=true contradicts state_mixer=none"),
+    "ffn false, a state mixer": ("train {base} model.ffn=false model.state_mixer=swiglu --out {root}/new",
+                                 "ffn=false contradicts state_mixer=swiglu"),
+    "ffn contradiction in a file": ("train {root}/ffn.toml {base} --out {root}/new", "ffn=true contradicts"),
+    "ffn contradiction (match)": ("match --preset tiny ffn=true state_mixer=none", "ffn=true contradicts"),
+    "ffn contradiction in an arm": ("study plan {root}/ffn_arm.toml", "arms.0.model: ffn=true contradicts"),
+}
+# Damaged but readable: the command answers (exit 0) and names the damage in one line on
+# stderr; nothing is changed (the store is repaired only by `study run`, which owns it).
+READABLE: dict[str, tuple[str, str]] = {
+    "status with a results line not UTF-8": ("study status {dmgstudy}", "1 damaged line(s) skipped"),
+    "table with a results line not UTF-8": ("study table {dmgstudy}", "1 damaged line(s) skipped"),
+    "table json with a results line not UTF-8": ("study table {dmgstudy} --json", "1 damaged line(s) skipped"),
+}
+
 
 def _snapshot(root: Path) -> dict[str, str]:
     """Every path under `root` with a hash of its content (directories as 'dir')."""
@@ -254,6 +372,7 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     shutil.copytree(run, incomplete)
     state = json.loads((incomplete / "checkpoints" / "latest" / "state.json").read_text())
     del state["rng"]
+    state["state_sha256"] = state_digest(state)  # a state written without it, not a damaged one
     (incomplete / "checkpoints" / "latest" / "state.json").write_text(json.dumps(state))
     meta = json.loads((incomplete / "meta.json").read_text())
     (incomplete / "meta.json").write_text(json.dumps({**meta, "status": "interrupted"}))
@@ -284,7 +403,94 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             "incomplete": str(incomplete),
             "spec": str(root / "spec.toml"),
             "base": f"data.dir={data} {TINY_ARGS} train.steps=2 train.eval_every=0",
-            "nodata": f"{TINY_ARGS} train.steps=2 train.eval_every=0"}
+            "nodata": f"{TINY_ARGS} train.steps=2 train.eval_every=0",
+            **_round3_world(root, data, run)}
+
+
+DEEP = 100_000
+
+
+def _copy_run(run: Path, dst: Path, *, status: str | None = None) -> Path:
+    shutil.copytree(run, dst)
+    if status is not None:
+        meta = json.loads((dst / "meta.json").read_text())
+        (dst / "meta.json").write_text(json.dumps({**meta, "status": status}))
+    return dst
+
+
+def _flip_tensor_bytes(f: Path) -> None:
+    """4 bytes of tensor data flipped, the header intact (the file still loads)."""
+    raw = bytearray(f.read_bytes())
+    for i in range(len(raw) - 64, len(raw) - 60):
+        raw[i] ^= 0xFF
+    f.write_bytes(bytes(raw))
+
+
+def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
+    """The files of issue 29's cases: damaged run dirs, files nested too deeply or not
+    UTF-8, a study and a damaged copy of it (`write_study`'s numbers)."""
+    from test_records import write_study
+
+    latest = Path("checkpoints") / "latest"
+    badms = _copy_run(run, root / "badms")
+    _flip_tensor_bytes(badms / "checkpoints" / "milestone-000" / "model.safetensors")
+    for name, status in (("nostate", None), ("nostate_unfinished", "interrupted")):
+        (_copy_run(run, root / name, status=status) / latest / "state.json").unlink()
+    for name, status in (("badstate", None), ("badstate_unfinished", "interrupted")):
+        f = _copy_run(run, root / name, status=status) / latest / "state.json"
+        f.write_bytes(b"\xff\xfe" + f.read_bytes())
+    f = _copy_run(run, root / "nochecks") / latest / "state.json"
+    state = {k: v for k, v in json.loads(f.read_text()).items() if k != "checksums"}
+    f.write_text(json.dumps({**state, "state_sha256": state_digest(state)}))
+    for name, status in (("editedstate", None), ("editedstate_unfinished", "interrupted")):
+        f = _copy_run(run, root / name, status=status) / latest / "state.json"
+        f.write_text(f.read_text().replace('"step": 2', '"step": 1', 1))  # still JSON, another step
+    for name, status, key, value in (("editedcfg", None, "model", {"rope_theta": 10001.0}),
+                                     ("editedcfg_unfinished", "interrupted", "train", {"z_loss": 0.5})):
+        f = _copy_run(run, root / name, status=status) / "config.json"
+        cfg = json.loads(f.read_text())
+        f.write_text(json.dumps({**cfg, key: {**cfg[key], **value}}))  # valid, and not what was trained
+    (_copy_run(run, root / "badcfg") / "config.json").write_bytes(b'{"model": "\xff"}')
+    (_copy_run(run, root / "listcfg") / "config.json").write_text("[1, 2]")
+    (_copy_run(run, root / "deepmeta") / "meta.json").write_text("[" * DEEP + "]" * DEEP)
+    (root / "deep.toml").write_text("a = " + "[" * DEEP + "]" * DEEP + "\n")
+    (root / "deep_tables.toml").write_text("[model]\nmixer_options = " + "{ a = " * DEEP + "1" + " }" * DEEP + "\n")
+    (root / "latin1.toml").write_bytes('[model]\nmixer = "caf\u00e9"\n'.encode("latin-1"))
+    (root / "ffn.toml").write_text('[model]\nffn = true\nstate_mixer = "none"\n')
+    (root / "ffn_arm.toml").write_text(SPEC.format(data=data)
+                                       + '[[arms]]\nname = "x"\nmodel = { ffn = true, state_mixer = "none" }\n')
+    shutil.copytree(data, root / "latin1-manifest")
+    m = json.loads((root / "latin1-manifest" / "manifest.json").read_text())
+    (root / "latin1-manifest" / "manifest.json").write_bytes(json.dumps({**m, "note": "caf\u00e9"},
+                                                                        ensure_ascii=False).encode("latin-1"))
+    (root / "hfbad").mkdir()
+    (root / "hfbad" / "config.json").write_bytes(b'{"model_type": "\xff"}')
+    study = write_study(root / "study")
+    shutil.copytree(study, root / "dmgstudy")
+    store = root / "dmgstudy" / "results.jsonl"
+    lines = store.read_bytes().split(b"\n")
+    store.write_bytes(b"\n".join([*lines[:2], b'{"type": "run", "run_id": "x\xff"}', *lines[2:]]))
+    shutil.copytree(study, root / "badspec")
+    (root / "badspec" / "study.json").write_bytes(b'{"name": "\xff"}')
+    (root / "badstudy2").mkdir()
+    (root / "badstudy2" / "study.json").write_bytes(b'{"name": "\xff"}')
+    (root / "deepstudy").mkdir()
+    (root / "deepstudy" / "study.json").write_text("[" * DEEP + "]" * DEEP)
+    names = ("badms", "nostate", "nostate_unfinished", "badstate", "badstate_unfinished", "nochecks", "badcfg",
+             "editedstate", "editedstate_unfinished", "editedcfg", "editedcfg_unfinished",
+             "listcfg", "deepmeta", "study", "dmgstudy", "badspec", "badstudy2", "deepstudy")
+    return {**{n: str(root / n) for n in names}, "deep_list": "[" * DEEP + "]" * DEEP,
+            "bad_prompt": b"\xff\xfe".decode("utf-8", "surrogateescape")}  # what Python makes of argv bytes
+
+
+class _TaskIndex:
+    """lm-eval's task index with a few names: building the real one takes ~20 s, and what a
+    row tests is sanlab's order (task names checked before anything is written)."""
+
+    all_tasks = ["arc_easy", "lambada_openai", "sciq"]
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass
 
 
 @pytest.fixture
@@ -306,28 +512,49 @@ def readonly(world: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_table_covers_every_command() -> None:
-    assert len(CASES) >= 60
+    assert len(CASES) >= 160
     commands = {argv.split()[0] for argv, _ in CASES.values()}
-    assert {"train", "prepare", "study", "match", "signal", "analyze", "probe"} <= commands
+    assert {"train", "prepare", "study", "match", "signal", "analyze", "sample", "eval", "export", "import",
+            "record", "probe", "report"} <= commands
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_malformed_input_is_one_line_exit_2_and_changes_nothing(
-        name: str, world: dict[str, str], readonly: None, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    template, needle = CASES[name]
+def _run(template: str, world: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+         capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str], dict[str, str], dict[str, str]]:
+    """(exit code, stderr lines, the world's files before, after) of one command."""
     argv = template.format(**world).split()
+    if argv[0] == "eval":
+        import lm_eval.tasks
+
+        monkeypatch.setattr(lm_eval.tasks, "TaskManager", _TaskIndex)
     root = Path(world["root"])
     monkeypatch.chdir(root)  # a default output location (`probe`: ./runs/probe) is inside the world too
     before = _snapshot(root)
     rc = main(argv)
     captured = capsys.readouterr()
-    lines = captured.err.splitlines()
-    assert rc == EXIT_USAGE, (rc, captured.err)
-    assert len(lines) == 1 and lines[0].startswith("sanlab: error: "), captured.err
     assert "Traceback" not in captured.err + captured.out
-    assert needle in lines[0], lines[0]
-    assert _snapshot(root) == before, "files changed"
+    return rc, captured.err.splitlines(), before, _snapshot(root)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_malformed_input_is_one_line_exit_2_and_changes_nothing(
+        name: str, world: dict[str, str], readonly: None, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    template, needle = CASES[name]
+    rc, lines, before, after = _run(template, world, monkeypatch, capsys)
+    assert rc == EXIT_USAGE, (rc, lines)
+    assert len(lines) == 1 and lines[0].startswith("sanlab: error: "), lines
+    assert needle.format(**world) in lines[0], lines[0]
+    assert after == before, "files changed"
+
+
+@pytest.mark.parametrize("name", list(READABLE))
+def test_damaged_but_readable_input_answers_and_names_the_damage_in_one_line(
+        name: str, world: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    template, needle = READABLE[name]
+    rc, lines, before, after = _run(template, world, monkeypatch, capsys)
+    assert rc == 0, (rc, lines)
+    assert len(lines) == 1 and needle in lines[0], lines
+    assert after == before, "files changed"
 
 
 def test_overrides_are_accepted_after_the_flags(world: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -368,7 +368,7 @@ def test_readme_without_readme_writes_a_skeleton_with_every_block(tmp_path: Path
 
 BAD = {  # case -> what the one-line error must name
     "missing": "no such record dir", "not-a-record": "not a record", "corrupt-spec": "study.json",
-    "bad-toml": "record.toml: not valid TOML", "unknown-key": "unknown key 'compare_width'",
+    "bad-toml": "record.toml: malformed TOML", "unknown-key": "unknown key 'compare_width'",
     "unknown-block": "block 'nope'", "no-readme": "no README", "corrupt-analysis": "analysis.json",
     "corrupt-floor": "not an entropy-floor file",
 }

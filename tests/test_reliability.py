@@ -310,3 +310,19 @@ def test_records_missing_their_keys_are_skipped(tmp_path: Path) -> None:
     store.append({"type": "lock", "arm": "san"})  # no optimizer
     store.append({"type": "run", "run_id": "a", "status": "completed"})
     assert set(store.runs()) == {"a"} and store.locks() == {}
+
+
+def test_records_of_the_wrong_types_are_damaged_lines(tmp_path: Path) -> None:
+    """A run / lock record whose fields lack the types the study writes them with is a
+    damaged line: skipped by every reader and named, like a line that is not JSON."""
+    store = ResultStore(tmp_path)
+    good = {"type": "run", "run_id": "a", "status": "completed", "final": {"val_loss": 5.0}}
+    store.append(good)
+    with open(store.path, "a") as f:
+        for rec in ({"type": "run", "run_id": "b"},  # no status
+                    {"type": "run", "run_id": "c", "status": "completed", "final": [5.0]},
+                    {"type": "run", "run_id": "d", "status": "completed", "multiplier": "2"},
+                    {"type": "lock", "arm": "san", "optimizer": "muon", "lr": "0.02"}):
+            f.write(json.dumps(rec) + "\n")
+    assert set(store.runs()) == {"a"} and store.locks() == {}
+    assert store.damaged() == [2, 3, 4, 5]

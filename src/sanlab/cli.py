@@ -93,7 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_SPACE
 
 
+OWN_PROCESS = False  # True when sanlab's entry point runs the command: the process is the command's own
+
+
 def entry() -> None:
+    global OWN_PROCESS
+    OWN_PROCESS = True
     sys.exit(main())
 
 

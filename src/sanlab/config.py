@@ -226,10 +226,13 @@ class ModelConfig(StrictModel):
         """A per-layer list may also be written `softmax,mlp,…` or as a JSON list string
         (what a command-line override gives)."""
         if isinstance(value, str) and value.strip().startswith("["):
+            from sanlab.fileio import parse_json
+
             try:
-                return json.loads(value)
-            except json.JSONDecodeError:
-                raise ValueError(f"layout: not a list of mixer names: {value}") from None
+                return parse_json(value)
+            except ValueError as e:  # malformed, or nested too deeply
+                shown = value if len(value) <= 60 else value[:57] + "..."
+                raise ValueError(f"layout: not a list of mixer names: {shown} ({e})") from None
         if isinstance(value, str) and "," in value:
             return [v.strip() for v in value.split(",")]
         return value
@@ -473,15 +476,42 @@ def validate(cls: type[M], data: Mapping[str, Any], *, source: str = "config") -
         raise ConfigError(f"{source}: {_format_validation_error(e)}") from None
 
 
+def ffn_contradiction(ffn: Any, state_mixer: Any) -> str | None:
+    """Why `ffn` and `state_mixer` written side by side contradict each other, or None.
+
+    `ffn` is an input spelling of `state_mixer` (true: a state mixer, swiglu unless named;
+    false: none). Given in different layers (a file, then the command line) the later one
+    wins; given together in one they must agree: `ffn=true` with `state_mixer="none"`
+    (or `ffn=false` with a state mixer) says two things, and neither is taken silently."""
+    if not isinstance(ffn, bool) or not isinstance(state_mixer, str):
+        return None
+    if ffn and state_mixer == "none":
+        return f"ffn=true contradicts state_mixer={state_mixer} (no state mixer): give one of them"
+    if not ffn and state_mixer != "none":
+        return f"ffn=false contradicts state_mixer={state_mixer}: give one of them"
+    return None
+
+
+def _check_ffn_tables(node: Any, source: str, where: str = "") -> None:
+    """Refuse a table of a config file that sets `ffn` and `state_mixer` against each other."""
+    if isinstance(node, dict):
+        if "ffn" in node and "state_mixer" in node and (why := ffn_contradiction(node["ffn"], node["state_mixer"])):
+            raise ConfigError(f"{source}: {where.rstrip('.') or 'model'}: {why}")
+        for k, v in node.items():
+            _check_ffn_tables(v, source, f"{where}{k}.")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _check_ffn_tables(v, source, f"{where}{i}.")
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a TOML file, with a one-line error for a missing or malformed file."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        return tomllib.loads(p.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{p}: malformed TOML: {e}") from None
+    """Read a TOML file, with a one-line error for a missing or malformed file (or a model
+    table whose `ffn` contradicts its `state_mixer`)."""
+    from sanlab.fileio import read_toml
+
+    data = read_toml(path, ConfigError)
+    _check_ffn_tables(data, str(path))
+    return data
 
 
 def _dict_value_type(annotation: Any) -> Any | None:
@@ -555,7 +585,11 @@ def apply_overrides(
     cls: type[M], data: Mapping[str, Any], overrides: Sequence[str], *, source: str = "config"
 ) -> M:
     """Apply `a.b=value` overrides to raw config data and validate the result."""
-    merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
+    try:
+        merged: dict[str, Any] = json.loads(json.dumps(dict(data), default=_json_default))
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+    given: dict[tuple[str, ...], Any] = {}  # dotted key -> the value this list sets
     for item in overrides:
         if not item.isprintable():  # a newline or another control character: never meant
             raise ConfigError(f"override {item!r}: contains a control character")
@@ -574,6 +608,12 @@ def apply_overrides(
                 node[part] = _plain(default) if isinstance(default, (BaseModel, dict)) else {}
             node = node[part]
         node[path[-1]] = value.model_dump() if isinstance(value, BaseModel) else value
+        given[tuple(path)] = node[path[-1]]
+    for key, ffn in given.items():  # `ffn` and `state_mixer` on one command line must agree
+        if key[-1] == "ffn" and (mixer := key[:-1] + ("state_mixer",)) in given:
+            if why := ffn_contradiction(ffn, given[mixer]):
+                raise ConfigError(f"overrides {'.'.join(key)}={str(ffn).lower()} and {'.'.join(mixer)}="
+                                  f"{given[mixer]}: {why}")
     return validate(cls, merged, source=source)
 
 

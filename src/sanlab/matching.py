@@ -186,8 +186,9 @@ def match(
     searched = "n_layers" if vary == "depth" else "d_model"
     if searched in updates:
         raise MatchingError(f"partner {searched} is what the solver chooses (vary={vary}); do not set it")
-    base = validate(ModelConfig, {**reference.model_dump(), "ffn": not reference.ffn, **updates},
-                    source="partner")
+    # the other kind (ffn flipped), unless the partner names its own state mixer
+    flip = {} if {"ffn", "state_mixer"} & set(updates) else {"ffn": not reference.ffn}
+    base = validate(ModelConfig, {**reference.model_dump(), **flip, **updates}, source="partner")
 
     ref = _arm(kind(reference), "reference", reference, seq_len, causal_half)
     arms = [ref]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -35,13 +36,32 @@ def _nearest_existing(p: Path) -> Path:
     return p
 
 
+def _cannot_create_in(d: Path) -> str | None:
+    """Why nothing can be created in the directory `d`, or None when something can.
+
+    Permissions say no for most places; some say yes and refuse all the same (`/proc`, a
+    read-only or full filesystem seen as root), so a directory is made there and removed
+    at once: the one test that answers for every filesystem, and it leaves nothing behind.
+    """
+    if not os.access(d, os.W_OK | os.X_OK):
+        return f"no permission to write in {d}"
+    try:
+        probe = tempfile.mkdtemp(prefix=".sanlab-write-check-", dir=d)
+    except OSError as e:
+        raise_no_space(e, f"in {d}")
+        return f"cannot create anything in {d} ({e.strerror or e})"
+    os.rmdir(probe)
+    return None
+
+
 def _check_parent(p: Path, what: str) -> None:
     """The directory `p` (not there yet) would be created in must be a writable directory."""
     anc = _nearest_existing(p.parent)
     if not anc.is_dir():
         raise ConfigError(f"{what} {p}: {anc} is a file, not a directory")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {p}: no permission to write in {anc}")
+    why = _cannot_create_in(anc)
+    if why:
+        raise ConfigError(f"{what} {p}: {why}")
 
 
 def check_out_dir(path: str | Path, what: str = "--out") -> Path:
@@ -51,8 +71,8 @@ def check_out_dir(path: str | Path, what: str = "--out") -> Path:
         raise ConfigError(f"{what} {p}: exists and is not a directory")
     if not p.exists():
         _check_parent(p, what)
-    elif not os.access(p, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {p}: no permission to write in it")
+    elif (why := _cannot_create_in(p)) is not None:
+        raise ConfigError(f"{what} {p}: {why.replace(f' in {p}', ' in it')}")
     return p
 
 

@@ -210,7 +210,10 @@ def analyze(args: argparse.Namespace) -> dict[str, Any]:
                 "tol": sp.tol,
             }
         out["seconds"] = time.perf_counter() - t0
-        out["recorded_val_loss"] = (run.meta.get("final") or {}).get("val_loss")
+        final = run.meta.get("final")
+        recorded = final.get("val_loss") if isinstance(final, dict) else None
+        out["recorded_val_loss"] = recorded if isinstance(recorded, (int, float)) and not isinstance(recorded, bool) \
+            else None  # meta.json is a record, not an input: a value of the wrong type is none
         result["runs"][label] = out
 
     if args.vs is not None and "losses" in sections:

@@ -8,7 +8,6 @@ recorded final metrics, and `config.data.dir` where the held-out documents live.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from safetensors.torch import load_file
 
 from sanlab.config import Config, validate
 from sanlab.errors import CheckpointError, ConfigError, DataError
+from sanlab.fileio import read_json_object
 
 MODEL_FILE = "model.safetensors"
 _MILESTONE = re.compile(r"^milestone-(\d{3})$")
@@ -47,10 +47,7 @@ class RunDir:
         cfg_file = p / "config.json"
         if not cfg_file.is_file():
             raise CheckpointError(f"{p}: not a run dir (no config.json)")
-        try:
-            raw = json.loads(cfg_file.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{cfg_file}: malformed JSON: {e}") from None
+        raw = read_json_object(cfg_file, CheckpointError)
         try:
             config = validate(Config, raw, source=str(cfg_file))
         except ConfigError as e:
@@ -58,10 +55,7 @@ class RunDir:
         meta: dict[str, Any] = {}
         meta_file = p / "meta.json"
         if meta_file.is_file():
-            try:
-                meta = json.loads(meta_file.read_text())
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise CheckpointError(f"{meta_file}: malformed JSON: {e}") from None
+            meta = read_json_object(meta_file, CheckpointError)
         return cls(p, config, meta)
 
     @property
@@ -87,13 +81,42 @@ class RunDir:
         name = checkpoint_name(name)
         f = self.path / "checkpoints" / name / MODEL_FILE
         if not f.is_file():
-            have = ", ".join(self.checkpoints()) or "none"
-            raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {have})")
+            if not self.checkpoints():
+                raise CheckpointError(f"{self.path}: no checkpoint with model weights yet (is it trained?)")
+            raise CheckpointError(f"{self.path}: no checkpoint {name!r} (available: {', '.join(self.checkpoints())})")
         return f
 
-    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
-        """The model weights of checkpoint `name` (safetensors, no code executed)."""
+    def verify(self, name: str) -> dict[str, Any]:
+        """Check checkpoint `name`'s weights against the sha256 its state.json records
+        (`sanlab.train.checkpoint.verify`, the check of every reader); returns state.json."""
+        from sanlab.train.checkpoint import verify
+
         f = self.checkpoint_file(name)
+        state = verify(f.parent, (MODEL_FILE,))
+        self._check_written_config(f.parent, state.get("config"))
+        return state
+
+    def _check_written_config(self, ckpt: Path, written: Any) -> None:
+        """config.json must describe the model the checkpoint was written with (its state.json
+        records that config, checksummed): a config.json damaged into another valid config
+        (a digit of rope_theta changed) would otherwise rebuild another model silently.
+        Compared: the model section and data.seq_len (data.dir may move with the run)."""
+        if not isinstance(written, dict):
+            return  # a checkpoint that records no config (older ones, hand-written ones)
+        try:
+            then = validate(Config, written, source="checkpoint")
+        except ConfigError:
+            return  # written by a version whose config this one no longer reads: nothing to compare
+        for key, a, b in (("model", then.model, self.config.model), ("data.seq_len", then.data.seq_len,
+                                                                      self.config.data.seq_len)):
+            if a != b:
+                raise CheckpointError(f"{self.path / 'config.json'}: its {key} differs from the config "
+                                      f"{ckpt.name} was written with (a damaged or edited config.json)")
+
+    def state_dict(self, name: str) -> dict[str, torch.Tensor]:
+        """The model weights of checkpoint `name` (safetensors, no code executed), verified."""
+        f = self.checkpoint_file(name)
+        self.verify(name)
         try:
             return load_file(str(f))
         except (SafetensorError, OSError) as e:

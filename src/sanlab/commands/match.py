@@ -92,7 +92,9 @@ def _reference(args: argparse.Namespace) -> tuple[ModelConfig, int]:
 def _partner_updates(reference: ModelConfig, items: list[str]) -> dict[str, Any]:
     """Typed partner fields from `key=value` strings (same parsing as any override)."""
     keys = [i.split("=", 1)[0].strip() for i in items]
-    base = {**reference.model_dump(), "ffn": not reference.ffn}  # (`ffn`, when given, decides)
+    # the other kind (`ffn` flipped), unless the partner names its own state mixer
+    flip = {} if {"ffn", "state_mixer"} & set(keys) else {"ffn": not reference.ffn}
+    base = {**reference.model_dump(), **flip}
     parsed = apply_overrides(ModelConfig, base, items, source="partner")
     return {k: getattr(parsed, k) for k in keys}
 
@@ -144,6 +146,11 @@ def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool,
 def run(args: argparse.Namespace) -> int:
     reference, seq_len = _reference(args)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not targets:
+        raise ConfigError(f"--targets {args.targets!r}: give at least one partner to find ({', '.join(TARGETS)})")
+    twice = next((t for i, t in enumerate(targets) if t in targets[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"--targets {args.targets!r}: {twice} given twice")
     arms = match(
         reference, seq_len,
         targets=targets,  # type: ignore[arg-type]  # validated by match()

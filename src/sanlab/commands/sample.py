@@ -25,7 +25,8 @@ from sanlab.errors import ConfigError
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run", type=Path, metavar="RUN_DIR", help="a trained run directory")
     parser.add_argument("--prompt", required=True, help="the text to continue (chat markers allowed)")
-    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="tokens to generate (default 128)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                        help="tokens to generate (default 128; at most 1,000,000: past seq_len the window slides)")
     parser.add_argument("--temperature", type=float, default=1.0, metavar="T",
                         help="softmax temperature; 0 = greedy (default 1.0)")
     parser.add_argument("--top-k", type=int, default=0, metavar="K", help="sample among the K likeliest; 0 = off")
@@ -52,6 +53,11 @@ def run(args: argparse.Namespace) -> int:
                          top_p=args.top_p, seed=args.seed)
     if not args.prompt:
         raise ConfigError("--prompt: give some text to continue")
+    try:
+        args.prompt.encode("utf-8")  # the shell's bytes, decoded with surrogate escapes where they are not UTF-8
+    except UnicodeEncodeError as e:
+        bad = args.prompt[e.start].encode("utf-8", "surrogateescape")
+        raise ConfigError(f"--prompt: not valid UTF-8 text (byte {bad!r} at character {e.start})") from None
     loaded = open_run(args.run, args.checkpoint, args.data, args.device)
     ids = loaded.encode_document(args.prompt)
     L = loaded.seq_len

@@ -206,11 +206,10 @@ def _note_damaged(store: Any) -> None:
 
 def _live_status(run_dir: Path) -> str:
     """A run not in the store yet: `running` / `interrupted` from its meta.json, else `pending`."""
-    try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return "pending"
-    return str(meta.get("status", "pending"))
+    from sanlab.fileio import try_read_json_object
+
+    meta = try_read_json_object(run_dir / "meta.json")
+    return "pending" if meta is None else str(meta.get("status", "pending"))
 
 
 def _table(args: argparse.Namespace) -> int:

@@ -55,7 +55,6 @@ compute the floor of any sample of tokens.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -131,10 +130,9 @@ def load_floor(data_dir: str | Path) -> dict[str, Any] | None:
     path = Path(data_dir) / FLOOR_FILE
     if not path.is_file():
         return None
-    try:
-        floor = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: malformed floor file ({e})") from None
+    from sanlab.fileio import read_json
+
+    floor = read_json(path, DataError)
     if not isinstance(floor, dict) or floor.get("format") != FLOOR_FORMAT or floor.get("version") != FLOOR_VERSION:
         raise DataError(f"{path}: not a {FLOOR_FORMAT} v{FLOOR_VERSION} file")
     return floor

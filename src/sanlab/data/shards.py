@@ -24,7 +24,6 @@ mask. Checksums are computed while writing, so hashing costs no second pass.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -32,6 +31,7 @@ import numpy as np
 
 from sanlab.data.regions import BOS_ID, EOS_ID, OTHER, PAD_ID, REGION_NAMES
 from sanlab.errors import DataError
+from sanlab.fileio import read_json
 
 MANIFEST = "manifest.json"
 FORMAT = "sanlab-prepared"
@@ -276,10 +276,7 @@ def load_manifest(data_dir: str | Path, verify: bool = True) -> dict[str, Any]:
     path = d / MANIFEST
     if not path.is_file():
         raise DataError(f"{d}: not a prepared data dir (no {MANIFEST}); run `sanlab prepare --out {d}`")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: malformed manifest ({e})") from None
+    manifest = read_json(path, DataError, "manifest")
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
         raise DataError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} manifest")
     check_manifest(manifest, path)

@@ -108,9 +108,11 @@ def _checkpoint_step(run_path: Path, checkpoint: str) -> int | None:
     from sanlab.analysis.rundir import checkpoint_name
 
     f = run_path / "checkpoints" / checkpoint_name(checkpoint) / "state.json"
+    from sanlab.fileio import try_read_json_object
+
     try:
-        return int(json.loads(f.read_text())["step"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int((try_read_json_object(f) or {})["step"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 

@@ -114,10 +114,35 @@ def _lm_eval_output(verbose: bool) -> Iterator[None]:
         raise
 
 
+def _unknown_task(name: str, known: int) -> ConfigError:
+    return ConfigError(f"--tasks: unknown task {name!r} (lm-eval knows {known} tasks; "
+                       "list them with `lm-eval ls tasks`)")
+
+
+def check_task_names(tasks: list[str], verbose: bool = False) -> Any:
+    """Refuse a task name lm-eval does not know before anything is written (the built-in
+    tasks' files included); returns lm-eval's task index (None when only built-in tasks
+    are asked for, which need no index)."""
+    from sanlab.eval.builtin import BUILTIN_TASKS
+
+    asked = [t for t in tasks if t not in BUILTIN_TASKS]
+    if not asked:
+        return None
+    from lm_eval.tasks import TaskManager
+
+    with _lm_eval_output(verbose):
+        manager = TaskManager(include_defaults=True)
+    unknown = [t for t in asked if t not in manager.all_tasks]
+    if unknown:
+        raise _unknown_task(unknown[0], len(manager.all_tasks))
+    return manager
+
+
 def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argparse.Namespace,
-                 out: Any = None) -> dict[str, Any]:
+                 out: Any = None, defaults: Any = None) -> dict[str, Any]:
     """Run the tasks on one run dir; write and return its results record. Notes and
-    warnings go to `out` (a `sanlab.tables.Output`; stdout when None)."""
+    warnings go to `out` (a `sanlab.tables.Output`; stdout when None). `defaults` is
+    lm-eval's task index from `check_task_names`, reused where no built-in task is asked."""
     import lm_eval
     import lm_eval.evaluator
     from lm_eval.tasks import TaskManager
@@ -143,13 +168,15 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
                 say(f"sanlab: note: {loaded.run.path}: {t} skipped ({why})")
                 wanted.remove(t)
     verbose = bool(getattr(args, "verbose", False))
-    with _lm_eval_output(verbose):
-        manager = TaskManager(include_path=str(task_dir) if task_dir.is_dir() else None,
-                              include_defaults=needs_defaults)
+    if builtin_record is None and defaults is not None:
+        manager = defaults
+    else:
+        with _lm_eval_output(verbose):
+            manager = TaskManager(include_path=str(task_dir) if task_dir.is_dir() else None,
+                                  include_defaults=needs_defaults)
     unknown = [t for t in wanted if t not in manager.all_tasks]
     if unknown:
-        raise ConfigError(f"--tasks: unknown task {unknown[0]!r} (lm-eval knows {len(manager.all_tasks)} tasks; "
-                          "list them with `lm-eval ls tasks`)")
+        raise _unknown_task(unknown[0], len(manager.all_tasks))
     model = SanlabLM(loaded=loaded, batch_size=args.batch_size)
     # lm-eval records `git describe` of the working directory (not of the model's code, and
     # an error line outside a repository); the run dir's meta.json has the commit that matters
@@ -235,12 +262,14 @@ def run(args: argparse.Namespace) -> int:
     _quiet(args.verbose)
     from sanlab.analysis.rundir import RunDir
 
-    for p in args.runs:  # every run dir readable before hours of evaluation start
-        RunDir.open(p)
+    for p in args.runs:  # every run dir readable and its weights verified before hours of evaluation start
+        RunDir.open(p).verify(args.checkpoint)
+    # every task name known before anything is written (the built-in tasks' files included)
+    defaults = check_task_names(tasks, args.verbose)
     from sanlab.tables import Output
 
     out = Output(args.format)
-    records = [evaluate_run(p, tasks, needs_defaults, args, out) for p in args.runs]
+    records = [evaluate_run(p, tasks, needs_defaults, args, out, defaults) for p in args.runs]
     out.table(results_table(records, tasks))
     for rec in records:
         out.note(f"results: {Path(rec['run']) / 'eval' / ('results-' + rec['checkpoint'] + '.json')}")

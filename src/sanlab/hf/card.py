@@ -9,10 +9,10 @@ lives in a study dir.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from sanlab import fileio
 from sanlab.config import format_tokens
 
 
@@ -32,27 +32,20 @@ def _study(run_path: Path) -> dict[str, Any] | None:
     if run_path.resolve().parent.name != "runs" or not (root / "study.json").is_file():
         return None
     found: dict[str, Any] = {"dir": root.name}
-    try:
-        spec = json.loads((root / "study.json").read_text())
+    spec = fileio.try_read_json_object(root / "study.json")
+    if spec is not None:
         found["name"] = spec.get("name")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        pass
     store = root / "results.jsonl"
     if store.is_file():
-        for line in store.read_text(errors="replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and rec.get("run_id") == run_path.resolve().name:
+        for _, _, rec in fileio.read_jsonl(store):
+            if rec is not None and rec.get("run_id") == run_path.resolve().name:
                 found |= {k: rec.get(k) for k in ("arm", "phases", "optimizer", "lr", "seed", "tokens")}
     return found
 
 
 def _data(data_dir: Path) -> dict[str, Any]:
-    try:
-        manifest = json.loads((data_dir / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    manifest = fileio.try_read_json_object(data_dir / "manifest.json")
+    if manifest is None:
         return {}
     splits = manifest.get("splits", {})
     return {"corpus": manifest.get("corpus"), "seed": manifest.get("seed"),

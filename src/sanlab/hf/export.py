@@ -53,14 +53,6 @@ PREFIX = "model."  # the base model inside SanlabForCausalLM
 # --------------------------------------------------------------------------- the checkpoint
 
 
-def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """The one place an export verifies a checkpoint: state.json's sha256 of its tensor
-    files (the check `sanlab train --resume` makes). Returns state.json."""
-    from sanlab.train.checkpoint import read_state
-
-    return read_state(ckpt)
-
-
 @dataclass
 class Source:
     """A verified checkpoint of a run, ready to convert."""
@@ -129,7 +121,7 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
     if not (ckpt / "model.safetensors").is_file():
         have = ", ".join(run.checkpoints()) or "none"
         raise CheckpointError(f"{run.path}: no checkpoint {name!r} to export (available: {have})")
-    state = verify_checkpoint(ckpt)
+    state = run.verify(name)  # state.json's sha256 of the weights, as every reader checks
     try:
         weights = load_file(str(ckpt / "model.safetensors"))
     except (SafetensorError, OSError) as e:

@@ -13,7 +13,6 @@ folder's provenance (run id, checkpoint, step, git commit of the original run). 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,10 +36,9 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     if not folder.is_dir():
         raise CheckpointError(f"--hf {folder}: no such folder")
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{folder / 'config.json'}: unreadable ({e})") from None
+    from sanlab.fileio import read_json
+
+    config = read_json(folder / "config.json", CheckpointError)
     if not isinstance(config, dict) or config.get("model_type") != "sanlab":
         kind = config.get("model_type") if isinstance(config, dict) else None
         raise CheckpointError(f"{folder}: not a sanlab export (model_type {kind!r}; a stock --as export "

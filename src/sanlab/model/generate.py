@@ -133,6 +133,13 @@ def _swapped(block: nn.Module, replacements: dict[str, nn.Module]) -> Iterator[N
 # --------------------------------------------------------------------------- sampling
 
 
+# The most tokens one call generates. Not the model's context: past `seq_len` the window
+# slides (`Decoder.append`), so a continuation may be longer than the rows the model was
+# trained on; the bound only turns a mistyped count (1e9 tokens: days) into an error.
+MAX_NEW_TOKENS = 1_000_000
+SEED_RANGE = (0, 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
 @dataclass(frozen=True)
 class SamplingConfig:
     """temperature 0 = greedy; top_k 0 and top_p 1 disable those filters."""
@@ -144,8 +151,11 @@ class SamplingConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 0:
-            raise ConfigError(f"--max-new-tokens must be non-negative, got {self.max_new_tokens}")
+        if not 0 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ConfigError(f"--max-new-tokens must lie in [0, {MAX_NEW_TOKENS:,}] (past the model's context the "
+                              f"window slides, so the bound is a guard, not the context), got {self.max_new_tokens}")
+        if not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
+            raise ConfigError(f"--seed must lie in [0, 2^64 - 1], got {self.seed}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ConfigError(f"--temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:

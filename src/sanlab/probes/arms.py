@@ -39,6 +39,15 @@ PRESETS: dict[str, tuple[str, ...]] = {name: overrides for name, (_, overrides) 
 LABELS: dict[str, str] = {name: label for name, (label, _) in _presets().items()}
 
 
+RUN_SECTIONS = ("model", "optim", "train")  # what an arm (or a run override) may set
+
+
+def data_override(item: str) -> ConfigError:
+    """The one refusal of a `data.*` override, on the command line or in an arm: the probe
+    writes its own data, so its row length and data dir come from the task."""
+    return ConfigError(f"override {item}: the probe writes its own data (data.* is not settable)")
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
@@ -61,6 +70,13 @@ def parse_custom(spec: str) -> Arm:
         raise ConfigError(f"--arm {spec!r}: {e}") from None
     if not items or any("=" not in i for i in items):
         raise ConfigError(f"--arm {spec!r}: expected section.key=value overrides after the name")
+    for item in items:
+        section = item.split("=", 1)[0].split(".", 1)[0].strip()
+        if section == "data":
+            raise ConfigError(f"--arm {spec!r}: {data_override(item)}")
+        if section not in RUN_SECTIONS:
+            raise ConfigError(f"--arm {spec!r}: override {item}: an arm sets {', '.join(s + '.*' for s in RUN_SECTIONS)} "
+                              "only (task.*, sweep.*, … apply to every arm: give them on the command line)")
     return Arm(name, items)
 
 

@@ -31,7 +31,7 @@ from pydantic import model_validator
 from sanlab.config import Config, StrictModel, apply_overrides
 from sanlab.data.probes import ProbeData, TaskConfig, get_task, plan_probe_dir, task_config
 from sanlab.errors import ConfigError
-from sanlab.probes.arms import Arm
+from sanlab.probes.arms import Arm, data_override
 from sanlab.study.runner import Job, LocalRunner
 from sanlab.study.spec import RunnerSpec
 from sanlab.study.sweep import decide
@@ -150,7 +150,7 @@ class Overrides:
             elif section in ("sweep", "capacity", "runner", "row_tokens"):
                 out.options.append(item)
             elif section == "data":
-                raise ConfigError(f"override {item}: the probe writes its own data (data.* is not settable)")
+                raise data_override(item)
             else:
                 raise ConfigError(f"override {item}: unknown section {section!r} "
                                   "(use model.*, optim.*, train.*, task.*, sweep.*, capacity.*, runner.*)")

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
+from sanlab.fileio import try_read_json_object
 from sanlab.tables import Output, Table
 
 from sanlab.probes.arms import LABELS, Arm
@@ -73,11 +74,7 @@ def write_data(cells: Sequence[Cell]) -> None:
 def _meta(run_dir: Path | None) -> dict[str, Any]:
     if run_dir is None:
         return {}
-    try:
-        meta = json.loads((run_dir / "meta.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
+    return try_read_json_object(Path(run_dir) / "meta.json") or {}
 
 
 def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *, quick: bool,

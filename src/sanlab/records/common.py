@@ -4,7 +4,6 @@ are written with."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -76,10 +75,9 @@ class RecordError(DataError):
 
 
 def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RecordError(f"{path}: not readable JSON ({e})") from None
+    from sanlab import fileio
+
+    return fileio.read_json(path, RecordError)
 
 
 def write_text(path: Path, text: str, like: Path | None = None) -> None:

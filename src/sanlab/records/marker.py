@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sanlab.fileio import read_json
 from sanlab.records.common import MARKER, RecordError
 
 FORMAT = "sanlab-record"
@@ -27,10 +28,7 @@ def read(record_dir: Path) -> dict[str, Any]:
     path = record_dir / MARKER
     if not path.is_file():
         raise RecordError(f"{record_dir}: not a record (no {MARKER}); `sanlab record export` makes one")
-    try:
-        m = json.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RecordError(f"{path}: not readable JSON ({e})") from None
+    m = read_json(path, RecordError)
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise RecordError(f"{path}: not a record marker (no \"format\": \"{FORMAT}\")")
     if m.get("version") != VERSION:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from sanlab.errors import SanlabError
+from sanlab.fileio import read_toml
 from sanlab.records.common import (
     CONFIG,
     CONFIG_KEYS,
@@ -131,10 +131,7 @@ def load_config(record_dir: Path) -> dict[str, Any]:
     path = record_dir / CONFIG
     if not path.is_file():
         return {}
-    try:
-        cfg = tomllib.loads(path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise RecordError(f"{path}: not valid TOML ({e})") from None
+    cfg = read_toml(path, RecordError)
     unknown = sorted(set(cfg) - CONFIG_KEYS)
     if unknown:
         raise RecordError(f"{path}: unknown key {unknown[0]!r} (known: {', '.join(sorted(CONFIG_KEYS))})")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sanlab import fileio
 from sanlab.errors import DataError, SanlabError
 from sanlab.study.results import table_json
 from sanlab.study.store import ResultStore
@@ -104,10 +105,7 @@ def check_study_dir(study_dir: Path) -> dict[str, Any]:
     path = study_dir / SPEC_FILE
     if not path.is_file():
         raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON ({e})") from None
+    spec = fileio.read_json(path, DataError)
     if not isinstance(spec, dict):
         raise DataError(f"{path} does not hold a study spec")
     return spec
@@ -132,12 +130,8 @@ def read_curve(run_dir: Path) -> Curve | None:
     if not path.is_file():
         return None
     c = Curve()
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(row, dict) or not _finite(row.get("tokens")):
+    for _, _, row in fileio.read_jsonl(path):
+        if row is None or not _finite(row.get("tokens")):
             continue
         if _finite(row.get("loss")):
             c.tokens.append(int(row["tokens"]))
@@ -149,11 +143,7 @@ def read_curve(run_dir: Path) -> Curve | None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    return fileio.try_read_json_object(path)
 
 
 def load(study_dir: str | Path) -> StudyData:

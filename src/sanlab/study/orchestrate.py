@@ -31,6 +31,7 @@ from typing import Any
 from rich.console import Console
 
 from sanlab.errors import DataError
+from sanlab.fileio import read_json
 from sanlab.study.plan import (
     FINAL_STATUSES,
     PlannedRun,
@@ -65,10 +66,7 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
     path = Path(study_dir) / SPEC_FILE
     if not path.is_file():
         raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: malformed JSON ({e}); rerun `sanlab study run` with the spec") from None
+    data = read_json(path, DataError)
     if not isinstance(data, dict):
         raise DataError(f"{path}: not a study spec")
     return validate(StudySpec, data, source=str(path))

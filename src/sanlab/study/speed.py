@@ -231,11 +231,9 @@ def mean_result(results: list[dict[str, Any]]) -> dict[str, Any]:
 def load_cache(study_dir: str | Path | None) -> dict[str, Any]:
     if study_dir is None:
         return {}
-    try:
-        data = json.loads((Path(study_dir) / SPEED_FILE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}  # a missing or torn cache is only a cache: measure again
-    return data if isinstance(data, dict) else {}
+    from sanlab.fileio import try_read_json_object
+
+    return try_read_json_object(Path(study_dir) / SPEED_FILE) or {}  # a missing or torn cache: measure again
 
 
 def save_cache(study_dir: str | Path, cache: Mapping[str, Any]) -> None:

@@ -9,8 +9,9 @@ the torn tail is moved to `results.jsonl.torn` (kept, never parsed), so the new 
 starts on a line of its own instead of being glued to the torn one and lost with it.
 It is greppable, diffable and readable from any language without a driver.
 
-A *damaged* line anywhere (bytes that are not UTF-8, text that is not a JSON object: a
-disk error, a hand edit) is treated the same way. Every reader goes through `lines()`,
+A *damaged* line anywhere (bytes that are not UTF-8, text that is not a JSON object, or a
+`run` / `lock` record whose fields do not have the types the writer gives them: a disk
+error, a hand edit) is treated the same way. Every reader goes through `lines()`,
 which decodes line by line, so such a line is skipped (and `damaged()` names it) instead
 of failing the whole file; the writer's `repair()` moves it to `results.jsonl.torn` too,
 rewriting the store without it atomically (a temp file, fsync, rename).
@@ -34,16 +35,56 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from sanlab.fileio import parse_line, read_jsonl
+
 STORE_NAME = "results.jsonl"
 
 
-def parse_line(raw: bytes) -> dict[str, Any] | None:
-    """One store line as its record, or None when it is damaged (not UTF-8 JSON, not an object)."""
-    try:
-        rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _opt(check: Any) -> Any:
+    return lambda v: v is None or check(v)
+
+
+# record type -> (required fields, field -> the check of its value), as the writer gives them
+_FIELDS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "run": (("run_id", "status"), {
+        "run_id": _str, "status": _str, "arm": _str, "kind": _str, "optimizer": _str, "run_dir": _opt(_str),
+        "error": _opt(_str), "phases": lambda v: isinstance(v, list) and all(map(_str, v)),
+        "multiplier": _opt(_num), "lr": _opt(_num), "seed": _opt(_int), "tokens": _opt(_int),
+        "params": _opt(_int), "params_non_embedding": _opt(_int), "flops_per_token": _opt(_num),
+        "wall_s": _opt(_num), "config": _opt(lambda v: isinstance(v, dict)),
+        "final": _opt(lambda v: isinstance(v, dict) and all(_opt(_num)(x) for x in v.values())),
+    }),
+    "lock": (("arm", "optimizer", "lr"), {
+        "arm": _str, "optimizer": _str, "lr": _num, "multiplier": _opt(_num), "at_edge": _opt(lambda v: v in (True, False)),
+        "losses": _opt(lambda v: isinstance(v, dict) and all(_opt(_num)(x) for x in v.values())),
+    }),
+}
+
+
+def read_record(raw: bytes) -> dict[str, Any] | None:
+    """One store line as its record, or None when it is damaged: not UTF-8 JSON, not an
+    object, or a run / lock record missing a field or holding one of another type."""
+    rec = parse_line(raw)
+    if rec is None or rec.get("type") not in _FIELDS:
+        return rec
+    required, checks = _FIELDS[rec["type"]]
+    if not all(k in rec for k in required) or not all(check(rec[k]) for k, check in checks.items() if k in rec):
         return None
-    return rec if isinstance(rec, dict) else None
+    return rec
+
+
 
 
 class ResultStore:
@@ -75,7 +116,7 @@ class ResultStore:
             if data and not data.endswith(b"\n"):
                 cut = data.rfind(b"\n") + 1
                 tail = data[cut:]
-                if parse_line(tail) is not None:
+                if read_record(tail) is not None:
                     f.write(b"\n")
                     data += b"\n"
                 else:
@@ -86,7 +127,7 @@ class ResultStore:
                 f.flush()
                 os.fsync(f.fileno())
         lines = data.split(b"\n")[:-1] if data else []
-        bad = [i for i, line in enumerate(lines) if line.strip() and parse_line(line) is None]
+        bad = [i for i, line in enumerate(lines) if line.strip() and read_record(line) is None]
         if bad:
             self._keep_aside([lines[i] for i in bad])
             drop = set(bad)
@@ -98,7 +139,7 @@ class ResultStore:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
             notes.append(f"removed {len(bad)} damaged line(s) ({', '.join(str(i + 1) for i in bad[:10])}: not UTF-8 "
-                         "JSON records)")
+                         "JSON records of the store's fields)")
         if not notes:
             return None
         return f"{self.path}: {'; '.join(notes)}; kept in {self.torn_path.name}"
@@ -118,17 +159,8 @@ class ResultStore:
     def lines(self) -> Iterator[tuple[int, bytes, dict[str, Any] | None]]:
         """(1-based line number, its bytes, its record or None when damaged) of every
         non-blank line, in order: the one reader of the file."""
-        if not self.path.is_file():
-            return
-        try:
-            data = self.path.read_bytes()
-        except OSError as e:
-            from sanlab.errors import DataError
-
-            raise DataError(f"{self.path}: cannot be read ({e.strerror})") from None
-        for i, raw in enumerate(data.split(b"\n"), 1):
-            if raw.strip():
-                yield i, raw, parse_line(raw)
+        for i, raw, rec in read_jsonl(self.path):
+            yield i, raw, rec if rec is None else read_record(raw)
 
     def records(self) -> list[dict[str, Any]]:
         """Every complete record in order; a torn or damaged line is skipped."""

@@ -4,8 +4,8 @@ A checkpoint directory holds
     model.safetensors   the weights (tied tensors stored once)
     optim.safetensors   every tensor of the optimizer state, keyed `{optimizer}/{param name}/{key}`
     state.json          step, loader position, every RNG state, trainer scalars, the
-                        non-tensor optimizer state (param groups, scalars) and the sha256
-                        of both safetensors files
+                        non-tensor optimizer state (param groups, scalars), the sha256
+                        of both safetensors files and of its own content (`state_sha256`)
 No pickle anywhere: a checkpoint can be read without executing code.
 
 Writes are atomic: the files go to a temporary sibling directory that is renamed into
@@ -20,7 +20,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -130,6 +130,13 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def state_digest(state: dict[str, Any]) -> str:
+    """sha256 of state.json's content without its own `state_sha256` (canonical JSON: sorted
+    keys, no spaces), so damage that still parses (a digit of the step changed) is seen."""
+    body = {k: v for k, v in state.items() if k != "state_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -170,6 +177,7 @@ def save(dest: Path, model: nn.Module, optims: Optimizers, state: dict[str, Any]
             "format": FORMAT, **state, "rng": rng_state(), "optim": optim_meta,
             "checksums": {f: _sha256(tmp / f) for f in (MODEL_FILE, OPTIM_FILE)},
         }
+        full["state_sha256"] = state_digest(full)
         (tmp / STATE_FILE).write_text(json.dumps(full))
         for f in (MODEL_FILE, OPTIM_FILE, STATE_FILE):
             _fsync(tmp / f)
@@ -203,26 +211,56 @@ def find(path: Path) -> Path | None:
     return None
 
 
-def read_state(path: Path) -> dict[str, Any]:
-    """Read and verify a checkpoint's state.json and the checksums of its tensor files."""
+def verify(path: Path, files: Sequence[str] = (MODEL_FILE, OPTIM_FILE)) -> dict[str, Any]:
+    """The one checkpoint verifier: every reader of a checkpoint (sample, eval, analyze,
+    export, probe scoring, train --resume) goes through it before it reads a tensor.
+
+    Reads `state.json` (missing, unreadable, not UTF-8 JSON or not sanlab's format: one
+    line naming it) and compares the sha256 of each of `files` with the checksum it
+    records; a mismatch is a `CheckpointError` naming the file. A reader of the weights
+    verifies `model.safetensors` only; a resume verifies both tensor files. Returns
+    state.json.
+    """
+    f = path / STATE_FILE
+    if not f.is_file():
+        raise CheckpointError(f"{f}: missing, so the checkpoint cannot be verified (an incomplete or "
+                              "damaged checkpoint)")
     try:
-        state = json.loads((path / STATE_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path / STATE_FILE}: unreadable checkpoint state ({e})") from None
+        state = json.loads(f.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 JSON" if isinstance(e, UnicodeDecodeError) \
+            else "nested too deeply" if isinstance(e, RecursionError) else f"malformed JSON: {e}"
+        raise CheckpointError(f"{f}: unreadable checkpoint state ({why})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path / STATE_FILE}: not a sanlab checkpoint (format {FORMAT})")
+        raise CheckpointError(f"{f}: not a sanlab checkpoint (format {FORMAT})")
+    if "state_sha256" in state and state["state_sha256"] != state_digest(state):  # (older checkpoints lack it)
+        raise CheckpointError(f"{f}: checksum mismatch of its own content (a damaged checkpoint state)")
+    checksums = state.get("checksums")
+    if not isinstance(checksums, dict) or not all(isinstance(checksums.get(n), str) for n in files):
+        raise CheckpointError(f"{f}: no checksums of {' and '.join(files)}")
+    for name in files:
+        data = path / name
+        if not data.is_file():
+            raise CheckpointError(f"{data}: missing checkpoint file")
+        try:
+            digest = _sha256(data)
+        except OSError as e:
+            raise CheckpointError(f"{data}: unreadable ({e.strerror})") from None
+        if digest != checksums[name]:
+            raise CheckpointError(f"{data}: checksum mismatch with {STATE_FILE} (corrupt checkpoint)")
+    return state
+
+
+def read_state(path: Path) -> dict[str, Any]:
+    """Read and verify a checkpoint to resume from: both tensor files against state.json
+    (`verify`), and every key a resume restores."""
+    state = verify(path, (MODEL_FILE, OPTIM_FILE))
     missing = [k for k in ("step", "rng", "optim", "checksums") if k not in state]
     if missing:
         raise CheckpointError(f"{path / STATE_FILE}: incomplete checkpoint state (no {missing[0]!r})")
-    checksums = state.get("checksums")
-    if not isinstance(checksums, dict) or set(checksums) != {MODEL_FILE, OPTIM_FILE}:
+    checksums = state["checksums"]
+    if set(checksums) != {MODEL_FILE, OPTIM_FILE}:
         raise CheckpointError(f"{path / STATE_FILE}: no checksums of {MODEL_FILE} and {OPTIM_FILE}")
-    for name, expected in checksums.items():
-        f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{f}: missing checkpoint file")
-        if _sha256(f) != expected:
-            raise CheckpointError(f"{f}: checksum mismatch (corrupt checkpoint)")
     return state
 
 

@@ -72,13 +72,19 @@ def run(args: argparse.Namespace) -> int:
         argv = ["train", *args.items, "--out", str(args.out)]
         argv += ["--resume"] * args.resume + ["--force"] * args.force
         return dist.launch(args.nproc, argv)
-    meta = train(cfg, args.out, resume=args.resume, force=args.force)
-    if os.environ.get("RANK", "0") != "0":
-        # Under torchrun a non-zero exit makes the launcher stop the other ranks: only rank 0
-        # reports the run's status (and so the job's exit code) once it has written it.
-        return dist.exit_worker(EXIT_OK)
-    print(final_line(meta, args.out))
-    return dist.exit_worker(_EXIT.get(meta["status"], EXIT_OK))
+    from sanlab import cli
+    from sanlab.train.signals import CommandSignals
+
+    # a signal before the run's own handlers reaches the run; one after it ended changes nothing
+    with CommandSignals(keep=cli.OWN_PROCESS) as signals:
+        meta = train(cfg, args.out, resume=args.resume, force=args.force)
+        signals.ended()
+        if os.environ.get("RANK", "0") != "0":
+            # Under torchrun a non-zero exit makes the launcher stop the other ranks: only rank 0
+            # reports the run's status (and so the job's exit code) once it has written it.
+            return dist.exit_worker(EXIT_OK)
+        print(final_line(meta, args.out))
+        return dist.exit_worker(_EXIT.get(meta["status"], EXIT_OK))
 
 
 def _num(value: object) -> str:

@@ -34,19 +34,18 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     Lines written after the checkpoint, and a half-written last line, are dropped so
     the resumed run appends exactly the lines the uninterrupted run would have written.
     """
+    from sanlab.fileio import read_jsonl
+
     if not path.exists():
         return
     kept = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
+    for _, raw, row in read_jsonl(path):
+        step = row.get("step", math.inf) if row is not None else math.inf  # a damaged line: the end
+        if not isinstance(step, (int, float)) or step > last_step:
             break
-        if row.get("step", math.inf) > last_step:
-            break
-        kept.append(line)
+        kept.append(raw)
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept))
+    tmp.write_bytes(b"".join(line + b"\n" for line in kept))
     os.replace(tmp, path)
 
 

@@ -64,10 +64,25 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    """A run-dir JSON file's object, or None when it is missing or damaged (`sanlab.fileio`)."""
+    from sanlab.fileio import try_read_json_object
+
+    return try_read_json_object(path)
+
+
+def resumed_meta(path: Path) -> dict[str, Any]:
+    """The meta.json a resume continues: what it adds to (resumes, started_at, wall time)
+    kept where it has the right type, the rest as it is; a damaged or missing file is {}."""
+    meta = read_json(path) or {}
+    types = {"resumes": int, "started_at": str, "wall_time_s": (int, float)}
+    return {k: v for k, v in meta.items()
+            if k not in types or (isinstance(v, types[k]) and not isinstance(v, bool))}  # type: ignore[arg-type]
+
+
+def first_difference(requested: Any, stored: Any) -> str | None:
+    """The dotted key of the first difference between a requested config (as
+    `config_json` gives it) and a stored one (normalised as this version writes it), or None."""
+    return _first_difference(requested, _normalised(stored))
 
 
 def _first_difference(a: Any, b: Any, prefix: str = "") -> str | None:
@@ -104,6 +119,7 @@ def _normalised(stored: Any) -> Any:
 class Decision:
     action: Literal["fresh", "resume", "done"]
     meta: dict[str, Any] | None = None  # the existing meta for "done"
+    force: bool = False  # a resume may continue under a config other than its checkpoint's
 
 
 def decide(out: Path, cfg: Config, *, resume: bool, force: bool) -> Decision:
@@ -131,7 +147,7 @@ def decide(out: Path, cfg: Config, *, resume: bool, force: bool) -> Decision:
     if not diff and meta.get("status") in FINISHED:
         return Decision("done", meta)
     if resume:
-        return Decision("resume" if has_ckpt else "fresh")
+        return Decision("resume", force=force) if has_ckpt else Decision("fresh")
     raise ConfigError(f"{out} holds an unfinished run (status {meta.get('status', 'unknown')}): "
                       "use --resume to continue or --force to start over")
 

@@ -179,7 +179,11 @@ def evaluate(model: torch.nn.Module, batches: list[Batch],
 
 def _check_finished(out: Path) -> None:
     """A finished run is returned as it is, but only with an intact latest checkpoint."""
-    found = checkpoint.find(out / rundir.CHECKPOINTS / "latest")
+    latest = out / rundir.CHECKPOINTS / "latest"
+    found = checkpoint.find(latest)
+    if found is None and latest.is_dir():
+        raise CheckpointError(f"{out} is a finished run, but {latest / checkpoint.STATE_FILE} is missing "
+                              "(a damaged checkpoint); retrain it with --force")
     if found is not None:
         try:
             checkpoint.read_state(found)
@@ -256,22 +260,38 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     def amp() -> contextlib.AbstractContextManager[Any]:
         return torch.autocast(d.device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    # ---- the run dir: fresh start or exact resume from the latest checkpoint
-    if d.is_main:
-        rundir.prepare(out, decision)
-    d.barrier()
+    # ---- an exact resume: the latest checkpoint verified and loaded before the run dir is touched
     ckpt_dir = out / rundir.CHECKPOINTS
     start, trainer_state = 0, {"ema": 0.0, "ema_n": 0, "train_time_s": 0.0, "last_eval": {}}
-    meta: dict[str, Any] = {}
+    found = None
     if decision.action == "resume":
         found = checkpoint.find(ckpt_dir / "latest")
-        assert found is not None
+        if found is None:
+            raise CheckpointError(f"--resume: {ckpt_dir / 'latest' / checkpoint.STATE_FILE} is missing, so the "
+                                  "checkpoint cannot be verified or resumed; start the run over with --force")
         state = checkpoint.load(found, model, optims)
         if not (isinstance(state.get("loader"), dict) and isinstance(state.get("trainer"), dict)):
             raise CheckpointError(f"{found}: not a training checkpoint (no loader / trainer state)")
+        written = state.get("config")
+        diff = rundir.first_difference(rundir.config_json(cfg), written) if isinstance(written, dict) else None
+        if diff and not decision.force:
+            raise CheckpointError(f"{found}: written under another config than the run dir's config.json "
+                                  f"({diff.replace('in the run dir', 'in the checkpoint')}; a damaged config.json?); "
+                                  "use --force to continue under config.json's")
         train_data.load_state_dict(state["loader"])
         start, trainer_state = state["step"], state["trainer"]
-        meta = rundir.read_json(out / rundir.META_FILE) or {}
+    # ---- the dry check of a fresh start: the evaluation at init, a forward pass through every
+    # layer on the held-out rows, so a model that cannot run on this data fails before any file
+    # is written (evaluation draws no random numbers: the run is unchanged)
+    init_eval = evaluate(model, val_batches, amp, d) if start == 0 else None
+
+    # ---- the run dir: fresh start or exact resume
+    if d.is_main:
+        rundir.prepare(out, decision)
+    d.barrier()
+    meta: dict[str, Any] = {}
+    if found is not None:
+        meta = rundir.resumed_meta(out / rundir.META_FILE)
         if d.is_main:
             truncate_metrics(out / rundir.METRICS_FILE, start)
             _complete_milestones(ckpt_dir, found, start, plan)
@@ -312,7 +332,7 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     status, row, stop_eval = "running", {}, {}
     try:
         if start == 0:
-            meta["init"] = evaluate(model, val_batches, amp, d)
+            meta["init"] = init_eval
             save(0)
         # ---- the loop: one optimizer step per iteration
         for step in range(start, plan.steps):

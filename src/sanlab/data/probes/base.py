@@ -36,6 +36,7 @@ from sanlab.config import StrictModel
 from sanlab.data.regions import ANSWER, N_SPECIAL, OTHER, QUERY, REGION_NAMES, SPECIAL_TOKENS
 from sanlab.data.shards import FORMAT, FORMAT_VERSION, MANIFEST, SplitWriter, sha256_file
 from sanlab.errors import ConfigError
+from sanlab.fileio import try_read_json_object
 from sanlab.paths import staged_dir
 
 SPLITS = ("train", "val", "test")
@@ -216,11 +217,7 @@ def plan_probe_dir(task: ProbeTask, cfg: TaskConfig, out: str | Path, *, row_tok
     probe_key = {"task": task.name, "config": cfg.model_dump(mode="json"), "row_tokens": row_tokens}
     existing = out / MANIFEST
     if existing.is_file():
-        try:
-            old = json.loads(existing.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            old = {}
-        old = old if isinstance(old, dict) else {}
+        old = try_read_json_object(existing) or {}
         probe = old.get("probe") if isinstance(old.get("probe"), dict) else {}
         if {k: probe.get(k) for k in probe_key} == probe_key:
             try:
