@@ -65,9 +65,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "sample = [d.plain_text() for i, d in buffered]",
       (T + "test_catches_data.py", T + "test_data_prepare.py"), "the BPE is trained on validation documents too"),
     M("noise-pair-shifted", "src/sanlab/study/table.py",
-      "        la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed))",
+      "        la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed, slug))",
       "        la = _loss(records, run_id(arm, opt, lr_arm, tokens,\n"
-      "                                   seeds[(seeds.index(seed) + 1) % len(seeds)] if role == \"noise\" else seed))",
+      "                                   seeds[(seeds.index(seed) + 1) % len(seeds)] if role == \"noise\" else seed,"
+      " slug))",
       (T + "test_catches_study.py", T + "test_study_orchestrate.py"), "the noise-floor pair is shifted by one seed"),
     M("multihop-first-hop", "src/sanlab/data/synth.py",
       "final = hops[-1][2]",
@@ -474,8 +475,9 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_train_resume.py::test_sigint_records_the_val_loss_of_the_step_it_stopped_at",),
       "a run stopped by a signal records no validation loss (its last line said val_loss None)"),
     M("plan-extensions-uncounted", "src/sanlab/study/plan.py",
-      "room[(arm.name, opt)] = max(0, spec.sweep.max_extensions - decision.extensions - len(planned))",
-      "room[(arm.name, opt)] = 0",
+      "room[cell_key(point.slug, arm.name, opt)] = max(\n"
+      "                    0, spec.sweep.max_extensions - decision.extensions - len(planned))",
+      "room[cell_key(point.slug, arm.name, opt)] = 0",
       (T + "test_study_spec.py::test_plan_counts_the_runs_boundary_extension_may_add",),
       "the plan counts no sweep extensions ('22 runs' for a study that may run 30)"),
     # ---- eval
