@@ -56,9 +56,10 @@ RULES = {
                "inconclusive without analysed pairs at every size.",
     "contrast": "recall vs context-grounded at the largest world: per seed pair, recall Δ − context-grounded Δ; "
                 "reproduced when below 0, not reproduced when above 0, else inconclusive.",
-    "query": "query share grows: per seed pair, (query Δ − aggregate Δ) at the largest world minus at the "
-             "smallest; reproduced when below 0 (the deficit concentrates on query tokens as the world grows), "
-             "not reproduced when above 0, else inconclusive.",
+    "query": "query share grows: per seed pair, the change of (query Δ − aggregate Δ) from the smallest to the "
+             "largest world, and (query Δ − aggregate Δ) at the largest world; reproduced when both are below 0 "
+             "(the deficit concentrates on query tokens as the world grows, and is concentrated there at the "
+             "largest world), not reproduced when either is above 0, else inconclusive.",
     "zeroshot": "zero-shot QA: over every world size and seed pair, the mean accuracy difference (arm − SAN) "
                 "against twice its standard error (lm-eval's per-task stderr of both runs in quadrature, "
                 "divided by √pairs); reproduced when closed-book QA favours the standard arm beyond it and "
@@ -179,12 +180,12 @@ def _sign_verdict(values: list[float], floor: float | None, want: int) -> str:
     return INCONCLUSIVE
 
 
-def _series_text(ax: AxisRecord, what: str) -> str:
+def _series_text(ax: AxisRecord, what: str, f: str = "{:+.4f}") -> str:
     parts = []
     for slug in ax.slugs:
         v = list(kind_series(ax, slug).get(what, {}).values())
         if v:
-            parts.append(f"{fmt_ms(v)} ({ax.value(slug)})")
+            parts.append(f"{fmt_ms(v, f)} ({ax.value(slug)})")
     return ", ".join(parts) or "no analysed pairs"
 
 
@@ -303,11 +304,16 @@ def claims(ax: AxisRecord) -> list[Claim]:
                          "query"))
     else:
         d, floor, lo, hi = ends
-        shares = _series_text(ax, "query_share")
+        shares = _series_text(ax, "query_share", "{:.3f}")
+        top = list(kind_series(ax, ax.slugs[-1]).get("query_minus_aggregate", {}).values())
+        f_top = ax.at(ax.slugs[-1]).floor_size
+        s1, s2 = noise.sign(d, floor), noise.sign(top, f_top)
+        verdict = (REPRODUCED if s1 == -1 and s2 == -1 else NOT_REPRODUCED if 1 in (s1, s2) else INCONCLUSIVE)
         out.append(Claim(name, paper, f"query Δ − aggregate Δ {_series_text(ax, 'query_minus_aggregate')}; "
-                                      f"largest − smallest {fmt_ms(d)}; F (quadrature) {fmt(floor, '{:.4f}')}; "
+                                      f"largest − smallest {fmt_ms(d)}; F (quadrature) {fmt(floor, '{:.4f}')}, "
+                                      f"F at the largest {fmt(f_top, '{:.4f}')}; "
                                       f"query's share of the aggregate Δ {shares}",
-                         _sign_verdict(d, floor, -1), "query"))
+                         verdict, "query"))
 
     closed, grounded = _pooled(ax, "closed-book"), _pooled(ax, "grounded")
 
