@@ -30,6 +30,33 @@ def expected_loss(cfg: Config) -> float | None:
     return 3.0 + 0.01 * math.log2(m / opt) ** 2 + arm + norm + 0.0001 * cfg.train.seed
 
 
+def world_facts(cfg: Config) -> int | None:
+    """The facts of the planted world the run trains on (its data dir's entropy_floor.json;
+    the trainer runs in its run dir, where a relative data.dir points)."""
+    floor = Path(str(cfg.data.dir)) / "entropy_floor.json"
+    if not floor.is_file():
+        return None
+    return (json.loads(floor.read_text()).get("world") or {}).get("facts")
+
+
+def axis_loss(cfg: Config, facts: int) -> float | None:
+    """On a data axis: `expected_loss`, and the SAN pays 1e-4 nats per world fact (so its
+    deficit grows with the world, by a known amount)."""
+    base = expected_loss(cfg)
+    return None if base is None else base + (0.0 if cfg.model.ffn else 1e-4 * facts)
+
+
+def slow_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """`train` that takes a while (SANLAB_FAKE_SECONDS, default 0.5 s) before it finishes:
+    long enough to kill a study in the middle of a run."""
+    import os
+    import time
+
+    if not (Path(out_dir) / "meta.json").is_file():
+        time.sleep(float(os.environ.get("SANLAB_FAKE_SECONDS", "0.5")))
+    return train(cfg, out_dir, resume=resume, force=force)
+
+
 def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
     out = Path(out_dir)
     meta_path = out / "meta.json"
@@ -42,7 +69,11 @@ def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool
         f.write(out.name + "\n")
     if cfg.model.n_layers == 13:
         raise RuntimeError("boom")
-    loss = expected_loss(cfg)
+    import os
+
+    # the data-axis tests set SANLAB_FAKE_AXIS: then the loss depends on the world's size
+    facts = world_facts(cfg) if os.environ.get("SANLAB_FAKE_AXIS") and cfg.data.dir else None
+    loss = expected_loss(cfg) if facts is None else axis_loss(cfg, facts)
     status = "diverged" if loss is None else "completed"
     meta = {"status": status, "final": {"val_loss": loss, "tokens": cfg.train.tokens}}
     meta_path.write_text(json.dumps(meta))

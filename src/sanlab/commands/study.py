@@ -76,7 +76,7 @@ def _plan(args: argparse.Namespace) -> int:
     from sanlab.study.plan import plan_study
     from sanlab.study.spec import load_spec
     from sanlab.study.store import ResultStore
-    from sanlab.study.table import locks
+    from sanlab.study.table import locks_by_point
 
     if args.out:  # the timing caches speed.json there
         check_out_dir(args.out)
@@ -85,8 +85,8 @@ def _plan(args: argparse.Namespace) -> int:
     records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}
     plan = plan_study(spec, args.out, records)
     if records:
-        lock = locks(spec, plan.arms, records, set(records))
-        plan = plan_study(spec, args.out, records, lock)
+        plan = plan_study(spec, args.out, records,
+                          point_locks=locks_by_point(spec, plan.arms, records, set(records)))
     if spec.runner.kind == "local" and not args.no_timing:
         from sanlab.study.speed import arm_speeds, local_threads
 
@@ -97,6 +97,16 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(plan.to_dict(), indent=2))
         return EXIT_OK
     out = Output(args.format)
+    if spec.data.axis:
+        from sanlab.study.plan import data_points
+
+        dt = Table(f"Data axis {spec.data.axis_key} (each value prepared once, shared by every arm)")
+        for col in ("value", "run-id prefix", "prepared dir"):
+            dt.column(col)
+        for p in data_points(spec, args.out):
+            ready = (Path(p.dir) / "manifest.json").is_file()
+            dt.add_row(str(p.value), p.slug, p.dir + ("" if ready else " (to prepare)"))
+        out.table(dt)
     arms = Table(f"Arms of study '{spec.name}' (T={spec.data.seq_len})")
     for col in ("arm", "role", "config", "total params", "non-emb params", "train GFLOPs/token", "mismatch"):
         arms.column(col, "left" if col in ("arm", "role", "config") else "right")
@@ -155,14 +165,15 @@ def _status(args: argparse.Namespace) -> int:
     from sanlab.study.orchestrate import load_saved_spec
     from sanlab.study.plan import plan_study
     from sanlab.study.store import ResultStore
-    from sanlab.study.table import locks
+    from sanlab.study.table import locks_by_point
 
     spec = load_saved_spec(args.dir)
     store = ResultStore(args.dir)
     _note_damaged(store)
     records = store.runs()
     arms_plan = plan_study(spec, args.dir, records)
-    plan = plan_study(spec, args.dir, records, locks(spec, arms_plan.arms, records, set(records)))
+    plan = plan_study(spec, args.dir, records,
+                      point_locks=locks_by_point(spec, arms_plan.arms, records, set(records)))
     rows = []
     for r in plan.runs:
         rec = records.get(r.run_id)
@@ -228,7 +239,7 @@ def _table(args: argparse.Namespace) -> int:
     spec = load_saved_spec(args.dir)
     _note_damaged(store)
     with Output(args.format) as out:
-        print_tables(spec, build_arms(spec), store.runs(), out)
+        print_tables(spec, build_arms(spec), store.runs(), out, store.data())
     return EXIT_OK
 
 

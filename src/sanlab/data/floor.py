@@ -42,7 +42,11 @@ first token of each row is not scored (about 1/(seq_len+1) of all tokens).
 `nats_per_token` = nats / tokens, the floor; null where there are no tokens):
 
     format "sanlab-entropy-floor", version 1, unit "nats per token"
-    world        {people, cities, countries, facts} of the planted world (null for other corpora)
+    world        {people, cities, countries, facts, bits, bits_per_fact, attributes} of the planted
+                 world (null for other corpora): its information content, facts × bits per fact
+                 from the generator's own distributions (`World.information`); attributes:
+                 {attr: {facts, values, bits_per_fact}}. Files written before bits were
+                 recorded lack the last three.
     splits.{train,val}:
         documents, tokens, nats, nats_per_token                      the whole split
         region.{other,query,trace,answer}: tokens, nats, nats_per_token

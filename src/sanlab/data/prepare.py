@@ -259,7 +259,10 @@ def _build(cfg: PrepareConfig, tmp: Path, console: Output | None) -> dict[str, A
         world = None
         if cfg.corpus == "synth":
             w = world_for(cfg.synth)
-            world = {"people": len(w.people), "cities": len(w.cities), "countries": len(w.countries), "facts": w.n_facts}
+            info = w.information()
+            world = {"people": len(w.people), "cities": len(w.cities), "countries": len(w.countries),
+                     "facts": w.n_facts, "bits": info["bits"], "bits_per_fact": info["bits_per_fact"],
+                     "attributes": info["attributes"]}
         (tmp / FLOOR_FILE).write_text(json.dumps(floor_document(floors, world), indent=1))
         manifest["entropy_floor_file"] = FLOOR_FILE
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
@@ -322,7 +325,9 @@ def print_summary(
                f"bound on any model's mean loss on these documents ({FLOOR_FILE})")
         if floor.get("world"):
             wd = floor["world"]
-            o.note(f"world: {wd['facts']:,} facts ({wd['people']:,} people, {wd['cities']:,} cities)")
+            bits = (f"; {wd['bits']:,.0f} bits of information ({wd['bits_per_fact']:.2f} bits per fact, "
+                    "each a uniform draw of the generator)" if wd.get("bits") is not None else "")
+            o.note(f"world: {wd['facts']:,} facts ({wd['people']:,} people, {wd['cities']:,} cities){bits}")
     o.note(f"vocab {manifest['vocab_size']:,} (BPE uses {manifest['tokenizer_vocab_size']:,}) · "
            f"seq_len {manifest['seq_len']} · seed {manifest['seed']}")
 

@@ -53,7 +53,7 @@ import math
 import random
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from pydantic import model_validator
 
@@ -221,6 +221,9 @@ ITEMS = (
     "jars of honey", "copper nails", "bolts of cloth", "bricks",
 )  # fmt: skip
 
+BIRTH_YEARS = (1600, 1990)  # a person's birth year: uniform over this range (inclusive)
+FOUNDED = (800, 1800)  # a city's founding year: uniform over this range (inclusive)
+
 _ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s",
            "st", "t", "th", "v", "z", "sh", "ch", "w", "y", "tr")  # fmt: skip
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ou", "ei", "ai", "y")
@@ -253,6 +256,46 @@ class World:
     def n_facts(self) -> int:
         """Facts the world holds: one per (entity, attribute)."""
         return sum(len(e.facts) for e in self.entities)
+
+    def value_counts(self) -> dict[str, int]:
+        """Attribute -> how many values `build_world` draws it from, uniformly (its own
+        distributions: the same lists and ranges it draws with)."""
+        return fact_domains(len(self.people), len(self.cities), len(self.countries), len(self.rivers))
+
+    def information(self) -> dict[str, Any]:
+        """The world's information content: each fact is an independent uniform draw from
+        its attribute's values, so it carries log2(values) bits, and the world holds
+        Σ over facts of log2(values) bits (the entities' names are not counted: they are
+        the keys the facts are stored under, not facts).
+
+        {"facts", "bits", "bits_per_fact" (their ratio), "attributes": {attr: {"facts",
+        "values", "bits_per_fact"}}}."""
+        counts = self.value_counts()
+        per: dict[str, dict[str, Any]] = {}
+        for e in self.entities:
+            for attr in e.facts:
+                row = per.setdefault(attr, {"facts": 0, "values": counts[attr],
+                                            "bits_per_fact": math.log2(counts[attr])})
+                row["facts"] += 1
+        bits = sum(r["facts"] * r["bits_per_fact"] for r in per.values())
+        n = self.n_facts
+        return {"facts": n, "bits": bits, "bits_per_fact": bits / n if n else None, "attributes": per}
+
+
+def fact_domains(people: int, cities: int, countries: int, rivers: int) -> dict[str, int]:
+    """Attribute -> number of equally likely values `build_world` draws it from."""
+    return {
+        "birthplace": cities,
+        "profession": len(PROFESSIONS),
+        "birth_year": BIRTH_YEARS[1] - BIRTH_YEARS[0] + 1,
+        "instrument": len(INSTRUMENTS),
+        "animal": len(ANIMALS),
+        "mentor": people - 1,  # anyone but the person: (i + randint(1, people − 1)) mod people
+        "country": countries,
+        "river": rivers,
+        "founded": FOUNDED[1] - FOUNDED[0] + 1,
+        "known_for": len(PRODUCTS),
+    }
 
 
 def _word(rng: random.Random, syllables: int) -> str:
@@ -304,7 +347,7 @@ def build_world(people: int, cities: int, countries: int, world_seed: int) -> Wo
             facts={
                 "country": rng.choice(country_names),
                 "river": rng.choice(river_names),
-                "founded": str(rng.randint(800, 1800)),
+                "founded": str(rng.randint(*FOUNDED)),
                 "known_for": rng.choice(PRODUCTS),
             },
         )
@@ -320,7 +363,7 @@ def build_world(people: int, cities: int, countries: int, world_seed: int) -> Wo
                 facts={
                     "birthplace": rng.choice(city_names),
                     "profession": rng.choice(PROFESSIONS),
-                    "birth_year": str(rng.randint(1600, 1990)),
+                    "birth_year": str(rng.randint(*BIRTH_YEARS)),
                     "instrument": rng.choice(INSTRUMENTS),
                     "animal": rng.choice(ANIMALS),
                     "mentor": mentor,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,10 +96,25 @@ def _statements(e_name: str, attr: str, value: str) -> list[str]:
     ]
 
 
+_NAME_WORD = re.compile(r"[A-Z][a-z]+")
+
+
+def _named(text: str, world: World) -> list[Entity]:
+    """The world's entities whose names `text` holds as words: every capitalised word (a
+    city) and every two such words joined by a space (a person). World names are fresh,
+    capitalised, substring-free words, so this finds what `e.name in text` finds, in one
+    pass over the text instead of one per entity (a large world has thousands)."""
+    words = [(m.start(), m.end(), m.group()) for m in _NAME_WORD.finditer(text)]
+    cands = {w for _, _, w in words}
+    cands |= {f"{w} {words[i + 1][2]}" for i, (_, end, w) in enumerate(words[:-1]) if words[i + 1][0] == end + 1
+              and text[end] == " "}
+    return [world.by_name[n] for n in cands if n in world.by_name]
+
+
 def facts_in(text: str, world: World) -> set[tuple[str, str]]:
     """(entity, attribute) of every world fact that `text` states in one of its sentence forms."""
     out = set()
-    for e in world.entities:
+    for e in _named(text, world):
         if e.name in text:
             out.update((e.name, a) for a, v in e.facts.items() if any(s in text for s in _statements(e.name, a, v)))
     return out
@@ -153,7 +169,8 @@ def _choices(rng: random.Random, world: World, f: Fact, prefer: list[str]) -> tu
         pool = list(_MCQ_POOLS[f.attr](world))
     others = [v for v in dict.fromkeys(prefer) if v != f.value]
     rest = [v for v in pool if v != f.value and v != f.entity and v not in others]
-    picked = (others + rng.sample(rest, N_CHOICES - 1))[: N_CHOICES - 1] + [f.value]
+    # (a tiny world's pool may hold fewer than N_CHOICES − 1 other values: then fewer choices)
+    picked = (others + rng.sample(rest, min(len(rest), N_CHOICES - 1)))[: N_CHOICES - 1] + [f.value]
     rng.shuffle(picked)
     label = picked.index(f.value)
     if f.attr in _ARTICLE:

@@ -54,26 +54,30 @@ def _rel_run_path(value: Any, study_dir: Path) -> Any:
     return value
 
 
-def _portable_analysis(a: dict[str, Any], src_study: Path) -> dict[str, Any]:
+def _portable_analysis(a: dict[str, Any], src_study: Path, slugs: Iterable[str] = ()) -> dict[str, Any]:
     """analysis.json with its paths relative to the study dir (they were as the analysing
-    shell saw them: relative to its cwd, or absolute)."""
+    shell saw them: relative to its cwd, or absolute); on a data axis (`slugs`, the data
+    points' names) the sample's data dir is the point's own, `data/SLUG`."""
     for run in (a.get("runs") or {}).values():
         if isinstance(run, dict) and "path" in run:
             run["path"] = _rel_run_path(run["path"], src_study)
     sample = a.get("sample")
     if isinstance(sample, dict):
+        name = Path(str(sample.get("data_dir") or "")).name
+        data = f"data/{name}" if name in set(slugs) else "data"
         if sample.get("data_dir"):
-            sample["data_dir"] = "data"
+            sample["data_dir"] = data
         if sample.get("entropy_floor_file"):
-            sample["entropy_floor_file"] = "data/" + Path(str(sample["entropy_floor_file"])).name
+            sample["entropy_floor_file"] = f"{data}/" + Path(str(sample["entropy_floor_file"])).name
     return a
 
 
-def _portable_config(cfg: Any) -> Any:
+def _portable_config(cfg: Any, point: str = "") -> Any:
     """A run config whose data dir is the study's `data/` (as `sanlab study run` writes it
-    for a study that prepares its own data) rather than wherever the data lay."""
+    for a study that prepares its own data; `data/SLUG/` for a value of a data axis)
+    rather than wherever the data lay."""
     if isinstance(cfg, dict) and isinstance(cfg.get("data"), dict) and cfg["data"].get("dir"):
-        cfg["data"]["dir"] = "../../data"
+        cfg["data"]["dir"] = f"../../data/{point}" if point else "../../data"
     return cfg
 
 
@@ -116,6 +120,12 @@ def copy_study(src: Path, out: Path, log: Log) -> list[str]:
     explicit = (spec_raw.get("data") or {}).get("dir")
     data_src = Path(explicit) if explicit else src / "data"  # a relative data.dir is the cwd's, as `study run` read it
     written: list[Path] = []
+    point_of: dict[str, str] = {}  # run id -> its data point's slug
+    data_points: dict[str, Path] = {}  # data slug -> where its prepared dir lay
+
+    def data_dir_of(rec: dict[str, Any]) -> Path:
+        where = Path(str(rec.get("dir") or "data"))
+        return where if where.is_absolute() else src / where
 
     write_text(dst / "study.json", json.dumps(_portable_spec(spec_raw), indent=2) + "\n")
     written.append(dst / "study.json")
@@ -125,9 +135,13 @@ def copy_study(src: Path, out: Path, log: Log) -> list[str]:
             lines.append(raw)  # kept as it is: the store skips it, the report counts it
             continue
         if "config" in rec:
-            rec["config"] = _portable_config(rec["config"])
+            rec["config"] = _portable_config(rec["config"], rec.get("data") or "")
+            point_of[str(rec.get("run_id"))] = rec.get("data") or ""
         if isinstance(rec.get("run_dir"), str):
             rec["run_dir"] = _rel_run_path(rec["run_dir"], src)
+        if rec.get("type") == "data":  # the prepared dir, as the copy holds it
+            rec["dir"] = f"data/{rec['data']}" if rec.get("data") else "data"
+            data_points[str(rec.get("data") or "")] = data_dir_of(rec)
         lines.append(json.dumps(rec, sort_keys=True).encode())
     dst.mkdir(parents=True, exist_ok=True)
     (dst / STORE_NAME).write_bytes(b"".join(line + b"\n" for line in lines))
@@ -144,25 +158,34 @@ def copy_study(src: Path, out: Path, log: Log) -> list[str]:
                 continue
             target = dst / "runs" / run.name / name
             if name == "config.json":
-                write_text(target, json.dumps(_portable_config(read_json(f)), indent=1) + "\n", like=f)
+                write_text(target, json.dumps(_portable_config(read_json(f), point_of.get(run.name, "")), indent=1)
+                           + "\n", like=f)
             else:
                 copy_file(f, target)
             written.append(target)
+        for f in sorted((run / "eval").glob("results-*.json")) if (run / "eval").is_dir() else []:
+            copy_file(f, dst / "runs" / run.name / "eval" / f.name)  # `sanlab eval`'s zero-shot results
+            written.append(dst / "runs" / run.name / "eval" / f.name)
     for f in sorted((src / "analysis").rglob("*")) if (src / "analysis").is_dir() else []:
         if not f.is_file() or f.suffix not in (".json", ".csv"):
             continue
         target = dst / f.relative_to(src)
         if f.name == "analysis.json":
-            write_text(target, json.dumps(_portable_analysis(read_json(f), src), indent=1) + "\n", like=f)
+            write_text(target, json.dumps(_portable_analysis(read_json(f), src, [k for k in data_points if k]),
+                                          indent=1) + "\n", like=f)
         else:
             copy_file(f, target)
         written.append(target)
-    for name in DATA_FILES:
-        if (data_src / name).is_file():
-            copy_file(data_src / name, dst / "data" / name)
-            written.append(dst / "data" / name)
-    if not (dst / "data" / "manifest.json").is_file():
-        log(f"warning: no data manifest found at {data_src}; the record has no data/manifest.json")
+    axis = {k: v for k, v in data_points.items() if k}
+    for slug, where in (axis.items() if axis else [("", data_src)]):
+        into = dst / "data" / slug if slug else dst / "data"
+        for name in DATA_FILES:
+            if (where / name).is_file():
+                copy_file(where / name, into / name)
+                written.append(into / name)
+        if not (into / "manifest.json").is_file():
+            log(f"warning: no data manifest found at {where}; the record has no "
+                f"{(into / 'manifest.json').relative_to(dst).as_posix()}")
     if (src / REPORT).is_dir():
         for f in sorted((src / REPORT).rglob("*")):
             if f.is_file():

@@ -5,6 +5,7 @@ source: a study dir with matched arms is `matched`, one with explicit variant ar
 `variants`, a probe suite's `--out` dir (suite.json) `probes`.
 
     matched    SAN vs iso-param / iso-FLOP / iso-depth standard arms   SPEC §1.6   `matched`
+    axis       the same, over a data axis (`data.axis`, e.g. the world's size)  §1.6   `axis`
     variants   a standard transformer vs variants of its attention     SPEC §2–3   `variants`
     probes     every probe arm on every probe task                     SPEC §2     `probes`
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from sanlab.records import marker, matched, probes, variants
+from sanlab.records import axis, marker, matched, probes, variants
 from sanlab.records.common import RecordError, copy_file, read_json
 from sanlab.records.export import copy_study, study_entries, verify_study
 from sanlab.records.study import load_study
@@ -50,6 +51,8 @@ def _verify_probes(src: Path, out: Path) -> None:
 KINDS: dict[str, Kind] = {
     "matched": Kind("matched", "a SAN against its matched standard arms (SPEC §1.6)",
                     lambda d: load_study(d, "matched"), matched.BLOCKS, study_entries, copy_study, verify_study),
+    "axis": Kind("axis", "a SAN against its matched standard arms over a data axis (SPEC §1.6)",
+                 axis.load_axis, axis.BLOCKS, study_entries, copy_study, verify_study),
     "variants": Kind("variants", "a standard transformer against variants of its attention (SPEC §2–3)",
                      lambda d: load_study(d, "variants"), variants.BLOCKS, study_entries, copy_study,
                      verify_study),
@@ -59,8 +62,11 @@ KINDS: dict[str, Kind] = {
 
 
 def study_kind(spec: dict[str, Any]) -> str:
-    """`matched` when the study matches arms to its reference, `variants` when its arms
-    are all explicit ones."""
+    """`axis` when the study has a data axis, else `matched` when it matches arms to its
+    reference, `variants` when its arms are all explicit ones."""
+    data = spec.get("data") if isinstance(spec.get("data"), dict) else {}
+    if data.get("axis"):
+        return "axis"
     matching = spec.get("matching") if isinstance(spec.get("matching"), dict) else {}
     arms = matching.get("arms", ["iso_param", "iso_flop", "iso_depth"])  # the spec's default
     return "variants" if not arms and spec.get("arms") else "matched"

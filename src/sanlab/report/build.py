@@ -186,15 +186,18 @@ def sweep(data: StudyData, out: Path) -> Section:
 
 
 def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
-    """The gap table as the study prints it (same columns, same formatting)."""
+    """The gap table as the study prints it (same columns, same formatting; with a data
+    axis, the value first)."""
     ref = next(iter((data.tables or {}).get("arms", [])), {}).get("name", "reference")
-    cols = ["arm", "config", "opt", "tokens", f"{ref} loss", "arm loss", "Δ per seed", "Δ mean ± sd", "Δ %",
-            "vs noise floor"]
+    key = ((data.tables or {}).get("data") or {}).get("key")
+    cols = ([key] if key else []) + ["arm", "config", "opt", "tokens", f"{ref} loss", "arm loss", "Δ per seed",
+                                     "Δ mean ± sd", "Δ %", "vs noise floor"]
+    lead = (lambda g: [str(g.get("data_value"))]) if key else (lambda g: [])
     rows = []
     for g in (data.tables or {}).get("gaps", []):
-        rows.append(_gap_row(g, f"{g['arm']} ({g['role']})", g.get("verdict", "")))
+        rows.append(lead(g) + _gap_row(g, f"{g['arm']} ({g['role']})", g.get("verdict", "")))
     for g in (data.tables or {}).get("noise_floor", []):
-        rows.append(_gap_row(g, f"noise floor ({g['arm']} − {ref})", ""))
+        rows.append(lead(g) + _gap_row(g, f"noise floor ({g['arm']} − {ref})", ""))
     return cols, rows
 
 
@@ -224,6 +227,46 @@ def gap(data: StudyData, out: Path) -> Section:
              "gap shrinks with tokens)")
     s.figure(plots.draw_delta_vs_size, data, out, "delta_vs_size.png",
              "Δ vs model size: each arm's gap against its non-embedding parameter count")
+    return s
+
+
+def axis(data: StudyData, out: Path) -> Section | None:
+    """With a data axis: Δ per arm against it, the world's facts and bits per parameter, and
+    Δ by exercise kind against facts per parameter."""
+    t = (data.tables or {}).get("data") or {}
+    key = t.get("key")
+    if not key:
+        return None
+    s = Section(f"The data axis: {key}")
+    s.blocks.append(Block("text", f"Every arm, sweep, seed and noise pair at each value of `{key}` "
+                                  f"({', '.join(map(str, t.get('values') or []))}), each value prepared once and "
+                                  f"shared by the arms; {t.get('sweep')}."))
+    cols = ["arm", "opt", "tokens"] + [f"{key}={v}" for v in t.get("values") or []]
+    rows = []
+    for r in (data.tables or {}).get("axis", []):
+        by = {str(c["data_value"]): c for c in r["values"]}
+        cells = []
+        for v in t.get("values") or []:
+            c = by.get(str(v))
+            cells.append(MISSING if c is None or c.get("mean") is None else
+                         _f(c["mean"]) + ("" if c.get("spread") is None else f" ± {c['spread']:.4f}")
+                         + f" ({c.get('verdict')})")
+        rows.append([f"{r['arm']} ({r['role']})", r["optimizer"], _tok(r["tokens"]), *cells])
+    if rows:
+        s.blocks.append(Block("table", f"Δ = arm − reference against {key} (mean ± sd over seed pairs; the verdict "
+                                       "against that value's own noise floor)", cols, rows))
+    per = t.get("per_arm") or []
+    if per:
+        s.blocks.append(Block("table", "Facts and bits of the world per non-embedding parameter (bits: facts × bits "
+                                       "per fact, from the generator's distributions)",
+                              [key, "arm", "non-emb params", "facts", "bits", "facts/param", "bits/param"],
+                              [[str(r["data_value"]), r["arm"], f"{r['params_non_embedding']:,}",
+                                MISSING if r["facts"] is None else f"{r['facts']:,}", _f(r["bits"], "{:,.0f}"),
+                                _f(r["facts_per_param"], "{:.4f}"), _f(r["bits_per_param"], "{:.4f}")]
+                               for r in per]))
+    s.figure(plots.draw_delta_vs_axis, data, out, "delta_vs_axis.png",
+             "Δ by exercise kind against facts per parameter: the token-weighted Δ over the recall types and over "
+             "the context-grounded types of each analysed final pair, mean ± sd over seed pairs")
     return s
 
 
@@ -299,7 +342,8 @@ def inside(data: StudyData, out: Path) -> Section:
 def build(data: StudyData, out: Path) -> Report:
     """Draw every figure into `out` and return the report's sections."""
     out.mkdir(parents=True, exist_ok=True)
-    sections = [header(data), curves(data, out), sweep(data, out), gap(data, out),
+    ax = axis(data, out)
+    sections = [header(data), curves(data, out), sweep(data, out), gap(data, out), *([ax] if ax else []),
                 localisation(data, out), inside(data, out)]
     figures = [b.path for s in sections for b in s.blocks if b.kind == "figure" and b.path is not None]
     return Report(f"sanlab report — study {data.name}", sections, figures)

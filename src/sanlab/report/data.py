@@ -190,30 +190,33 @@ def load_analyses(study_dir: Path) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class PairGroup:
-    """The final runs of one optimizer × budget × seed: every arm against the reference."""
+    """The final runs of one optimizer × budget × seed (× data point, on a data axis):
+    every arm against the reference."""
 
     optimizer: str
     tokens: int
     seed: int
     reference: str
     arms: tuple[str, ...]
+    data: str = ""  # the data point's slug ("" without a data axis)
 
     @property
     def out_name(self) -> str:
-        return f"final-{self.optimizer}-{self.tokens}-s{self.seed}"
+        at = f"{self.data}-" if self.data else ""
+        return f"final-{at}{self.optimizer}-{self.tokens}-s{self.seed}"
 
 
 def final_pair_groups(data: StudyData) -> list[PairGroup]:
     """Final pairs where both runs completed, grouped so one `sanlab analyze` call covers a group."""
-    groups: dict[tuple[str, int, int, str], list[str]] = {}
+    groups: dict[tuple[str, int, int, str, str], list[str]] = {}
     for g in (data.tables or {}).get("gaps", []):
         for seed, ids in (g.get("runs") or {}).items():
             ref, arm = ids["reference"], ids["arm"]
             if all((data.records.get(r) or {}).get("status") == "completed" for r in (ref, arm)):
-                arms = groups.setdefault((g["optimizer"], int(g["tokens"]), int(seed), ref), [])
+                arms = groups.setdefault((g["optimizer"], int(g["tokens"]), int(seed), ref, g.get("data") or ""), [])
                 if arm not in arms:
                     arms.append(arm)
-    return [PairGroup(o, t, s, ref, tuple(arms)) for (o, t, s, ref), arms in groups.items()]
+    return [PairGroup(o, t, s, ref, tuple(arms), d) for (o, t, s, ref, d), arms in groups.items()]
 
 
 def missing_analyses(data: StudyData) -> list[PairGroup]:
@@ -224,13 +227,23 @@ def missing_analyses(data: StudyData) -> list[PairGroup]:
             if any((a, g.reference) not in have or a not in runs for a in g.arms) or g.reference not in runs]
 
 
-def data_dir(data: StudyData) -> Path | None:
-    """The study's prepared data dir, if it can be found from here: its `data.dir` as the
-    study was run with it, that path inside the study dir (a record's spec names its own
-    `data`), or the study dir's `data/`."""
+def data_dir(data: StudyData, point: str = "") -> Path | None:
+    """The study's prepared data dir (of the data point `point`, its slug, on a data axis),
+    if it can be found from here: the store's `data` record's dir (relative to the study
+    dir), its `data.dir` as the study was run with it, that path inside the study dir (a
+    record's spec names its own `data`), or the study dir's `data/`."""
     explicit = (data.spec.get("data") or {}).get("dir")
-    cands = [Path(explicit), data.dir / explicit] if explicit else []
-    for cand in cands + [data.dir / "data"]:
+    if point:
+        rec = ResultStore(data.dir).data().get(point) or {}
+        stored = rec.get("dir")
+        cands = [data.dir / stored] if isinstance(stored, str) and not Path(stored).is_absolute() else []
+        cands += [Path(stored)] if isinstance(stored, str) else []
+        cands += [Path(explicit) / point, data.dir / explicit / point] if explicit else []
+        cands.append(data.dir / "data" / point)
+    else:
+        cands = [Path(explicit), data.dir / explicit] if explicit else []
+        cands.append(data.dir / "data")
+    for cand in cands:
         if (cand / "manifest.json").is_file():
             return cand
     return None
@@ -249,7 +262,7 @@ def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "
     argv = [*map(str, runs[:-1]), "--vs", str(runs[-1]), "--out", str(out), "--eval-rows", str(eval_rows)]
     if not all(any((r / "checkpoints").glob("milestone-*")) for r in runs):
         argv += ["--skip", "spectra"]
-    ddir = data_dir(data)
+    ddir = data_dir(data, group.data)
     if ddir is not None:
         argv += ["--data", str(ddir)]
     parser = ArgumentParser(prog="sanlab analyze")

@@ -807,3 +807,94 @@ def draw_stream(data: StudyData) -> Drawn | str:
     for ax in (ax_r, ax_g):
         ax.xaxis.get_major_locator().set_params(integer=True)
     return Drawn(fig, notes)
+
+
+# --------------------------------------------------------------------------- the data axis
+
+
+def axis_points(data: StudyData) -> list[dict[str, Any]]:
+    """Per matched arm × data value at the largest final budget (first optimizer): facts
+    per non-embedding parameter of the reference (x), and per analysed seed pair the Δ
+    over the recall types and over the context-grounded types (`sanlab.analysis.kinds`),
+    beside the gap's own per-seed Δ (the store's)."""
+    from sanlab.analysis.kinds import kind_deltas
+
+    t = data.tables or {}
+    axis = t.get("data") or {}
+    if not axis.get("key"):
+        return []
+    ref = next(iter(t.get("arms", [])), {}).get("name")
+    x = {r["data"]: r.get("facts_per_param") for r in axis.get("per_arm") or [] if r["arm"] == ref}
+    gaps = t.get("gaps", [])
+    if not gaps:
+        return []
+    opt = gaps[0]["optimizer"]
+    big = max(g["tokens"] for g in gaps if g["optimizer"] == opt)
+    comps = {(c["run"], c["vs"]): c for c in data.comparisons()}
+    out = []
+    for g in gaps:
+        if g["optimizer"] != opt or g["tokens"] != big:
+            continue
+        recall, context = [], []
+        for _, ids in sorted((g.get("runs") or {}).items()):
+            c = comps.get((ids["arm"], ids["reference"]))
+            if c is None:
+                continue
+            r, cc = kind_deltas(c)
+            if r is not None:
+                recall.append(r)
+            if cc is not None:
+                context.append(cc)
+        out.append({"arm": g["arm"], "role": g["role"], "data": g.get("data"), "value": g.get("data_value"),
+                    "x": x.get(g.get("data")), "recall": recall, "context": context,
+                    "store": list((g.get("per_seed") or {}).values())})
+    return out
+
+
+def draw_delta_vs_axis(data: StudyData) -> Drawn | str:
+    """Δ over the recall types and over the context-grounded types against the world's facts
+    per parameter (the data axis), per matched arm: the paper's localisation as a curve."""
+    pts = [p for p in axis_points(data) if p["x"] is not None and (p["recall"] or p["context"])]
+    if not (data.tables or {}).get("data", {}).get("key"):
+        return "the study has no data axis (data.axis)"
+    if not pts:
+        return "no analysed final pairs on the data axis yet (run `sanlab report STUDY --analyze`)"
+    fig, ax = plt.subplots(figsize=(8.0, 4.6), constrained_layout=True)
+    colors = arm_colors(data)
+    arms = list(dict.fromkeys(p["arm"] for p in pts))
+    multi = len(arms) > 1
+    for arm in arms:
+        sel = sorted((p for p in pts if p["arm"] == arm), key=lambda p: p["x"])
+        for kind, style, shift in (("recall", "o-", 0.97), ("context", "s--", 1.03)):
+            rows = [p for p in sel if p[kind]]
+            if not rows:
+                continue
+            ax.errorbar([p["x"] * shift for p in rows], [_mean(p[kind]) for p in rows],
+                        yerr=[_sd(p[kind]) for p in rows], fmt=style, capsize=4,
+                        color=colors.get(arm, "C0") if multi else ("C3" if kind == "recall" else "C0"),
+                        label=(f"{arm}: " if multi else "") + ("recall types" if kind == "recall"
+                                                               else "context-grounded types"),
+                        gid=f"axis:{arm}:{kind}")
+    sizes = [n["size"] for n in (data.tables or {}).get("noise_floor", []) if n.get("size") is not None]
+    if sizes:
+        ax.axhspan(-max(sizes), max(sizes), color="grey", alpha=0.3, label=f"noise floor ±{max(sizes):.4f}",
+                   gid="noise-band")
+    ax.axhline(0, color="black", lw=0.8, gid="zero")
+    key = (data.tables or {}).get("data", {}).get("key")
+    xs = sorted({p["x"] for p in pts})
+    names = {p["x"]: p["value"] for p in pts}
+    short = str(key).rsplit(".", 1)[-1]
+
+    def tick(v: float) -> str:
+        near = min(names, key=lambda x: abs(math.log(x / v))) if v > 0 else None
+        return f"{v:.3g}" + (f"\n{short}={names[near]}" if near is not None else "")
+
+    _log_axis(ax, fmt=tick, ticks=xs)
+    ax.set_xlabel("world facts per non-embedding parameter (the reference's)")
+    ax.set_ylabel("Δ val loss (nats), token-weighted")
+    ax.set_title("Δ by exercise kind against facts per parameter (Δ < 0: the standard arm is ahead)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    _legend_right(ax)
+    return Drawn(fig, ["Error bars: the sd over analysed seed pairs; recall and context-grounded points are "
+                       "offset by ±3% in x so their bars do not overlap; the grey band is the largest noise "
+                       "floor F over the axis's values."])

@@ -6,7 +6,8 @@ Study dir layout:
     DIR/results.jsonl     the results store (see store.py)
     DIR/runs/RUN_ID/      one trainer run dir per run
     DIR/jobs/             per-run job file, outcome, lock and log
-    DIR/data/             the prepared corpus, when the spec asks the study to prepare it
+    DIR/data/             the prepared corpus, when the spec asks the study to prepare it;
+                          with a data axis one prepared dir per value, DIR/data/SLUG/
     DIR/slurm/            submitit's folder (SLURM runner)
 
 Everything is validated before the first run starts (spec, matching, data: `check`,
@@ -34,21 +35,24 @@ from sanlab.errors import DataError
 from sanlab.fileio import read_json
 from sanlab.study.plan import (
     FINAL_STATUSES,
+    DataPoint,
     PlannedRun,
     StudyArm,
     build_arms,
     cell_decision,
     cells,
-    default_data_dir,
+    data_points,
     final_runs,
     merge,
+    sweep_point,
     sweep_results,
     sweep_runs,
+    sweeps_at,
 )
 from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
-from sanlab.study.table import locks, print_tables
+from sanlab.study.table import locks, locks_by_point, print_tables
 from sanlab.tables import Output
 
 SPEC_FILE = "study.json"
@@ -72,34 +76,64 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
     return validate(StudySpec, data, source=str(path))
 
 
-def prepare_config(spec: StudySpec) -> Any:
-    """The `sanlab prepare` settings the spec asks for (validated like `sanlab prepare`'s)."""
+def prepare_config(spec: StudySpec, point: DataPoint | None = None) -> Any:
+    """The `sanlab prepare` settings the spec asks for (validated like `sanlab prepare`'s),
+    at one value of the data axis (`point`)."""
     from sanlab.config import apply_overrides
     from sanlab.data.prepare import PrepareConfig
 
-    overrides = [f"corpus={spec.data.corpus}", f"tokens={spec.data.tokens}",
+    corpus, extra = spec.data.corpus, []
+    if point is not None and point.key == "corpus":
+        corpus = point.value
+    elif point is not None and point.key is not None:
+        extra = [f"{point.key}={point.value}"]
+    overrides = [f"corpus={corpus}", f"tokens={spec.data.tokens}",
                  f"seq_len={spec.data.seq_len}", f"vocab_size={spec.model.vocab_size}",
-                 *spec.data.prepare]
-    return apply_overrides(PrepareConfig, {}, overrides, source="data.prepare")
+                 *spec.data.prepare, *extra]
+    source = "data.prepare" if point is None or point.key is None else f"data.axis ({point.label})"
+    return apply_overrides(PrepareConfig, {}, overrides, source=source)
 
 
 def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
-                 console: Console | None = None) -> Path:
-    """The prepared data dir, preparing it first when the spec says how and `prepare`."""
-    data_dir = Path(default_data_dir(spec, study_dir))
+                 console: Console | None = None, point: DataPoint | None = None) -> Path:
+    """The prepared data dir (of one data point), preparing it first when the spec says
+    how and `prepare`; a dir that already holds a prepared corpus is used as it is."""
+    point = point or data_points(spec, study_dir)[0]
+    data_dir = Path(point.dir)
     if (data_dir / "manifest.json").is_file():
         _check_data(spec, data_dir)
         return data_dir
-    if spec.data.corpus is None:
+    if point.key == "dir":
+        raise DataError(f"data.axis.dir: {data_dir} is not a prepared data dir (no manifest.json)")
+    if spec.data.corpus is None and point.key != "corpus":
         raise DataError(f"data.dir: {data_dir} is not a prepared data dir (no manifest.json); "
                         "run `sanlab prepare` or set data.corpus so the study prepares it")
-    cfg = prepare_config(spec)
+    cfg = prepare_config(spec, point)
     if prepare:
         from sanlab.data.prepare import prepare as prepare_corpus
 
+        if console is not None and point.key is not None:
+            console.print(f"preparing {point.label} into {data_dir}", highlight=False)
         prepare_corpus(cfg, data_dir, console=console)
         _check_data(spec, data_dir)
     return data_dir
+
+
+def data_record(point: DataPoint, data_dir: Path, study_dir: Path) -> dict[str, Any]:
+    """The store's `data` record of one prepared corpus (see `sanlab.study.store`)."""
+    from sanlab.data.floor import load_floor
+    from sanlab.data.shards import load_manifest
+
+    manifest = load_manifest(data_dir, verify=False)
+    floor = load_floor(data_dir)
+    d, study = Path(os.path.abspath(data_dir)), Path(os.path.abspath(study_dir))
+    where = os.path.relpath(d, study) if study in d.parents else str(d)
+    splits = (floor or {}).get("splits") or {}
+    return {"type": "data", "data": point.slug, "key": point.key, "value": point.value, "dir": where,
+            "corpus": manifest.get("corpus"),
+            "train_tokens": ((manifest.get("splits") or {}).get("train") or {}).get("tokens"),
+            "floor": {k: (splits.get(k) or {}).get("nats_per_token") for k in ("train", "val")} if floor else None,
+            "world": (floor or {}).get("world")}
 
 
 def _check_data(spec: StudySpec, data_dir: Path) -> None:
@@ -117,9 +151,12 @@ def _check_data(spec: StudySpec, data_dir: Path) -> None:
 
 def check(spec: StudySpec, study_dir: Path | None) -> tuple[list[StudyArm], Path]:
     """Everything that can be wrong with the input before any run starts (used by both
-    `study run` and `study plan`, so plan accepts exactly what run accepts)."""
+    `study run` and `study plan`, so plan accepts exactly what run accepts): the arms and
+    every data point's data (prepared, or how to prepare it). Returns the arms and the
+    first data point's dir."""
     arms = build_arms(spec)
-    return arms, resolve_data(spec, study_dir, prepare=False)
+    dirs = [resolve_data(spec, study_dir, prepare=False, point=p) for p in data_points(spec, study_dir)]
+    return arms, dirs[0]
 
 
 def portable_data_dir(data_dir: str | Path, study_dir: Path, run_dir: Path) -> str:
@@ -145,7 +182,8 @@ class Study:
         self.runner = runner or make_runner(spec.runner, self.dir)
         self.attempted: set[str] = set()  # run ids executed by this invocation
         self.arms: list[StudyArm] = []
-        self.data_dir = ""
+        self.data_dir = ""  # the first (without a data axis: the only) data point's dir
+        self.points: list[DataPoint] = []
 
     # ---------------------------------------------------------------- checks
 
@@ -153,6 +191,7 @@ class Study:
         """Everything that can be wrong with the input, before any run starts."""
         self.arms, data_dir = check(self.spec, self.dir)
         self.data_dir = str(data_dir)
+        self.points = data_points(self.spec, self.dir)
 
     # ---------------------------------------------------------------- execution
 
@@ -180,7 +219,8 @@ class Study:
                 "seed": r.seed, "tokens": r.tokens, "params": r.params_total,
                 "params_non_embedding": r.params_non_embedding,
                 "flops_per_token": r.flops_per_token, "run_dir": f"{RUNS}/{r.run_id}",
-                "config": job.config, **outcome,
+                "config": job.config, **({"data": r.data, "data_value": r.data_value} if r.data else {}),
+                **outcome,
             })
             count[0] += 1
             val = (outcome.get("final") or {}).get("val_loss")
@@ -197,40 +237,62 @@ class Study:
         return config
 
     def _sweep(self) -> None:
-        """Rounds of sweep points until every cell has locked its LR."""
+        """Rounds of sweep points until every cell (of every data point that sweeps) has
+        locked its LR; the points' sweeps run side by side, round by round."""
         spec = self.spec
         round_no = 0
         while True:
             records = self.store.runs()
             batch: list[PlannedRun] = []
-            for arm, opt in cells(spec, self.arms):
-                d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted))
-                if not d.done:
-                    note = "boundary extension" if round_no else ""
-                    batch += sweep_runs(spec, arm, opt, d.pending, self.data_dir, note=note)
+            for point in self.points:
+                if not sweeps_at(spec, self.points, point):
+                    continue
+                for arm, opt in cells(spec, self.arms):
+                    d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted, point.slug))
+                    if not d.done:
+                        note = "boundary extension" if round_no else ""
+                        batch += sweep_runs(spec, arm, opt, d.pending, point.dir, note=note, point=point)
             if not batch:
                 return
             round_no += 1
             self._execute(merge(batch), f"sweep round {round_no}")
 
-    def _record_locks(self) -> dict[tuple[str, str], float]:
+    def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
+        """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
         records = self.store.runs()
-        lock = locks(self.spec, self.arms, records, set(records))
-        stored = self.store.locks()
-        for arm, opt in cells(self.spec, self.arms):
-            key = (arm.name, opt)
-            if key not in lock:
-                self.console.print(f"[red]{arm.name} {opt}: every sweep point failed; no final runs[/red]")
+        by_point = locks_by_point(self.spec, self.arms, records, set(records))
+        for point in self.points:
+            if sweep_point(self.spec, self.points, point) != point:
                 continue
-            results = sweep_results(self.spec, arm, opt, records, set(records))
-            d = cell_decision(self.spec, results)
-            if stored.get(key, {}).get("lr") != lock[key]:
-                self.store.append({"type": "lock", "arm": arm.name, "optimizer": opt,
-                                   "multiplier": d.best, "lr": lock[key], "at_edge": d.at_edge,
-                                   "losses": {str(k): v for k, v in results.items()}})
-            self.console.print(f"lock {arm.name} {opt}: lr {lock[key]:g}"
-                               + (" (still at an edge of the sweep)" if d.at_edge else ""))
-        return lock
+            lock = by_point[point.slug]
+            stored = self.store.locks(point.slug)
+            at = f" at {point.label}" if point.key is not None else ""
+            for arm, opt in cells(self.spec, self.arms):
+                key = (arm.name, opt)
+                if key not in lock:
+                    self.console.print(f"[red]{arm.name} {opt}{at}: every sweep point failed; no final runs[/red]")
+                    continue
+                results = sweep_results(self.spec, arm, opt, records, set(records), point.slug)
+                d = cell_decision(self.spec, results)
+                if stored.get(key, {}).get("lr") != lock[key]:
+                    self.store.append({"type": "lock", "arm": arm.name, "optimizer": opt,
+                                       "multiplier": d.best, "lr": lock[key], "at_edge": d.at_edge,
+                                       "losses": {str(k): v for k, v in results.items()},
+                                       **({"data": point.slug} if point.slug else {})})
+                self.console.print(f"lock {arm.name} {opt}{at}: lr {lock[key]:g}"
+                                   + (" (still at an edge of the sweep)" if d.at_edge else ""), highlight=False)
+        return by_point
+
+    def _prepare(self) -> None:
+        """Every data point's prepared dir (each prepared once, then reused), and its
+        `data` record in the store when the store does not hold that one yet."""
+        stored = self.store.data()
+        for point in self.points:
+            d = resolve_data(self.spec, self.dir, prepare=True, console=self.console, point=point)
+            rec = data_record(point, d, self.dir)
+            old = {k: v for k, v in stored.get(point.slug, {}).items() if k != "time"}
+            if old != rec:
+                self.store.append(rec)
 
     def run(self) -> int:
         """The whole study; returns 0 when every run finished (completed or diverged)."""
@@ -239,14 +301,16 @@ class Study:
         if note:
             self.console.print(f"note: {note}", highlight=False)
         save_spec(self.spec, self.dir)
-        self.data_dir = str(resolve_data(self.spec, self.dir, prepare=True, console=self.console))
+        self._prepare()
         if self.spec.sweep.enabled:
             self._sweep()
-        lock = self._record_locks()
-        finals = merge(final_runs(self.spec, self.arms, lock, self.data_dir))
+        by_point = self._record_locks()
+        finals = merge([r for p in self.points
+                        for r in final_runs(self.spec, self.arms, by_point[p.slug], p.dir,
+                                            point=p if p.key is not None else None)])
         self._execute(finals, "final + noise-floor runs")
         records = self.store.runs()
-        print_tables(self.spec, self.arms, records, Output.to_console(self.console))
+        print_tables(self.spec, self.arms, records, Output.to_console(self.console), self.store.data())
         bad = sorted(rid for rid in self.attempted if records[rid].get("status") not in FINAL_STATUSES)
         if bad:
             self.console.print(f"[red]{len(bad)} run(s) did not finish: {', '.join(bad)} "

@@ -12,6 +12,7 @@ reference's final run) share one run instead of training it twice.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -97,6 +98,8 @@ class PlannedRun:
     params_non_embedding: int
     flops_per_token: int
     note: str = ""
+    data: str = ""  # the data point's slug ("" without a data axis)
+    data_value: Any = None  # its axis value
 
     @property
     def phase(self) -> str:
@@ -109,6 +112,7 @@ class PlannedRun:
             "seed": self.seed, "tokens": self.tokens, "params_total": self.params_total,
             "params_non_embedding": self.params_non_embedding,
             "flops_per_token": self.flops_per_token, "note": self.note,
+            "data": self.data, "data_value": self.data_value,
             "config": to_toml_dict(self.config),
         }
 
@@ -167,20 +171,85 @@ def round_lr(lr: float) -> float:
     return float(f"{lr:.6g}")
 
 
-def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int) -> str:
+def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int, data: str = "") -> str:
     """`san-L20-d512-muon-lr0.02-5B-s42`; a variant arm carries its mixer / layout / freeze
-    after the name (`nonapprox_h-hyb-nonapprox-L8-d128-…`)."""
+    after the name (`nonapprox_h-hyb-nonapprox-L8-d128-…`); a run at a value of a data
+    axis starts with the value's slug (`facts400-san-L20-…`, `DataPoint.slug`)."""
     m = arm.model
     tag = arm_tag(m, arm.train)
     # (an arm already named after its variant, `mixit` or `hyb_nonapprox`, is not tagged twice)
     name = f"{arm.name}-{tag}" if tag and not arm.name.replace("_", "-").startswith(tag) else arm.name
-    return f"{name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
+    rid = f"{name}-L{m.n_layers}-d{m.d_model}-{optimizer}-lr{lr:g}-{format_tokens(tokens)}-s{seed}"
+    return f"{data}-{rid}" if data else rid
+
+
+# --------------------------------------------------------------------------- the data axis
+
+
+@dataclass(frozen=True)
+class DataPoint:
+    """One corpus the study trains on: the one corpus of a study without a data axis
+    (`key` None, `slug` ""), else one value of `data.axis`."""
+
+    key: str | None
+    value: Any
+    slug: str  # the run-id prefix and the data dir's name: "facts400"; "" without an axis
+    dir: str  # the prepared dir
+
+    @property
+    def label(self) -> str:
+        """`synth.facts=400`; "" without an axis."""
+        return "" if self.key is None else f"{self.key}={self.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "slug": self.slug, "label": self.label, "dir": self.dir}
+
+
+_SLUG_BAD = re.compile(r"[^a-z0-9._]+")
+
+
+def axis_slug(key: str, value: Any) -> str:
+    """A value's name in run ids and dirs: the key's last part and the value (`facts400`);
+    a corpus by its name (`kjv`), a listed dir by its base name."""
+    if key == "dir":
+        raw = Path(str(value)).name or str(value)
+    elif key == "corpus":
+        raw = str(value)
+    else:
+        raw = f"{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]}{value}"
+    return _SLUG_BAD.sub("_", raw.lower()).strip("_.") or "value"
+
+
+def data_points(spec: StudySpec, study_dir: str | Path | None) -> list[DataPoint]:
+    """The study's corpora in axis order: one without an axis, one per `data.axis` value
+    (each with its own prepared dir). Raises `ConfigError` when two values share a slug."""
+    base = default_data_dir(spec, study_dir)
+    key = spec.data.axis_key
+    if key is None:
+        return [DataPoint(None, None, "", base)]
+    points = []
+    for v in spec.data.axis_values:
+        slug = axis_slug(key, v)
+        points.append(DataPoint(key, v, slug, str(v) if key == "dir" else str(Path(base) / slug)))
+    slugs = [p.slug for p in points]
+    if len(set(slugs)) != len(slugs):
+        dup = next(s for s in slugs if slugs.count(s) > 1)
+        raise ConfigError(f"data.axis.{key}: two values are both named {dup!r} in run ids; use distinct values")
+    return points
+
+
+def sweep_point(spec: StudySpec, points: list[DataPoint], point: DataPoint) -> DataPoint:
+    """The data point whose sweep locks `point`'s LRs: itself, or `sweep.lock_at`'s value."""
+    if spec.sweep.lock_at is None:
+        return point
+    return next(p for p in points if repr(p.value) == repr(spec.sweep.lock_at))
 
 
 def make_run(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, lr: float, seed: int,
              tokens: int, phase: str, data_dir: str, *, multiplier: float | None = None,
-             note: str = "") -> PlannedRun:
-    """One run: the spec's base `optim` / `train` settings with this arm, LR, seed and budget."""
+             note: str = "", point: "DataPoint | None" = None) -> PlannedRun:
+    """One run: the spec's base `optim` / `train` settings with this arm, LR, seed and budget,
+    on `data_dir` (the data point `point`'s dir, when the study has a data axis)."""
     data = {"dir": data_dir, "seq_len": spec.data.seq_len}
     cfg = validate(Config, {
         "model": arm.model.model_dump(),
@@ -188,9 +257,11 @@ def make_run(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, lr: float, se
         "optim": {**spec.optim.model_dump(), "name": optimizer, "lr": lr},
         "train": {**spec.train.model_dump(), **arm.train, "tokens": tokens, "seed": seed, "steps": None},
     }, source=f"run {arm.name}")
-    return PlannedRun(run_id(arm, optimizer, lr, tokens, seed), arm.name, arm.kind, optimizer,
+    slug = point.slug if point is not None else ""
+    return PlannedRun(run_id(arm, optimizer, lr, tokens, seed, slug), arm.name, arm.kind, optimizer,
                       [phase], multiplier, lr, seed, tokens, cfg, arm.params_total,
-                      arm.params_non_embedding, arm.flops_per_token, note)
+                      arm.params_non_embedding, arm.flops_per_token, note, slug,
+                      point.value if point is not None else None)
 
 
 def merge(runs: Iterable[PlannedRun]) -> list[PlannedRun]:
@@ -209,14 +280,20 @@ def merge(runs: Iterable[PlannedRun]) -> list[PlannedRun]:
     return list(out.values())
 
 
+def cell_key(data: str, arm: str, optimizer: str) -> tuple[str, ...]:
+    """A sweep cell's key: (arm, optimizer), with the data slug first on a data axis."""
+    return (data, arm, optimizer) if data else (arm, optimizer)
+
+
 def cells(spec: StudySpec, arms: list[StudyArm]) -> list[tuple[StudyArm, Optimizer]]:
     """The arm × optimizer cells; each gets its own LR sweep and lock."""
     return [(a, o) for a in arms for o in spec.optimizers]
 
 
 def sweep_results(spec: StudySpec, arm: StudyArm, optimizer: str, records: Mapping[str, dict],
-                  attempted: set[str]) -> dict[float, float | None]:
-    """Multiplier -> val loss of this cell's finished sweep points.
+                  attempted: set[str], data: str = "") -> dict[float, float | None]:
+    """Multiplier -> val loss of this cell's finished sweep points (at the data point
+    whose slug is `data`).
 
     Diverged points count as infinitely bad (None). Failed or interrupted points count
     so only if this invocation already retried them; otherwise they are re-run.
@@ -224,6 +301,7 @@ def sweep_results(spec: StudySpec, arm: StudyArm, optimizer: str, records: Mappi
     out: dict[float, float | None] = {}
     for rid, rec in records.items():
         if (rec.get("arm") != arm.name or rec.get("optimizer") != optimizer
+                or (rec.get("data") or "") != data
                 or "sweep" not in rec.get("phases", []) or rec.get("multiplier") is None
                 or rec.get("tokens") != spec.sweep.tokens or rec.get("seed") != spec.sweep_seed):
             continue
@@ -241,15 +319,16 @@ def cell_decision(spec: StudySpec, results: Mapping[float, float | None]) -> Swe
 
 
 def sweep_runs(spec: StudySpec, arm: StudyArm, optimizer: Optimizer, multipliers: Iterable[float],
-               data_dir: str, note: str = "") -> list[PlannedRun]:
+               data_dir: str, note: str = "", point: "DataPoint | None" = None) -> list[PlannedRun]:
     base = arm.base_lr_for(spec, optimizer)
     return [make_run(spec, arm, optimizer, round_lr(base * m), spec.sweep_seed, spec.sweep.tokens,
-                     "sweep", data_dir, multiplier=m, note=note) for m in multipliers]
+                     "sweep", data_dir, multiplier=m, note=note, point=point) for m in multipliers]
 
 
 def final_runs(spec: StudySpec, arms: list[StudyArm], locks: Mapping[tuple[str, str], float],
-               data_dir: str, note: str = "") -> list[PlannedRun]:
-    """Every arm × optimizer × budget × seed at its locked LR, plus the noise-floor pair.
+               data_dir: str, note: str = "", point: "DataPoint | None" = None) -> list[PlannedRun]:
+    """Every arm × optimizer × budget × seed at its locked LR, plus the noise-floor pair
+    (at one data point: every point of a data axis gets its own).
 
     Cells without a lock (every sweep point failed) are left out.
     """
@@ -260,7 +339,7 @@ def final_runs(spec: StudySpec, arms: list[StudyArm], locks: Mapping[tuple[str, 
         for tokens in spec.final.tokens:
             for seed in spec.seeds:
                 runs.append(make_run(spec, arm, opt, locks[(arm.name, opt)], seed, tokens,
-                                     "final", data_dir, note=note))
+                                     "final", data_dir, note=note, point=point))
     ref = arms[0]
     opt = spec.noise_optimizer
     if spec.noise.enabled and (ref.name, opt) in locks:
@@ -268,7 +347,7 @@ def final_runs(spec: StudySpec, arms: list[StudyArm], locks: Mapping[tuple[str, 
         for arm in (ref, noise_arm(spec)):
             for seed in spec.noise_seeds:
                 runs.append(make_run(spec, arm, opt, lr, seed, spec.noise_tokens, "noise", data_dir,
-                                     note=note))
+                                     note=note, point=point))
     return runs
 
 
@@ -287,8 +366,8 @@ class StudyPlan:
     # run id -> measured {step_s, eval_s, ready_s} of its shape (sanlab.study.speed)
     speeds: dict[str, dict[str, float]] = field(default_factory=dict)
     max_extensions: int = 0  # sweep rounds boundary extension may add (0: extension off)
-    # (arm, optimizer) -> sweep points boundary extension may still add beyond `runs`
-    extension_room: dict[tuple[str, str], int] = field(default_factory=dict)
+    # cell_key(data slug, arm, optimizer) -> sweep points boundary extension may still add beyond `runs`
+    extension_room: dict[tuple[str, ...], int] = field(default_factory=dict)
 
     @property
     def max_extension_runs(self) -> int:
@@ -343,10 +422,11 @@ class StudyPlan:
         """The most boundary extension can add: as many more sweep rounds as the most room
         any cell has left, each one more point per cell that can still extend, run side
         by side."""
-        per_cell: dict[tuple[str, str], PlannedRun] = {}
+        per_cell: dict[tuple[str, ...], PlannedRun] = {}
         for r in self.runs:
-            if "sweep" in r.phases and self.extension_room.get((r.arm, r.optimizer), 0) > 0:
-                per_cell.setdefault((r.arm, r.optimizer), r)
+            key = cell_key(r.data, r.arm, r.optimizer)
+            if "sweep" in r.phases and self.extension_room.get(key, 0) > 0:
+                per_cell.setdefault(key, r)
         rounds = max(self.extension_room.values(), default=0)
         return rounds * self.makespan(per_cell.values()) if per_cell else 0.0
 
@@ -377,42 +457,66 @@ def default_data_dir(spec: StudySpec, study_dir: str | Path | None) -> str:
     return str(Path(study_dir) / "data") if study_dir is not None else "<study dir>/data"
 
 
+def sweeps_at(spec: StudySpec, points: list[DataPoint], point: DataPoint) -> bool:
+    """Whether `point` runs its own sweep (every point does, unless `sweep.lock_at` names one)."""
+    return spec.sweep.enabled and sweep_point(spec, points, point) == point
+
+
 def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
                records: Mapping[str, dict] | None = None,
-               locks: Mapping[tuple[str, str], float] | None = None) -> StudyPlan:
+               locks: Mapping[tuple[str, str], float] | None = None,
+               point_locks: Mapping[str, Mapping[tuple[str, str], float]] | None = None) -> StudyPlan:
     """The runs known now. Without results: the initial sweep grid, and final runs at
-    the base LR (×1) marked as provisional, since the sweep decides their LR."""
+    the base LR (×1) marked as provisional, since the sweep decides their LR.
+
+    `locks`: the known locks of a study without a data axis; `point_locks`: data slug ->
+    the known locks at that data point (`sanlab.study.table.locks_by_point`)."""
     records = records or {}
-    data_dir = default_data_dir(spec, study_dir)
+    points = data_points(spec, study_dir)
     arms = build_arms(spec)
     runs: list[PlannedRun] = []
     notes: list[str] = []
-    known_locks: dict[tuple[str, str], float] = dict(locks or {})
+    known: dict[str, dict[tuple[str, str], float]] = {k: dict(v) for k, v in (point_locks or {}).items()}
+    if locks:
+        known.setdefault("", {}).update(locks)
     room: dict[tuple[str, str], int] = {}
     if spec.sweep.enabled:
         ext = (f"boundary extension on (×2 / ×½ steps, at most {spec.sweep.max_extensions} per cell)"
                if spec.sweep.extend else "boundary extension off")
         notes.append(f"sweep: multipliers {spec.sweep.multipliers} of each cell's base LR at "
                      f"{format_tokens(spec.sweep.tokens)} tokens, seed {spec.sweep_seed}; {ext}")
+        if spec.data.axis:
+            where = (f"once, at {spec.data.axis_key}={spec.sweep.lock_at}; its locked LRs are reused at every "
+                     "value" if spec.sweep.lock_at is not None else f"at every value of {spec.data.axis_key}")
+            notes.append(f"data axis {spec.data.axis_key}: {', '.join(map(str, spec.data.axis_values))}; "
+                         f"each prepared once; the sweep runs {where}")
+    for point in points:
+        if not sweeps_at(spec, points, point):
+            continue
         for arm, opt in cells(spec, arms):
-            results = sweep_results(spec, arm, opt, records, set())
+            results = sweep_results(spec, arm, opt, records, set(), point.slug)
             tried = sorted(set(results) | set(spec.sweep.multipliers))
             decision = cell_decision(spec, results)
-            runs += sweep_runs(spec, arm, opt, tried, data_dir)
+            runs += sweep_runs(spec, arm, opt, tried, point.dir, point=point)
             planned = set(decision.pending) - set(tried)
             if decision.pending and planned:
-                runs += sweep_runs(spec, arm, opt, decision.pending, data_dir,
-                                   note="boundary extension")
+                runs += sweep_runs(spec, arm, opt, decision.pending, point.dir,
+                                   note="boundary extension", point=point)
             if spec.sweep.extend and not decision.done:
-                room[(arm.name, opt)] = max(0, spec.sweep.max_extensions - decision.extensions - len(planned))
-    provisional = {}
-    for arm, opt in cells(spec, arms):
-        if (arm.name, opt) not in known_locks:
-            provisional[(arm.name, opt)] = round_lr(arm.base_lr_for(spec, opt))
-    runs += final_runs(spec, arms, provisional, data_dir,
-                       note="LR set by the sweep" if spec.sweep.enabled else "")
-    runs += final_runs(spec, arms, known_locks, data_dir)
-    if provisional and spec.sweep.enabled:
+                room[cell_key(point.slug, arm.name, opt)] = max(
+                    0, spec.sweep.max_extensions - decision.extensions - len(planned))
+    any_provisional = False
+    for point in points:
+        known_locks = known.get(sweep_point(spec, points, point).slug, {})
+        provisional = {}
+        for arm, opt in cells(spec, arms):
+            if (arm.name, opt) not in known_locks:
+                provisional[(arm.name, opt)] = round_lr(arm.base_lr_for(spec, opt))
+        any_provisional = any_provisional or bool(provisional)
+        runs += final_runs(spec, arms, provisional, point.dir,
+                           note="LR set by the sweep" if spec.sweep.enabled else "", point=point)
+        runs += final_runs(spec, arms, known_locks, point.dir, point=point)
+    if any_provisional and spec.sweep.enabled:
         notes.append("final / noise runs show the base LR (×1); the sweep locks the real LR, "
                      "so their LR and run id may change")
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism

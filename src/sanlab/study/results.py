@@ -14,16 +14,32 @@ from typing import Any, Mapping
 
 from sanlab.study import noise
 from sanlab.study.orchestrate import load_saved_spec
-from sanlab.study.plan import StudyArm, build_arms, noise_arm, run_id
+from sanlab.study.plan import StudyArm, build_arms, data_points, noise_arm, run_id
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
-from sanlab.study.table import Gap, gap_table, gaps, locks, sweep_rows, sweep_table, throughput, verdict
+from sanlab.study.table import (
+    Gap,
+    all_gaps,
+    axis_rows,
+    data_rows,
+    floors_by_point,
+    gap_table,
+    locks,
+    locks_by_point,
+    sweep_note,
+    sweep_rows,
+    sweep_table,
+    swept_points,
+    throughput,
+    verdict,
+)
 
 
 def table_json(study_dir: str | Path) -> dict[str, Any]:
     """`sanlab study table STUDY_DIR --json`, as data (see `tables`)."""
     spec = load_saved_spec(study_dir)
-    return tables(spec, build_arms(spec), ResultStore(study_dir).runs())
+    store = ResultStore(study_dir)
+    return tables(spec, build_arms(spec), store.runs(), store.data())
 
 
 def _arm(a: StudyArm) -> dict[str, Any]:
@@ -35,37 +51,62 @@ def _arm(a: StudyArm) -> dict[str, Any]:
             "state_mixer": m.state_mixer, "freeze": sorted((a.train or {}).get("freeze") or [])}
 
 
-def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> dict[str, Any]:
+def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+           data_info: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """What `study table` shows, as data: the gaps (each with its verdict against the noise
     floor and the run ids of its seed pairs), the noise floor (with its size F,
     `sanlab.study.noise`), the sweep, the arms (with the mixer, layout, state mixer and
     frozen groups that make each one), the locks, the measured throughput and the tables'
-    own titles."""
+    own titles; the data points (`data`, one without a data axis) with the world's facts
+    and bits per parameter of each arm (`data_rows`, from the store's `data` records) and,
+    on a data axis, Δ per arm against it (`axis`). Every gap, noise pair, sweep row and
+    lock names its data point (`data`, its slug; "" without an axis)."""
     lock = locks(spec, arms, records, set(records))
-    rows, noise_rows = gaps(spec, arms, records, lock)
-    floor = noise_rows[0] if noise_rows else None
+    by_point = locks_by_point(spec, arms, records, set(records))
+    rows, noise_rows = all_gaps(spec, arms, records)
+    floors = floors_by_point(noise_rows)
     by_name = {a.name: a for a in arms}
     ref = arms[0]
 
     def pairs(g: Gap, seeds: list[int]) -> dict[str, dict[str, str]]:
         arm = by_name.get(g.arm) or noise_arm(spec)
-        lr_ref = lock[(ref.name, g.optimizer)]
-        lr_arm = lock.get((arm.name, g.optimizer), lr_ref)
-        return {str(s): {"reference": run_id(ref, g.optimizer, lr_ref, g.tokens, s),
-                         "arm": run_id(arm, g.optimizer, lr_arm, g.tokens, s)} for s in seeds}
+        at = by_point[g.data]
+        lr_ref = at[(ref.name, g.optimizer)]
+        lr_arm = at.get((arm.name, g.optimizer), lr_ref)
+        return {str(s): {"reference": run_id(ref, g.optimizer, lr_ref, g.tokens, s, g.data),
+                         "arm": run_id(arm, g.optimizer, lr_arm, g.tokens, s, g.data)} for s in seeds}
 
-    sweep_title, warnings = "", []
+    sweep_title, warnings, sweep = "", [], []
     if spec.sweep.enabled:
-        table, warnings = sweep_table(spec, arms, records)
-        sweep_title = str(table.title)
-    return {
-        "gaps": [{**g.to_dict(), "verdict": verdict(g, floor), "runs": pairs(g, spec.seeds)} for g in rows],
+        for p in swept_points(spec):
+            table, w = sweep_table(spec, arms, records, p if p.slug else None)
+            sweep_title = sweep_title or str(table.title)
+            warnings += w
+            sweep += [r.to_dict() for r in sweep_rows(spec, arms, records, p.slug)]
+    else:
+        sweep = [r.to_dict() for r in sweep_rows(spec, arms, records)]
+    axis = spec.data.axis_key
+    out = {
+        "gaps": [{**g.to_dict(), "verdict": verdict(g, floors.get(g.data)), "runs": pairs(g, spec.seeds)}
+                 for g in rows],
         "noise_floor": [{**g.to_dict(), "size": noise.floor_size(g.per_seed.values()),
                          "runs": pairs(g, spec.noise_seeds)} for g in noise_rows],
-        "sweep": [r.to_dict() for r in sweep_rows(spec, arms, records)],
+        "sweep": sweep,
         "arms": [_arm(a) for a in arms],
-        "locks": [{"arm": a, "optimizer": o, "lr": lr} for (a, o), lr in lock.items()],
+        "locks": ([{"arm": a, "optimizer": o, "lr": lr} for (a, o), lr in lock.items()] if not axis else
+                  [{"arm": a, "optimizer": o, "lr": lr, "data": slug}
+                   for slug, at in by_point.items() for (a, o), lr in at.items()]),
         "throughput": throughput(records),
         "titles": {"gap": str(gap_table(spec, arms, records, lock).title), "sweep": sweep_title},
         "sweep_warnings": warnings,
+        "data": {"key": axis, "values": list(spec.data.axis_values), "sweep": sweep_note(spec) if axis else None,
+                 "lock_at": spec.sweep.lock_at,
+                 "points": [{**{k: v for k, v in p.to_dict().items() if k != "dir"},
+                             "info": {k: v for k, v in (data_info or {}).get(p.slug, {}).items()
+                                      if k not in ("type", "time", "dir")} or None}
+                            for p in data_points(spec, None)],
+                 "per_arm": data_rows(spec, arms, data_info or {})},
     }
+    if axis:
+        out["axis"] = axis_rows(spec, arms, records)
+    return out

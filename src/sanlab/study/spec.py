@@ -38,32 +38,93 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 # --------------------------------------------------------------------------- sections
 
 
+AXIS_FIXED = ("seq_len", "vocab_size")  # the models are built for these: never an axis
+
+
 class StudyData(DataConfig):
-    """The prepared data dir, or how to prepare it.
+    """The prepared data dir, or how to prepare it; optionally a data axis.
 
     With `corpus` set the study runs `sanlab prepare` into `dir` (default: `data/` inside
     the study dir) unless that dir already holds a prepared corpus; without it `dir`
     must already exist.
+
+    `axis` sweeps one data knob: every arm, sweep, seed and noise pair is run at each of
+    its values, and the tables read Δ against it. `{"synth.facts" = [400, 1600]}` (any
+    `sanlab prepare` key, as in `data.prepare`) prepares one dir per value,
+    `DIR/facts400/`, `DIR/facts1600/` (DIR: `data.dir`, else the study's `data/`),
+    each once: a value whose dir already holds a prepared corpus is reused;
+    `{corpus = ["synth", "kjv"]}` prepares several corpora the same way; `{dir =
+    ["data/a", "data/b"]}` lists prepared dirs (no `corpus`).
     """
 
     corpus: str | None = None
     """Prepare this corpus (synth, text, hf, kjv) into dir; unset: dir must already hold a prepared corpus."""
     tokens: Tokens | None = None  # corpus size to prepare
     prepare: list[str] = []  # extra `key=value` settings passed to `sanlab prepare`
+    axis: dict[str, list[Any]] = {}
+    """One data knob and its values, e.g. {"synth.facts" = [400, 1600, 6400]}; {} (default): one corpus."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_axis(cls, data: Any) -> Any:
+        """`[data.axis] synth.facts = [...]` (a nested table) reads as {"synth.facts": [...]}."""
+        if isinstance(data, dict) and isinstance(data.get("axis"), dict):
+            flat: dict[str, Any] = {}
+
+            def walk(prefix: str, d: dict[str, Any]) -> None:
+                for k, v in d.items():
+                    name = f"{prefix}.{k}" if prefix else str(k)
+                    if isinstance(v, dict):
+                        walk(name, v)
+                    else:
+                        flat[name] = v
+
+            walk("", data["axis"])
+            data = {**data, "axis": flat}
+        return data
+
+    @property
+    def axis_key(self) -> str | None:
+        return next(iter(self.axis), None)
+
+    @property
+    def axis_values(self) -> list[Any]:
+        return list(self.axis.values())[0] if self.axis else []
 
     @model_validator(mode="after")
     def _check_source(self) -> "StudyData":
-        if self.dir is None and self.corpus is None:
+        key = self.axis_key
+        if self.dir is None and self.corpus is None and key not in ("corpus", "dir"):
             raise ValueError("set data.dir (a prepared dir) or data.corpus (to prepare one)")
-        if self.corpus is not None and (self.tokens is None or self.tokens <= 0):
+        if (self.corpus is not None or key == "corpus") and (self.tokens is None or self.tokens <= 0):
             raise ValueError("data.corpus needs data.tokens (how many tokens to prepare)")
         for item in self.prepare:
             if "=" not in item:
                 raise ValueError(f"data.prepare entry {item!r} is not key=value")
-            key = item.split("=", 1)[0].strip()
-            if key in ("corpus", "tokens", "seq_len", "vocab_size"):
-                raise ValueError(f"data.prepare: {key} is set by data.corpus / data.tokens / "
+            key_ = item.split("=", 1)[0].strip()
+            if key_ in ("corpus", "tokens", "seq_len", "vocab_size"):
+                raise ValueError(f"data.prepare: {key_} is set by data.corpus / data.tokens / "
                                  "data.seq_len / model.vocab_size")
+            if key is not None and key_ == key:
+                raise ValueError(f"data.prepare sets {key}, which data.axis sweeps")
+        if len(self.axis) > 1:
+            raise ValueError(f"data.axis sweeps one key, got {len(self.axis)} ({', '.join(self.axis)})")
+        if key is not None:
+            values = self.axis_values
+            if key in AXIS_FIXED:
+                raise ValueError(f"data.axis: {key} is fixed by the models (data.seq_len / model.vocab_size)")
+            if len(values) < 2:
+                raise ValueError(f"data.axis.{key}: give at least 2 values")
+            if len({repr(v) for v in values}) != len(values):
+                raise ValueError(f"data.axis.{key} lists a value twice")
+            if any(isinstance(v, (dict, list)) for v in values):
+                raise ValueError(f"data.axis.{key}: values must be strings or numbers")
+            if key == "dir" and self.corpus is not None:
+                raise ValueError("data.axis.dir lists prepared dirs: unset data.corpus")
+            if key == "corpus" and self.corpus is not None:
+                raise ValueError("data.axis.corpus lists the corpora: unset data.corpus")
+            if key not in ("dir", "corpus") and self.corpus is None:
+                raise ValueError(f"data.axis.{key} is a prepare setting: set data.corpus")
         return self
 
 
@@ -165,6 +226,8 @@ class SweepSpec(StrictModel):
     extend: bool = True  # add ×2 / ×½ points while the best sits at an edge
     max_extensions: int = 4  # per arm × optimizer, both directions together
     seed: int | None = None  # None: the first of `seeds`
+    lock_at: Any = None
+    """With a data axis: sweep only at this axis value and reuse its locked LRs at every value; none: each value sweeps."""
     base_lr: BaseLR = BaseLR()
     """The LR the multipliers scale, per arm kind × optimizer."""
 
@@ -314,6 +377,12 @@ class StudySpec(StrictModel):
                 raise ValueError(f"optim.{key} is set per run by the study (optimizers/sweep)")
         if self.noise.optimizer is not None and self.noise.optimizer not in self.optimizers:
             raise ValueError(f"noise.optimizer={self.noise.optimizer} is not one of optimizers")
+        lock_at = self.sweep.lock_at
+        if lock_at is not None:
+            if not self.data.axis:
+                raise ValueError("sweep.lock_at needs a data axis (data.axis)")
+            if repr(lock_at) not in {repr(v) for v in self.data.axis_values}:
+                raise ValueError(f"sweep.lock_at={lock_at!r} is not one of data.axis.{self.data.axis_key}'s values")
         if not self.matching.arms and not self.arms:
             raise ValueError("nothing to compare: set matching.arms or list [[arms]]")
         names = [a.name for a in self.arms]

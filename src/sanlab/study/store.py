@@ -22,7 +22,12 @@ Records (one JSON object per line, `type` says which):
   failed), `final` metrics (incl. `val_loss`), `params`, `flops_per_token`, the
   resolved `config`, `run_dir`, `error`, `wall_s`, `time`.
 - `lock`: the LR locked for one arm × optimizer — `arm`, `optimizer`, `multiplier`,
-  `lr`, `at_edge`, `losses` (multiplier -> val loss), `time`.
+  `lr`, `at_edge`, `losses` (multiplier -> val loss), `time`; `data`, the data point's
+  slug, on a data axis (run records carry `data` and `data_value` too).
+- `data`: one prepared corpus the study trains on — `data` (its slug, "" without a data
+  axis), `key`, `value`, `dir` (relative to the study dir when inside it), `corpus`,
+  `train_tokens`, `floor` ({train, val} entropy floor, nats/token) and `world` (the
+  planted world's facts, bits and bits per fact; null for other corpora), `time`.
 The latest record for a key wins, so a rerun that finishes an interrupted run simply
 appends its new outcome.
 """
@@ -175,8 +180,14 @@ class ResultStore:
         return {r["run_id"]: r for r in self.records()
                 if r.get("type") == "run" and isinstance(r.get("run_id"), str)}
 
-    def locks(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """Latest `lock` record per (arm, optimizer) (incomplete records are skipped)."""
+    def locks(self, data: str = "") -> dict[tuple[str, str], dict[str, Any]]:
+        """Latest `lock` record per (arm, optimizer) at the data point `data` (its slug; ""
+        without a data axis); incomplete records are skipped."""
         return {(r["arm"], r["optimizer"]): r for r in self.records()
                 if r.get("type") == "lock" and isinstance(r.get("arm"), str)
-                and isinstance(r.get("optimizer"), str) and "lr" in r}
+                and isinstance(r.get("optimizer"), str) and "lr" in r and (r.get("data") or "") == data}
+
+    def data(self) -> dict[str, dict[str, Any]]:
+        """Latest `data` record per data slug."""
+        return {(r.get("data") or ""): r for r in self.records()
+                if r.get("type") == "data" and isinstance(r.get("data", ""), str)}

@@ -21,12 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from sanlab.study.plan import (
+    DataPoint,
     StudyArm,
     cell_decision,
     cells,
+    data_points,
     noise_arm,
     round_lr,
     run_id,
+    sweep_point,
     sweep_results,
 )
 from sanlab.config import format_tokens
@@ -60,6 +63,8 @@ class Gap:
     arm_loss: float | None = None
     ref_per_seed: dict[int, float] = field(default_factory=dict)  # seed -> loss, the paired seeds
     arm_per_seed: dict[int, float] = field(default_factory=dict)
+    data: str = ""  # the data point's slug ("" without a data axis)
+    data_value: Any = None  # its axis value
 
     @property
     def mean(self) -> float | None:
@@ -80,17 +85,21 @@ class Gap:
                 "mean": self.mean, "spread": self.spread, "percent": self.percent,
                 "reference_loss": self.ref_loss, "arm_loss": self.arm_loss,
                 "reference_per_seed": {str(k): v for k, v in self.ref_per_seed.items()},
-                "arm_per_seed": {str(k): v for k, v in self.arm_per_seed.items()}}
+                "arm_per_seed": {str(k): v for k, v in self.arm_per_seed.items()},
+                "data": self.data, "data_value": self.data_value}
 
 
 def _pair(ref: StudyArm, arm: StudyArm, opt: str, tokens: int, seeds: list[int],
-          lr_ref: float, lr_arm: float, records: Mapping[str, dict], role: str) -> Gap:
-    """Gap of `arm` against `ref` over the seeds where both finished."""
-    gap = Gap(arm.name, role, arm.label, opt, tokens, ref.name)
+          lr_ref: float, lr_arm: float, records: Mapping[str, dict], role: str,
+          point: DataPoint | None = None) -> Gap:
+    """Gap of `arm` against `ref` over the seeds where both finished (at one data point)."""
+    slug = point.slug if point is not None else ""
+    gap = Gap(arm.name, role, arm.label, opt, tokens, ref.name, data=slug,
+              data_value=point.value if point is not None else None)
     lr_all, la_all = [], []
     for seed in seeds:
-        lr_ = _loss(records, run_id(ref, opt, lr_ref, tokens, seed))
-        la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed))
+        lr_ = _loss(records, run_id(ref, opt, lr_ref, tokens, seed, slug))
+        la = _loss(records, run_id(arm, opt, lr_arm, tokens, seed, slug))
         if lr_ is not None and la is not None:
             gap.per_seed[seed] = la - lr_
             gap.ref_per_seed[seed], gap.arm_per_seed[seed] = lr_, la
@@ -102,8 +111,9 @@ def _pair(ref: StudyArm, arm: StudyArm, opt: str, tokens: int, seeds: list[int],
 
 
 def locks(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-          attempted: set[str]) -> dict[tuple[str, str], float]:
-    """The locked LR of every cell whose sweep is done (the base LR when the sweep is off).
+          attempted: set[str], data: str = "") -> dict[tuple[str, str], float]:
+    """The locked LR of every cell whose sweep is done (the base LR when the sweep is off),
+    from the sweep at the data point whose slug is `data`.
 
     `attempted`: failed runs in it count as bad sweep points; others as not yet run.
     Tables pass every stored run (what the last `study run` decided on).
@@ -114,15 +124,32 @@ def locks(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
         if not spec.sweep.enabled:
             out[(arm.name, opt)] = round_lr(base)
             continue
-        d = cell_decision(spec, sweep_results(spec, arm, opt, records, attempted))
+        d = cell_decision(spec, sweep_results(spec, arm, opt, records, attempted, data))
         if d.done and d.best is not None:
             out[(arm.name, opt)] = round_lr(base * d.best)
     return out
 
 
+def locks_by_point(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+                   attempted: set[str]) -> dict[str, dict[tuple[str, str], float]]:
+    """Data slug -> the locks every data point trains at: its own sweep's, or those of
+    `sweep.lock_at`'s value (shared, not copied: one sweep decides them)."""
+    points = data_points(spec, None)
+    swept: dict[str, dict[tuple[str, str], float]] = {}
+    out = {}
+    for p in points:
+        src = sweep_point(spec, points, p).slug
+        if src not in swept:
+            swept[src] = locks(spec, arms, records, attempted, src)
+        out[p.slug] = swept[src]
+    return out
+
+
 def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-         lock: Mapping[tuple[str, str], float]) -> tuple[list[Gap], list[Gap]]:
-    """(gaps of every arm vs the reference, noise-floor pairs) from stored results."""
+         lock: Mapping[tuple[str, str], float],
+         point: DataPoint | None = None) -> tuple[list[Gap], list[Gap]]:
+    """(gaps of every arm vs the reference, noise-floor pairs) from stored results, at one
+    data point (`point`; None: the study's one corpus)."""
     ref = arms[0]
     out: list[Gap] = []
     for arm in arms[1:]:
@@ -131,14 +158,27 @@ def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
                 continue
             for tokens in spec.final.tokens:
                 out.append(_pair(ref, arm, opt, tokens, spec.seeds, lock[(ref.name, opt)],
-                                 lock[(arm.name, opt)], records, arm.role))
+                                 lock[(arm.name, opt)], records, arm.role, point))
     noise: list[Gap] = []
     opt = spec.noise_optimizer
     if spec.noise.enabled and (ref.name, opt) in lock:
         lr = lock[(ref.name, opt)]
         noise.append(_pair(ref, noise_arm(spec), opt, spec.noise_tokens, spec.noise_seeds,
-                           lr, lr, records, "noise"))
+                           lr, lr, records, "noise", point))
     return out, noise
+
+
+def all_gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> tuple[list[Gap], list[Gap]]:
+    """`gaps` at every data point, points in axis order (each with its own noise pair)."""
+    by_point = locks_by_point(spec, arms, records, set(records))
+    rows: list[Gap] = []
+    noise_rows: list[Gap] = []
+    for p in data_points(spec, None):
+        point = p if p.slug else None
+        r, n = gaps(spec, arms, records, by_point[p.slug], point)
+        rows += r
+        noise_rows += n
+    return rows, noise_rows
 
 
 def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
@@ -157,32 +197,156 @@ def verdict(g: Gap, floor: Gap | None) -> str:
     return f"{favours} ahead, {abs(g.mean) / max(size, 1e-12):.0f}× floor"
 
 
+def floors_by_point(noise_rows: list[Gap]) -> dict[str, Gap]:
+    """Data slug -> the noise-floor pair every gap at that data point is read against."""
+    out: dict[str, Gap] = {}
+    for n in noise_rows:
+        out.setdefault(n.data, n)
+    return out
+
+
 def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
               lock: Mapping[tuple[str, str], float]) -> Table:
-    rows, noise = gaps(spec, arms, records, lock)
-    floor = noise[0] if noise else None
+    """The gap table; with a data axis, every data point's gaps (`lock` is then unused:
+    each point reads its own locks, `locks_by_point`) with a column for the axis value,
+    each read against its own point's noise floor."""
+    axis = spec.data.axis_key
+    rows, noise = all_gaps(spec, arms, records) if axis else gaps(spec, arms, records, lock)
+    floors = floors_by_point(noise)
     ref = arms[0]
     seeds = ", ".join(f"s{s}" for s in spec.seeds)
     table = Table(f"Gap to the reference ({ref.name}: {ref.label}) — Δ = arm − {ref.name} "
                   f"validation loss, nats; Δ < 0: the arm is ahead (seed pairs {seeds})")
-    for col, j in (("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
-                   (f"{ref.name} loss", "right"), ("arm loss", "right"), ("Δ per seed", "right"),
-                   ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")):
+    cols = (([(axis, "right")] if axis else [])
+            + [("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
+               (f"{ref.name} loss", "right"), ("arm loss", "right"), ("Δ per seed", "right"),
+               ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")])
+    for col, j in cols:
         table.column(col, j)  # type: ignore[arg-type]
+    lead = (lambda g: [str(g.data_value)]) if axis else (lambda g: [])
+    last = None
     for g in rows:
+        if axis and last is not None and g.data != last:
+            table.add_section()
+        last = g.data
         per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING
         ms = MISSING if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
-        table.add_row(f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
+        table.add_row(*lead(g), f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
                       _f(g.ref_loss, "{:.4f}"), _f(g.arm_loss, "{:.4f}"), per, ms,
-                      _f(g.percent, "{:+.2f}%"), verdict(g, floor))
-    if floor is not None:
+                      _f(g.percent, "{:+.2f}%"), verdict(g, floors.get(g.data)))
+    if floors:
+        table.add_section()
+    for floor in floors.values():
         per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or MISSING
         ms = MISSING if floor.mean is None else _f(floor.mean) + (
             "" if floor.spread is None else f" ± {floor.spread:.4f}")
-        table.add_section()
-        table.add_row(f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
+        table.add_row(*lead(floor), f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
                       format_tokens(floor.tokens), _f(floor.ref_loss, "{:.4f}"),
                       _f(floor.arm_loss, "{:.4f}"), per, ms, _f(floor.percent, "{:+.2f}%"), "")
+    return table
+
+
+def axis_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> list[dict[str, Any]]:
+    """The data axis as data: per arm × optimizer × budget, Δ at every axis value
+    (mean, sd and per seed, and the verdict against that value's own noise floor)."""
+    rows, noise_rows = all_gaps(spec, arms, records)
+    floors = floors_by_point(noise_rows)
+    out: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for g in rows:
+        row = out.setdefault((g.arm, g.optimizer, g.tokens), {
+            "arm": g.arm, "role": g.role, "label": g.label, "optimizer": g.optimizer, "tokens": g.tokens,
+            "values": []})
+        floor = floors.get(g.data)
+        row["values"].append({"data": g.data, "data_value": g.data_value, "mean": g.mean, "spread": g.spread,
+                              "per_seed": {str(k): v for k, v in g.per_seed.items()},
+                              "noise_size": None if floor is None else noise.floor_size(floor.per_seed.values()),
+                              "verdict": verdict(g, floor)})
+    return list(out.values())
+
+
+def sweep_note(spec: StudySpec) -> str:
+    """How a data axis's LRs were locked, for the axis table's title."""
+    if not spec.sweep.enabled:
+        return "no sweep: every arm at its base LR"
+    if spec.sweep.lock_at is not None:
+        return f"LRs locked once at {spec.data.axis_key}={spec.sweep.lock_at} and reused at every value"
+    return "each value with its own sweep"
+
+
+def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> Table:
+    """Δ per arm against the data knob: one column per value, mean ± sd over seed pairs."""
+    key = spec.data.axis_key
+    ref = arms[0]
+    table = Table(f"Δ = arm − {ref.name} against {key} (mean ± sd over seed pairs; * beyond that "
+                  f"value's noise floor); {sweep_note(spec)}")
+    table.column("arm")
+    table.column("opt")
+    table.column("tokens", "right")
+    for v in spec.data.axis_values:
+        table.column(f"{key}={v}", "right")
+    for row in axis_rows(spec, arms, records):
+        by = {str(c["data_value"]): c for c in row["values"]}
+        cells_ = []
+        for v in spec.data.axis_values:
+            c = by.get(str(v))
+            if c is None or c["mean"] is None:
+                cells_.append(MISSING)
+                continue
+            beyond = "" if c["verdict"] in ("within noise", MISSING) or "no floor" in c["verdict"] else "*"
+            cells_.append(_f(c["mean"]) + ("" if c["spread"] is None else f" ± {c['spread']:.4f}") + beyond)
+        table.add_row(f"{row['arm']} ({row['role']})", row["optimizer"], format_tokens(row["tokens"]), *cells_)
+    return table
+
+
+def data_rows(spec: StudySpec, arms: list[StudyArm],
+              data_info: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per data point × arm: the world's facts and bits (from `sanlab prepare`'s floor file,
+    kept in the store's `data` records) per non-embedding parameter of the arm."""
+    out = []
+    for p in data_points(spec, None):
+        info = data_info.get(p.slug)
+        if info is None:
+            continue
+        world = info.get("world") or {}
+        facts, bits = world.get("facts"), world.get("bits")
+        for a in arms:
+            n = a.params_non_embedding
+            out.append({"data": p.slug, "data_value": p.value, "arm": a.name, "role": a.role,
+                        "params_non_embedding": n, "facts": facts, "bits": bits,
+                        "bits_per_fact": world.get("bits_per_fact"),
+                        "facts_per_param": facts / n if facts is not None and n else None,
+                        "bits_per_param": bits / n if bits is not None and n else None,
+                        "train_tokens": info.get("train_tokens"),
+                        "entropy_floor": (info.get("floor") or {}).get("val")})
+    return out
+
+
+def data_table(spec: StudySpec, arms: list[StudyArm], data_info: Mapping[str, dict[str, Any]]) -> Table | None:
+    """The corpora and what each arm must store of them: facts and bits of information
+    (facts × bits per fact, the generator's own distributions) per non-embedding parameter."""
+    rows = data_rows(spec, arms, data_info)
+    if not rows:
+        return None
+    key = spec.data.axis_key
+    table = Table("Data: the world's facts and bits of information per non-embedding parameter of each arm "
+                  "(bits: facts × bits per fact, from the generator's distributions)")
+    if key:
+        table.column(key, "right")
+    for col in ("arm", "non-emb params", "train tokens", "entropy floor (val)", "facts", "bits",
+                "bits/fact", "facts/param", "bits/param"):
+        table.column(col, "left" if col == "arm" else "right")
+    last = None
+    for r in rows:
+        if key and last is not None and r["data"] != last:
+            table.add_section()
+        last = r["data"]
+        table.add_row(*([str(r["data_value"])] if key else []), f"{r['arm']} ({r['role']})",
+                      f"{r['params_non_embedding']:,}",
+                      MISSING if r["train_tokens"] is None else format_tokens(r["train_tokens"]),
+                      _f(r["entropy_floor"], "{:.4f}"),
+                      MISSING if r["facts"] is None else f"{r['facts']:,}",
+                      _f(r["bits"], "{:,.0f}"), _f(r["bits_per_fact"], "{:.2f}"),
+                      _f(r["facts_per_param"], "{:.4f}"), _f(r["bits_per_param"], "{:.4f}"))
     return table
 
 
@@ -195,6 +359,7 @@ class SweepRow:
     best: float | None
     done: bool
     at_edge: bool
+    data: str = ""  # the data point's slug ("" without a data axis)
 
     @property
     def lock(self) -> float | None:
@@ -203,24 +368,36 @@ class SweepRow:
     def to_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "optimizer": self.optimizer, "base_lr": self.base_lr,
                 "losses": {str(k): v for k, v in self.losses.items()}, "best": self.best,
-                "done": self.done, "at_edge": self.at_edge, "lock": self.lock}
+                "done": self.done, "at_edge": self.at_edge, "lock": self.lock, "data": self.data}
 
 
-def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> list[SweepRow]:
+def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+               data: str = "") -> list[SweepRow]:
     rows = []
     for arm, opt in cells(spec, arms):
-        results = sweep_results(spec, arm, opt, records, set(records))
+        results = sweep_results(spec, arm, opt, records, set(records), data)
         d = cell_decision(spec, results)
         rows.append(SweepRow(arm.name, opt, arm.base_lr_for(spec, opt), results, d.best,
-                             d.done, d.at_edge and d.done and d.best is not None))
+                             d.done, d.at_edge and d.done and d.best is not None, data))
     return rows
 
 
-def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> tuple[Table, list[str]]:
+def swept_points(spec: StudySpec) -> list[DataPoint]:
+    """The data points that run a sweep: the one corpus, every axis value, or `sweep.lock_at`'s."""
+    points = data_points(spec, None)
+    return [p for p in points if sweep_point(spec, points, p) == p]
+
+
+def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+                point: DataPoint | None = None) -> tuple[Table, list[str]]:
     """SPEC §1.4's layout: multipliers as columns, best in bold, the locked LR; plus warnings."""
-    rows = sweep_rows(spec, arms, records)
+    data = point.slug if point is not None else ""
+    rows = sweep_rows(spec, arms, records, data)
     mults = sorted(set(spec.sweep.multipliers).union(*(r.losses.keys() for r in rows)))
-    table = Table(f"LR sweep: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
+    at = ""
+    if point is not None and point.key is not None:
+        at = f" at {point.label}" + (" (locks reused at every value)" if spec.sweep.lock_at is not None else "")
+    table = Table(f"LR sweep{at}: validation loss at {format_tokens(spec.sweep.tokens)} tokens, "
                   f"seed {spec.sweep_seed} (best in bold; * in plain text)")
     table.column("arm × optimizer")
     table.column("base LR", "right")
@@ -243,7 +420,7 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
         lock = MISSING if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else "")
         table.add_row(f"{r.arm} {r.optimizer}", f"{r.base_lr:g}", *cells_, lock, bold=best)
         if r.at_edge:
-            warnings.append(f"warning: {r.arm} {r.optimizer}: best LR {r.lock:g} is still at an edge "
+            warnings.append(f"warning: {r.arm} {r.optimizer}{at.split(' (')[0]}: best LR {r.lock:g} is still at an edge "
                             "of the sweep (extension off or limit reached); the optimum may lie beyond")
     return table, warnings
 
@@ -259,15 +436,23 @@ def throughput(records: Mapping[str, dict]) -> dict[str, float]:
 
 
 def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-                 out: Output) -> None:
-    """The sweep table (with its warnings), the gap table and the measured throughput."""
+                 out: Output, data_info: Mapping[str, dict[str, Any]] | None = None) -> None:
+    """The sweep table (with its warnings; one per swept data point), the gap table, with
+    a data axis the Δ-against-the-axis table, the data table (facts and bits per
+    parameter, where the store holds the prepared data's world) and the measured throughput."""
     lock = locks(spec, arms, records, set(records))
     if spec.sweep.enabled:
-        table, warnings = sweep_table(spec, arms, records)
-        out.table(table)
-        for w in warnings:
-            out.note(w, style="yellow")
+        for p in swept_points(spec):
+            table, warnings = sweep_table(spec, arms, records, p if p.slug else None)
+            out.table(table)
+            for w in warnings:
+                out.note(w, style="yellow")
     out.table(gap_table(spec, arms, records, lock))
+    if spec.data.axis:
+        out.table(axis_table(spec, arms, records))
+    dt = data_table(spec, arms, data_info or {})
+    if dt is not None:
+        out.table(dt)
     tps = throughput(records)
     if tps:
         out.note("measured throughput (training tokens/s per run): "

@@ -1,0 +1,471 @@
+"""Kind `axis`: a SAN against its matched partners over a data axis (`data.axis`), e.g.
+the planted world's size: where the SAN's deficit lives as the facts a model must store
+grow (SPEC §1.6's localisation, read as a curve).
+
+Each value of the axis is a study of its own inside the one study dir (its own gaps,
+noise pair and analysed pairs; the LRs its own sweep's, or `sweep.lock_at`'s), read here
+through `AxisRecord.at(slug)`, a `StudyRecord` holding that value's rows only, so the
+`matched` kind's blocks render each value as they render a whole matched record. The
+blocks of this kind add the axis: the world's facts and bits per parameter, Δ by region
+and by exercise kind against facts per parameter, the loss above the floor, zero-shot
+QA, and the claims, each read against the noise rule (`sanlab.study.noise`): per seed
+pair, a quantity counts as above / below 0 when |mean| > F + its seed-to-seed sd; a
+difference between two values of the axis has F of both values added in quadrature.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from sanlab.analysis.kinds import kind_deltas, kind_losses, recall_types
+from sanlab.records import matched
+from sanlab.records.common import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REGIONS,
+    REPRODUCED,
+    SIGN_NOTE,
+    Claim,
+    arm_label,
+    claims_table,
+    finite,
+    fmt,
+    fmt_ms,
+    fmt_tokens,
+    md_table,
+    paired,
+    read_json,
+)
+from sanlab.records.study import StudyRecord, block_floor, block_gaps, load_study, region_deltas, run_ids_at
+from sanlab.study import noise
+
+ZERO_SHOT = {"grounded": "sanlab_grounded_qa", "closed-book": "sanlab_closed_book_qa",
+             "unseen": "sanlab_closed_book_unseen"}
+AIM = 0.1  # nats: the smallest world's context-grounded loss should come within this of its floor
+
+RULES = {
+    "recall": "recall Δ grows: per seed pair, the recall types' token-weighted Δ at the largest world minus at "
+              "the smallest; reproduced when it is below 0 (the standard arm's lead on recall widens as the "
+              "facts per parameter grow), not reproduced when above 0, else inconclusive.",
+    "context": "context-grounded Δ ≈ 0 or favouring the SAN: reproduced when at no world size the "
+               "context-grounded types' token-weighted Δ is below 0; not reproduced when at some size it is; "
+               "inconclusive without analysed pairs at every size.",
+    "contrast": "recall vs context-grounded at the largest world: per seed pair, recall Δ − context-grounded Δ; "
+                "reproduced when below 0, not reproduced when above 0, else inconclusive.",
+    "query": "query share grows: per seed pair, the change of (query Δ − aggregate Δ) from the smallest to the "
+             "largest world, and (query Δ − aggregate Δ) at the largest world; reproduced when both are below 0 "
+             "(the deficit concentrates on query tokens as the world grows, and is concentrated there at the "
+             "largest world), not reproduced when either is above 0, else inconclusive.",
+    "zeroshot": "zero-shot QA: over every world size and seed pair, the mean accuracy difference (arm − SAN) "
+                "against twice its standard error (lm-eval's per-task stderr of both runs in quadrature, "
+                "divided by √pairs); reproduced when closed-book QA favours the standard arm beyond it and "
+                "grounded QA does not; not reproduced when closed-book QA favours the SAN beyond it or grounded "
+                "QA favours the standard arm beyond it; else inconclusive.",
+}
+RULES_PREAMBLE = matched.RULES_PREAMBLE + (" Between two values of the data axis (two worlds trained apart, on the "
+                                           "same seeds), F is both values' F added in quadrature.")
+
+
+@dataclass
+class AxisRecord:
+    """A record of a study with a data axis: the whole study, and one view per value."""
+
+    rec: StudyRecord
+    key: str
+    points: list[dict[str, Any]]  # the study table's data points: slug, value, label, info
+    views: dict[str, StudyRecord] = field(default_factory=dict)
+
+    @property
+    def dir(self) -> Path:
+        return self.rec.dir
+
+    @property
+    def slugs(self) -> list[str]:
+        return [p["slug"] for p in self.points]
+
+    def at(self, slug: str) -> StudyRecord:
+        return self.views[slug]
+
+    def value(self, slug: str) -> Any:
+        return next(p["value"] for p in self.points if p["slug"] == slug)
+
+    def label(self, slug: str) -> str:
+        return f"{self.key}={self.value(slug)}"
+
+    def per_arm(self, slug: str, arm: str) -> dict[str, Any]:
+        rows = (self.rec.tables.get("data") or {}).get("per_arm") or []
+        return next((r for r in rows if r["data"] == slug and r["arm"] == arm), {})
+
+    def x(self, slug: str) -> float | None:
+        """Facts per non-embedding parameter of the reference (the curve's x)."""
+        v = self.per_arm(slug, self.rec.reference).get("facts_per_param")
+        return float(v) if finite(v) else None
+
+    def claims_gap(self, slug: str) -> dict[str, Any] | None:
+        return matched.claims_arm(self.at(slug))
+
+
+def _view(rec: StudyRecord, slug: str) -> StudyRecord:
+    t = rec.tables
+    tables = {**t, "gaps": [g for g in t["gaps"] if (g.get("data") or "") == slug],
+              "noise_floor": [n for n in t.get("noise_floor", []) if (n.get("data") or "") == slug]}
+    floor_file = rec.study / "data" / slug / "entropy_floor.json"
+    floor = read_json(floor_file) if floor_file.is_file() else None
+    return replace(rec, tables=tables, floor=floor)
+
+
+def load_axis(record_dir: Path) -> AxisRecord:
+    rec = load_study(record_dir, "axis")
+    data = rec.tables.get("data") or {}
+    points = [p for p in data.get("points") or [] if p.get("slug")]
+    out = AxisRecord(rec, str(data.get("key") or ""), points)
+    out.views = {p["slug"]: _view(rec, p["slug"]) for p in points}
+    return out
+
+
+# --------------------------------------------------------------------------- per value, per seed pair
+
+
+def kind_series(ax: AxisRecord, slug: str) -> dict[str, dict[int, float]]:
+    """Seed -> Δ of the claims arm's analysed pairs at one value: recall, context, each
+    region, aggregate, and query − aggregate."""
+    view = ax.at(slug)
+    g = ax.claims_gap(slug)
+    if g is None:
+        return {}
+    out: dict[str, dict[int, float]] = {"recall": {}, "context": {}}
+    for seed, c in view.pairs(g).items():
+        r, cc = kind_deltas(c)
+        if r is not None:
+            out["recall"][seed] = r
+        if cc is not None:
+            out["context"][seed] = cc
+    out.update(region_deltas(view, g))
+    q, agg = out.get("query", {}), out.get("aggregate", {})
+    out["query_minus_aggregate"] = {s: q[s] - agg[s] for s in paired(q, agg)}
+    out["query_share"] = {}
+    for seed, c in view.pairs(g).items():
+        rows = {r["group"]: r for r in (c.get("region") or {}).get("rows") or []}
+        a = ((c.get("region") or {}).get("identity") or {}).get("aggregate_delta")
+        if "query" in rows and finite(a) and a:
+            out["query_share"][seed] = rows["query"]["weighted"] / a
+    return out
+
+
+def _across(ax: AxisRecord, what: str) -> tuple[list[float], float | None, str, str] | None:
+    """Per seed pair, `what` at the largest world minus at the smallest (the axis's last and
+    first values), F of both in quadrature, and the two ends' labels."""
+    if len(ax.slugs) < 2:
+        return None
+    lo, hi = ax.slugs[0], ax.slugs[-1]
+    a, b = kind_series(ax, lo).get(what, {}), kind_series(ax, hi).get(what, {})
+    seeds = paired(a, b)
+    fa, fb = ax.at(lo).floor_size, ax.at(hi).floor_size
+    floor = None if fa is None or fb is None else math.hypot(fa, fb)
+    if not seeds:
+        return None
+    return [b[s] - a[s] for s in seeds], floor, ax.label(lo), ax.label(hi)
+
+
+def _sign_verdict(values: list[float], floor: float | None, want: int) -> str:
+    s = noise.sign(values, floor)
+    if s == want:
+        return REPRODUCED
+    if s == -want:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+def _series_text(ax: AxisRecord, what: str, f: str = "{:+.4f}") -> str:
+    parts = []
+    for slug in ax.slugs:
+        v = list(kind_series(ax, slug).get(what, {}).values())
+        if v:
+            parts.append(f"{fmt_ms(v, f)} ({ax.value(slug)})")
+    return ", ".join(parts) or "no analysed pairs"
+
+
+# --------------------------------------------------------------------------- zero-shot
+
+
+def eval_results(view: StudyRecord, run_id: str) -> dict[str, Any] | None:
+    path = view.study / "runs" / run_id / "eval" / "results-latest.json"
+    if not path.is_file():
+        return None
+    r = read_json(path)
+    return r if isinstance(r, dict) else None
+
+
+def accuracy(res: dict[str, Any] | None, task: str) -> tuple[float, float] | None:
+    m = (((res or {}).get("tasks") or {}).get(task) or {}).get("metrics") or {}
+    if finite(m.get("acc")) and finite(m.get("acc_stderr")):
+        return float(m["acc"]), float(m["acc_stderr"])
+    return None
+
+
+def zero_shot(ax: AxisRecord, slug: str) -> dict[str, dict[str, Any]]:
+    """kind -> {"san": [acc per seed], "arm": [...], "delta": {seed: Δacc}, "se": {seed: stderr of Δ}}
+    of the claims arm's final pairs at one value (the seeds both runs were evaluated on)."""
+    view = ax.at(slug)
+    g = ax.claims_gap(slug)
+    out: dict[str, dict[str, Any]] = {}
+    if g is None:
+        return out
+    for kind, task in ZERO_SHOT.items():
+        row: dict[str, Any] = {"san": {}, "arm": {}, "delta": {}, "se": {}}
+        for seed, ids in (g.get("runs") or {}).items():
+            a = accuracy(eval_results(view, ids["arm"]), task)
+            r = accuracy(eval_results(view, ids["reference"]), task)
+            if a is None or r is None:
+                continue
+            s = int(seed)
+            row["arm"][s], row["san"][s] = a[0], r[0]
+            row["delta"][s], row["se"][s] = a[0] - r[0], math.hypot(a[1], r[1])
+        out[kind] = row
+    return out
+
+
+def _pooled(ax: AxisRecord, kind: str) -> tuple[float, float, int] | None:
+    d, se = [], []
+    for slug in ax.slugs:
+        row = zero_shot(ax, slug).get(kind) or {}
+        d += list(row.get("delta", {}).values())
+        se += list(row.get("se", {}).values())
+    if not d:
+        return None
+    return statistics.fmean(d), math.sqrt(sum(x * x for x in se)) / len(se), len(d)
+
+
+def verdict_zero_shot(closed: tuple[float, float, int] | None, grounded: tuple[float, float, int] | None) -> str:
+    if closed is None or grounded is None:
+        return INCONCLUSIVE
+    cb = 1 if closed[0] > 2 * closed[1] else (-1 if closed[0] < -2 * closed[1] else 0)
+    gr = 1 if grounded[0] > 2 * grounded[1] else (-1 if grounded[0] < -2 * grounded[1] else 0)
+    if cb == 1 and gr != 1:
+        return REPRODUCED
+    if cb == -1 or gr == 1:
+        return NOT_REPRODUCED
+    return INCONCLUSIVE
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def claims(ax: AxisRecord) -> list[Claim]:
+    out = []
+    ends = _across(ax, "recall")
+    name = "recall Δ grows with facts per parameter (the standard arm's recall lead widens)"
+    paper = "the small iso-param gap that remains is parametric recall: recall-heavy types favour the FFN"
+    if ends is None:
+        out.append(Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE,
+                         "recall"))
+    else:
+        d, floor, lo, hi = ends
+        out.append(Claim(name, paper, f"recall Δ {_series_text(ax, 'recall')}; largest − smallest {fmt_ms(d)}; "
+                                      f"F (quadrature) {fmt(floor, '{:.4f}')}",
+                         _sign_verdict(d, floor, -1), "recall"))
+
+    signs, missing = [], False
+    for slug in ax.slugs:
+        v = list(kind_series(ax, slug).get("context", {}).values())
+        if not v:
+            missing = True
+            continue
+        signs.append(noise.sign(v, ax.at(slug).floor_size))
+    verdict = (NOT_REPRODUCED if -1 in signs else INCONCLUSIVE if missing or not signs else REPRODUCED)
+    out.append(Claim("context-grounded Δ ≈ 0 or favouring the SAN at every world size",
+                     "context-grounded types (rag, editing, math) favour the SAN (Δ > 0 here)",
+                     f"context-grounded Δ {_series_text(ax, 'context')}; per size vs its F: "
+                     + ", ".join({1: "SAN ahead", -1: "standard ahead", 0: "within noise"}[s] for s in signs),
+                     verdict, "context"))
+
+    if ax.slugs:
+        hi = ax.slugs[-1]
+        s = kind_series(ax, hi)
+        r, c = s.get("recall", {}), s.get("context", {})
+        both = paired(r, c)
+        diff = [r[k] - c[k] for k in both]
+        out.append(Claim(f"recall types favour the standard arm more than context-grounded types "
+                         f"({ax.label(hi)})", "recall-heavy types favour FFN, context-grounded types the SAN",
+                         f"recall {fmt_ms(list(r.values()))}, context-grounded {fmt_ms(list(c.values()))}; "
+                         f"recall − context {fmt_ms(diff)}; F {fmt(ax.at(hi).floor_size, '{:.4f}')}"
+                         if diff else "no analysed pairs",
+                         _sign_verdict(diff, ax.at(hi).floor_size, -1) if diff else INCONCLUSIVE, "contrast"))
+
+    ends = _across(ax, "query_minus_aggregate")
+    name = "the query share of the deficit grows with facts per parameter"
+    paper = "Δ query −0.052 vs trace −0.008 (31B); at 105B only the query deficit survives (−0.038)"
+    if ends is None:
+        out.append(Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE,
+                         "query"))
+    else:
+        d, floor, lo, hi = ends
+        shares = _series_text(ax, "query_share", "{:.3f}")
+        top = list(kind_series(ax, ax.slugs[-1]).get("query_minus_aggregate", {}).values())
+        f_top = ax.at(ax.slugs[-1]).floor_size
+        s1, s2 = noise.sign(d, floor), noise.sign(top, f_top)
+        verdict = (REPRODUCED if s1 == -1 and s2 == -1 else NOT_REPRODUCED if 1 in (s1, s2) else INCONCLUSIVE)
+        out.append(Claim(name, paper, f"query Δ − aggregate Δ {_series_text(ax, 'query_minus_aggregate')}; "
+                                      f"largest − smallest {fmt_ms(d)}; F (quadrature) {fmt(floor, '{:.4f}')}, "
+                                      f"F at the largest {fmt(f_top, '{:.4f}')}; "
+                                      f"query's share of the aggregate Δ {shares}",
+                         verdict, "query"))
+
+    closed, grounded = _pooled(ax, "closed-book"), _pooled(ax, "grounded")
+
+    def txt(p: tuple[float, float, int] | None) -> str:
+        return "–" if p is None else f"{p[0]:+.3f} ± {p[1]:.3f} (se, {p[2]} pairs)".replace("-", "−")
+
+    out.append(Claim("zero-shot: closed-book QA favours the standard arm, grounded QA does not",
+                     "context-grounded tasks (sciq) favour the SAN; recall tasks (lambada) favour FFN",
+                     f"Δacc (arm − SAN) closed-book {txt(closed)}, grounded {txt(grounded)}",
+                     verdict_zero_shot(closed, grounded), "zeroshot"))
+    return out
+
+
+# --------------------------------------------------------------------------- blocks
+
+
+def _each(ax: AxisRecord, block: Callable[[StudyRecord], str]) -> str:
+    parts = []
+    for slug in ax.slugs:
+        x = ax.x(slug)
+        head = f"**{ax.label(slug)}**" + (f" ({x:.3f} facts per SAN parameter)" if x is not None else "")
+        parts += [head, block(ax.at(slug))]
+    return "\n\n".join(parts) if parts else "No data points."
+
+
+def block_axis(ax: AxisRecord) -> str:
+    t = ax.rec.tables.get("data") or {}
+    rows = []
+    for slug in ax.slugs:
+        info = next((p.get("info") or {} for p in ax.points if p["slug"] == slug), {})
+        world = info.get("world") or {}
+        per = [ax.per_arm(slug, a["name"]) for a in ax.rec.tables.get("arms", [])]
+        rows.append([str(ax.value(slug)), f"{world.get('facts', 0):,}" if world else "–",
+                     fmt(world.get("bits"), "{:,.0f}"), fmt(world.get("bits_per_fact"), "{:.2f}"),
+                     fmt_tokens(info["train_tokens"]) if info.get("train_tokens") else "–",
+                     fmt((info.get("floor") or {}).get("val"), "{:.4f}")]
+                    + [f"{fmt(p.get('facts_per_param'), '{:.4f}')} / {fmt(p.get('bits_per_param'), '{:.3f}')}"
+                       for p in per])
+    arms = [f"{a['name']} ({a['params_non_embedding']:,} params): facts / bits per param"
+            for a in ax.rec.tables.get("arms", [])]
+    head = (f"The data axis: {ax.key} = {', '.join(str(ax.value(s)) for s in ax.slugs)}, each value prepared once "
+            f"and shared by every arm; {t.get('sweep') or ''}. Bits: facts × bits per fact, each fact an "
+            "independent uniform draw of the generator (`World.information`); per parameter: per non-embedding "
+            "parameter (SPEC §1.2's count).")
+    return "\n\n".join([head, md_table([ax.key, "facts", "bits", "bits/fact", "train tokens",
+                                        "entropy floor (val)"] + arms, rows)])
+
+
+def block_curve(ax: AxisRecord) -> str:
+    rows = []
+    for slug in ax.slugs:
+        g = ax.claims_gap(slug)
+        s = kind_series(ax, slug)
+        store = list((g or {}).get("per_seed", {}).values())
+        rows.append([str(ax.value(slug)), fmt(ax.x(slug), "{:.3f}"),
+                     fmt(ax.per_arm(slug, ax.rec.reference).get("bits_per_param"), "{:.3f}"), fmt_ms(store)]
+                    + [fmt_ms(list(s.get(k, {}).values())) for k in
+                       ("recall", "context", "query", "trace", "answer", "query_minus_aggregate")]
+                    + [fmt_ms(list(s.get("query_share", {}).values()), "{:.3f}"),
+                       fmt(ax.at(slug).floor_size, "{:.4f}")])
+    g0 = ax.claims_gap(ax.slugs[0]) if ax.slugs else None
+    who = arm_label(g0) if g0 else "the partner"
+    head = (f"The curve ({who} against the SAN at the largest final budget; mean ± sd over analysed seed pairs). "
+            "Δ store: the runs' own validation eval; the other columns are on the analysed sample (`sanlab "
+            "analyze`): recall / context-grounded are token-weighted over the recall types "
+            f"({', '.join(recall_types())}) and over the others; query share = the query tokens' part of the "
+            f"aggregate Δ (Σ share × Δ over query / aggregate Δ). F: that value's noise floor. {SIGN_NOTE} "
+            "The figure [delta_vs_axis.png](report/delta_vs_axis.png) draws the recall and context-grounded "
+            "columns against facts per parameter.")
+    return "\n\n".join([head, md_table(
+        [ax.key, "facts/param", "bits/param", "Δ store", "Δ recall", "Δ context", "Δ query", "Δ trace", "Δ answer",
+         "query − aggregate", "query share", "F"], rows)])
+
+
+def block_floor_axis(ax: AxisRecord) -> str:
+    """Per value and arm: the loss above the floor, overall and by exercise kind; the aim."""
+    rows = []
+    aim: list[str] = []
+    for i, slug in enumerate(ax.slugs):
+        view = ax.at(slug)
+        runs = view.runs()
+        big = view.largest
+        arms = [("reference", view.reference)] + [(g["role"], arm_label(g)) for g in view.gaps_at(big)]
+        for role, label in arms:
+            ids = [r for r in run_ids_at(view, role, big) if r in runs]
+            k = [kind_losses(runs[r].get("losses") or {}) for r in ids]
+            losses = [runs[r]["losses"] for r in ids]
+
+            def m(kind: str, key: str) -> float | None:
+                v = [x[kind][key] for x in k if finite(x[kind][key])]
+                return statistics.fmean(v) if v else None
+
+            tot = [x.get("loss_above_floor") for x in losses if finite(x.get("loss_above_floor"))]
+            rows.append([str(ax.value(slug)), label, fmt(statistics.fmean(tot) if tot else None, "{:.4f}"),
+                         fmt(m("recall", "loss"), "{:.4f}"), fmt(m("recall", "loss_above_floor"), "{:.4f}"),
+                         fmt(m("context", "loss"), "{:.4f}"), fmt(m("context", "entropy_floor"), "{:.4f}"),
+                         fmt(m("context", "loss_above_floor"), "{:.4f}")])
+            if i == 0:
+                c = m("context", "loss_above_floor")
+                aim.append(f"{label} {fmt(c, '{:.4f}')}" + ("" if c is None else (" (met)" if c <= AIM else
+                                                                                   " (not met)")))
+    if not rows:
+        return "No analysed final pairs (run `sanlab report STUDY --analyze`)."
+    head = ("Loss above the entropy floor on the analysed validation sample (mean over seeds, at the largest final "
+            "budget), overall and token-weighted over the recall and the context-grounded types. The aim: the "
+            f"smallest world's context-grounded loss within {AIM} nats of its floor for both arms.")
+    return "\n\n".join([head, md_table([ax.key, "arm", "above floor (all)", "recall loss", "recall above floor",
+                                        "context loss", "context floor", "context above floor"], rows),
+                        f"Aim at {ax.label(ax.slugs[0])}: " + "; ".join(aim) + "."])
+
+
+def block_zero_shot(ax: AxisRecord) -> str:
+    rows = []
+    for slug in ax.slugs:
+        z = zero_shot(ax, slug)
+        if not any(r.get("delta") for r in z.values()):
+            continue
+        row = [str(ax.value(slug))]
+        for kind in ZERO_SHOT:
+            r = z.get(kind) or {}
+            row += [fmt(statistics.fmean(r["san"].values()) if r.get("san") else None, "{:.3f}"),
+                    fmt(statistics.fmean(r["arm"].values()) if r.get("arm") else None, "{:.3f}"),
+                    fmt_ms(list(r.get("delta", {}).values()), "{:+.3f}")]
+        rows.append(row)
+    if not rows:
+        return ("No zero-shot results (run `sanlab eval RUN_DIR --tasks builtin` on the final runs, then "
+                "`sanlab record export`).")
+    head = ("Zero-shot accuracy (`sanlab eval --tasks builtin`, lm-eval, 0-shot log-likelihood over lettered choices) "
+            "of the final runs, mean over seeds; Δ = arm − SAN, mean ± sd over seed pairs (here Δ > 0: the standard "
+            "arm is ahead). Grounded QA reads the answer from notes in the prompt; closed-book QA asks for world "
+            "facts the run read; the unseen control asks for facts no row it read states (invented people when it "
+            "read every fact), at chance for a model that only recalls.")
+    cols = [ax.key]
+    for kind in ZERO_SHOT:
+        cols += [f"{kind} SAN", f"{kind} arm", f"{kind} Δ"]
+    return "\n\n".join([head, md_table(cols, rows)])
+
+
+def block_claims(ax: AxisRecord) -> str:
+    return claims_table(claims(ax), SIGN_NOTE, RULES, RULES_PREAMBLE, __name__)
+
+
+BLOCKS: dict[str, Callable[[AxisRecord], str]] = {
+    "axis": block_axis,
+    "curve": block_curve,
+    "claims": block_claims,
+    "gaps": lambda ax: _each(ax, block_gaps),
+    "floor": block_floor_axis,
+    "floor-by-value": lambda ax: _each(ax, block_floor),
+    "regions": lambda ax: _each(ax, matched.block_regions),
+    "exercises": lambda ax: _each(ax, matched.block_exercises),
+    "zero-shot": block_zero_shot,
+}
+
+__all__ = ["AxisRecord", "BLOCKS", "RULES", "claims", "kind_series", "load_axis", "REGIONS"]
