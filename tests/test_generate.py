@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sanlab.config import ModelConfig
+from sanlab.model import generate as gen
 from sanlab.model import mixers
 from sanlab.model.generate import Decoder, SamplingConfig, generate, pick
 from sanlab.model.lm import LM
