@@ -196,7 +196,8 @@ def test_variant_arms_are_recognised_from_what_the_study_built(tmp_path: Path) -
 def test_variants_claims_from_planted_losses(tmp_path: Path) -> None:
     rec = variants_record(tmp_path / "a")
     v = {c.rule: c.verdict for c in variants.claims(rec)}
-    assert v == {"ppl": "reproduced", "hybrid": "reproduced", "lm": "reproduced", "nlu": "inconclusive"}
+    assert v == {"ppl": "reproduced", "hybrid": "reproduced", "lm": "reproduced", "nlu": "inconclusive",
+                 "activations": "inconclusive"}  # no final run analysed
     ppl = next(c for c in variants.claims(rec) if c.rule == "ppl")
     assert ppl.measured.startswith("at 1K: standard 3.0000, Non-approximate (hybrid) 3.0500, Approximate 3.2000, "
                                    "StaticEmbQK 3.5000, MLP (uniform) 4.0000, Non-approximate (uniform) 5.0000; steps "
@@ -213,7 +214,8 @@ def test_variants_claims_from_planted_losses(tmp_path: Path) -> None:
     assert v["ppl"] == "inconclusive" and v["hybrid"] == "reproduced"
     # No noise pair: nothing is told apart.
     v = {c.rule: c.verdict for c in variants.claims(variants_record(tmp_path / "d", noise={}))}
-    assert v == {"ppl": "inconclusive", "hybrid": "inconclusive", "lm": "inconclusive", "nlu": "inconclusive"}
+    assert v == {"ppl": "inconclusive", "hybrid": "inconclusive", "lm": "inconclusive", "nlu": "inconclusive",
+                 "activations": "inconclusive"}
 
 
 def test_a_variants_record_gets_its_own_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -227,3 +229,53 @@ def test_a_variants_record_gets_its_own_blocks(tmp_path: Path, capsys: pytest.Ca
     row = next(ln for ln in text.splitlines() if ln.startswith("| approx |"))
     assert "| Approximate |" in row and "| 3.2000 ± 0.0014 |" in row and "| 24.5 |" in row and "| 47.9 |" in row
     assert main(["record", "check", str(rec)]) == 0
+
+
+ABL_ARMS = [{"name": "mixit_row", "model": {"mixer": "mixit", "mixer_options": {"seq_len": 32, "sigma_length": "row"}}},
+            {"name": "frozen_qk_proj", "train": {"freeze": ["qk_proj"]}},
+            {"name": "nonapprox_qknorm", "model": {"mixer": "non_approximate", "mixer_options": {"qk_norm": True}}}]
+
+
+def test_ablation_arms_are_not_the_variants_and_their_gaps_are_read_per_seed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The previous forms (MixiT σ_h(seq_len), Frozen-QK with trainable gains, Non-approximate
+    with QK-norm) are ablations: the variant stays the paper's form, and the ablations block
+    gives loss(previous) − loss(paper's form) per seed pair with the noise rule's reading."""
+    monkeypatch.setitem(VSPEC, "arms", VSPEC["arms"] + ABL_ARMS)
+    loss = {**LOSS, "mixit_row": 3.95, "frozen_qk_proj": 3.3005, "nonapprox_qknorm": 4.0}
+    rec = variants_record(tmp_path, loss=loss)
+    assert variants.variants(rec)["mixit"] == "mixit" and variants.variants(rec)["frozen_qk"] == "frozen_qk"
+    assert variants.variants(rec)["nonapprox_uniform"] == "nonapprox"
+    assert variants.ablations(rec) == {"mixit": "mixit_row", "frozen_qk": "frozen_qk_proj",
+                                       "nonapprox_uniform": "nonapprox_qknorm"}
+    text = variants.block_ablations(rec)
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in text.splitlines() if ln.startswith("| ") and "---" not in ln}
+    assert "| +0.0500 ± 0.0000 | previous form worse |" in rows["MixiT"]
+    assert "| +0.0005 ± 0.0000 | within noise |" in rows["Frozen-QK"]  # 0.0005 < F = 0.0035
+    assert "| −1.0000 ± 0.0000 | previous form better |" in rows["Non-approximate (uniform)"]
+
+
+def test_largest_activation_block_and_claim_from_planted_stream_peaks(tmp_path: Path) -> None:
+    rec = variants_record(tmp_path)
+    big = rec.largest
+    peaks = {"nonapprox": {1: [1.0, 900.0, 40.0], 2: [1.0, 1100.0, 60.0]},
+             "hyb_nonapprox": {1: [1.0, 30.0, 20.0], 2: [1.0, 50.0, 10.0]}}
+    for g in rec.gaps_at(big):
+        for seed, ids in g["runs"].items():
+            if g["arm"] in peaks:
+                rec.analyses.append({"runs": {ids["arm"]: {"stream": [
+                    {"hook": f"h{i}", "max_abs": x} for i, x in enumerate(peaks[g["arm"]][int(seed)])]}}})
+    assert variants.peak_activations(rec, "nonapprox", big) == peaks["nonapprox"]
+    text = variants.block_activations(rec)
+    row = next(ln for ln in text.splitlines() if ln.startswith("| nonapprox |"))
+    assert row == "| nonapprox | 1000.0 | 1.0 | 1000.0 | 50.0 |"  # per hook: the mean over seeds
+    claim = next(c for c in variants.claims(rec) if c.rule == "activations")
+    assert claim.verdict == "reproduced" and "ratio 30.00, 22.00" in claim.measured  # 900/30, 1100/50
+    peaks["hyb_nonapprox"] = {1: [1.0, 3000.0], 2: [1.0, 50.0]}  # seed 1 reversed: mixed → inconclusive
+    rec.analyses.clear()
+    for g in rec.gaps_at(big):
+        for seed, ids in g["runs"].items():
+            if g["arm"] in peaks:
+                rec.analyses.append({"runs": {ids["arm"]: {"stream": [
+                    {"hook": f"h{i}", "max_abs": x} for i, x in enumerate(peaks[g["arm"]][int(seed)])]}}})
+    assert next(c for c in variants.claims(rec) if c.rule == "activations").verdict == "inconclusive"

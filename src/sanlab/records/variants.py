@@ -61,6 +61,9 @@ RULES = {
     "hybrid": "hybrid recovers: uniform Non-approximate's loss minus the hybrid's, per seed pair; reproduced "
               "when above 0, not reproduced when below 0, else inconclusive (also when either arm is missing).",
     "lm": "LM log-perplexity (SPEC §2): standard < Frozen-QK < MixiT, read as the perplexity ordering.",
+    "activations": "largest activation: the uniform Non-approximate arm's largest |activation| anywhere in the "
+                   "residual stream over the hybrid's, per analysed seed; reproduced when every ratio is at least "
+                   "10 (the paper's is ~100), not reproduced when every ratio is at most 1, else inconclusive.",
     "nlu": "NLU: a study records validation loss only; the NLU claim is inconclusive until zero-shot "
            "accuracies are recorded.",
 }
@@ -70,8 +73,13 @@ RULES_PREAMBLE = ("Noise rule (`sanlab.study.noise`, the study table's own): a q
 
 
 def variant_of(arm: dict[str, Any]) -> str | None:
-    """The SPEC §2–3 variant an arm of the study's tables is (None: none of them)."""
+    """The SPEC §2–3 variant an arm of the study's tables is (None: none of them). An arm
+    with `mixer_options` (`with_options` adds the spec's) that depart from the paper's form
+    (MixiT's σ_h not at the document's length, Non-approximate with QK-norm) is an ablation
+    of the variant, not the variant."""
     mixer, layout, freeze = arm.get("mixer", "softmax"), arm.get("layout", "uniform"), arm.get("freeze") or []
+    if _ablation_of(arm) is not None:
+        return None
     if arm.get("state_mixer", "swiglu") == "none" and mixer == "softmax":
         return None  # an attention-only model is the SAN, not a variant of SPEC §3
     if freeze:
@@ -89,11 +97,48 @@ def variant_of(arm: dict[str, Any]) -> str | None:
     return mixer if mixer in PAPER else None
 
 
+# The forms this project ran before, each the ablation of one SPEC §2–3 variant's literal
+# form: (variant, what differs, test on the arm, the paper's form in words, the ablation's).
+ABLATIONS = (
+    ("mixit", lambda a: a.get("mixer") == "mixit" and a.get("layout", "uniform") == "uniform"
+     and (a.get("mixer_options") or {}).get("sigma_length", "document") != "document",
+     "σ_h at each document's length", "σ_h(seq_len) on every row"),
+    ("frozen_qk", lambda a: a.get("mixer", "softmax") == "softmax" and a.get("layout", "uniform") == "uniform"
+     and (a.get("freeze") or []) == ["qk_proj"], "W_q, W_k and the QK-norm gains frozen",
+     "W_q, W_k frozen, the QK-norm gains trained"),
+    ("nonapprox_uniform", lambda a: a.get("mixer") == "non_approximate" and a.get("layout", "uniform") == "uniform"
+     and bool((a.get("mixer_options") or {}).get("qk_norm", False)), "no QK-norm (SPEC §3 literally)",
+     "QK-norm on SiLU(q) and k"),
+)
+
+
+def _ablation_of(arm: dict[str, Any]) -> str | None:
+    return next((v for v, test, _, _ in ABLATIONS if test(arm)), None)
+
+
+def with_options(rec: StudyRecord, arm: dict[str, Any]) -> dict[str, Any]:
+    """A tables arm with its `mixer_options` from the study's spec (the tables omit them)."""
+    spec_arm = next((a for a in rec.spec.get("arms") or [] if isinstance(a, dict) and a.get("name") == arm["name"]),
+                    None)
+    model = (spec_arm or {}).get("model") or {}
+    return {**arm, "mixer_options": model.get("mixer_options") or {}}
+
+
+def ablations(rec: StudyRecord) -> dict[str, str]:
+    """Variant -> the study's arm that is its ablation (the project's previous form)."""
+    out: dict[str, str] = {}
+    for a in rec.tables.get("arms", []):
+        v = _ablation_of(with_options(rec, a))
+        if v is not None and v not in out:
+            out[v] = a["name"]
+    return out
+
+
 def variants(rec: StudyRecord) -> dict[str, str]:
     """Variant -> the study's arm that is it (the first, if several are)."""
     out: dict[str, str] = {}
     for a in rec.tables.get("arms", []):
-        v = variant_of(a)
+        v = variant_of(with_options(rec, a))
         if v is not None and v not in out:
             out[v] = a["name"]
     return out
@@ -159,6 +204,7 @@ def claims(rec: StudyRecord) -> list[Claim]:
                      "Non-approximate (uniform)", "NLU 52.9 / 51.9 / 50.2 / 49.4 / 48.0 / 40.0 / 39.3",
                      "not measured (a study records validation loss; zero-shot NLU needs `sanlab eval`)",
                      INCONCLUSIVE, "nlu"))
+    out.append(_activation_claim(rec))
     return out
 
 
@@ -170,7 +216,7 @@ def block_variants(rec: StudyRecord) -> str:
     for a in rec.tables.get("arms", []):
         if a.get("role") == "noise":
             continue
-        v = variant_of(a)
+        v = variant_of(with_options(rec, a))
         p = PAPER.get(v or "", {})
         losses = list(arm_losses(rec, a["name"], big).values())
         m = sum(losses) / len(losses) if losses else None
@@ -191,13 +237,91 @@ def block_variants(rec: StudyRecord) -> str:
 def _paper_cell(rec: StudyRecord) -> Callable[[dict[str, Any]], str]:
     def paper(g: dict[str, Any]) -> str:
         arm = rec.arm(g["arm"]) or {}
-        p = PAPER.get(variant_of(arm) or "", {})
+        p = PAPER.get((variant_of(with_options(rec, arm)) if arm else None) or "", {})
         return f"ppl {p['ppl']:g}" if "ppl" in p else (f"log-ppl {p['logppl']:g}" if "logppl" in p else "–")
     return paper
 
 
 def block_variant_gaps(rec: StudyRecord) -> str:
     return block_gaps(rec, SIGN_NOTE, _paper_cell(rec), "paper (SPEC §3 ppl, §2 log-ppl)")
+
+
+def block_ablations(rec: StudyRecord) -> str:
+    """Each variant in the paper's form against the form this project ran before, per seed
+    pair at the largest budget: Δ = loss(previous form) − loss(paper's form)."""
+    have, abl, big, floor = variants(rec), ablations(rec), rec.largest, rec.floor_size
+    rows = []
+    for v, _, paper_form, old_form in ABLATIONS:
+        if v not in have or v not in abl:
+            continue
+        x = step(rec, have[v], abl[v], big)
+        sign = noise.sign(x, floor) if x else 0
+        word = {1: "previous form worse", -1: "previous form better", 0: "within noise"}[sign]
+        rows.append([PAPER[v]["label"], f"{have[v]}: {paper_form}", fmt(_mean_loss(rec, have[v], big), "{:.4f}"),
+                     f"{abl[v]}: {old_form}", fmt(_mean_loss(rec, abl[v], big), "{:.4f}"), fmt_ms(x), word])
+    if not rows:
+        return "The study has no ablation arm (a variant in the project's previous form)."
+    head = (f"At {fmt_tokens(big or 0)} (mean over seeds). Δ = loss(previous form) − loss(paper's form) per seed "
+            f"pair, mean ± sd; read against F = {fmt(floor, '{:.4f}')} by the noise rule below.")
+    return "\n\n".join([head, md_table(["variant", "paper's form (arm)", "val loss", "previous form (arm)",
+                                        "val loss", "Δ", "reading"], rows)])
+
+
+def peak_activations(rec: StudyRecord, arm: str, tokens: int | None) -> dict[int, list[float]]:
+    """Seed -> the largest |activation| at each residual-stream hook (the analysis's
+    `stream[].max_abs`, embedding output first), for an arm's final runs that were analysed."""
+    runs = rec.runs()
+    out: dict[int, list[float]] = {}
+    for g in rec.gaps_at(tokens):
+        for seed, ids in (g.get("runs") or {}).items():
+            rid = ids["reference"] if arm == rec.reference else (ids["arm"] if g["arm"] == arm else None)
+            stream = (runs.get(rid) or {}).get("stream") if rid else None
+            if isinstance(stream, list) and stream:
+                out[int(seed)] = [float(h["max_abs"]) for h in stream]
+    return out
+
+
+def block_activations(rec: StudyRecord) -> str:
+    """The largest activation per layer for every analysed arm (SPEC §3: ~10³ in uniform
+    Non-approximate against ~10¹ in the hybrid)."""
+    big = rec.largest
+    rows, width = [], 0
+    for a in rec.tables.get("arms", []):
+        if a.get("role") == "noise":
+            continue
+        peaks = peak_activations(rec, a["name"], big)
+        if not peaks:
+            continue
+        per_hook = [sum(p[i] for p in peaks.values()) / len(peaks) for i in range(min(map(len, peaks.values())))]
+        width = max(width, len(per_hook))
+        rows.append((a["name"], max(per_hook), per_hook))
+    if not rows:
+        return "No final run of the study was analysed (`sanlab report STUDY --analyze`)."
+    heads = ["arm", "largest", "embedding"] + [f"after block {i}" for i in range(width - 1)]
+    table = [[n, f"{m:.1f}"] + [f"{x:.1f}" for x in h] + ["–"] * (width - len(h)) for n, m, h in rows]
+    return "\n\n".join([f"At {fmt_tokens(big or 0)}: the largest |activation| in the residual stream at each "
+                         "block's output (mean over the analysed seeds; the analysis's `stream.csv`, `max_abs`).",
+                         md_table(heads, table)])
+
+
+def _activation_claim(rec: StudyRecord) -> Claim:
+    have, big = variants(rec), rec.largest
+    name = "largest activation: uniform Non-approximate ≫ hybrid"
+    paper = "~10³ (uniform) vs ~10¹ (hybrid)"
+    if "nonapprox_uniform" not in have or "nonapprox_hybrid" not in have:
+        return Claim(name, paper, "the study lacks the hybrid or the uniform Non-approximate arm", INCONCLUSIVE,
+                     "activations")
+    u = {s: max(p) for s, p in peak_activations(rec, have["nonapprox_uniform"], big).items()}
+    h = {s: max(p) for s, p in peak_activations(rec, have["nonapprox_hybrid"], big).items()}
+    seeds = sorted(set(u) & set(h))
+    if not seeds:
+        return Claim(name, paper, "neither arm's final runs were analysed", INCONCLUSIVE, "activations")
+    ratios = [u[s] / h[s] for s in seeds]
+    measured = (f"uniform {', '.join(f'{u[s]:.1f}' for s in seeds)} vs hybrid {', '.join(f'{h[s]:.1f}' for s in seeds)}"
+                f" (seeds {', '.join(map(str, seeds))}); ratio {', '.join(f'{r:.2f}' for r in ratios)}")
+    verdict = ("reproduced" if all(r >= 10 for r in ratios) else
+               "not reproduced" if all(r <= 1 for r in ratios) else INCONCLUSIVE)
+    return Claim(name, paper, measured, verdict, "activations")
 
 
 def block_claims(rec: StudyRecord) -> str:
@@ -207,6 +331,8 @@ def block_claims(rec: StudyRecord) -> str:
 BLOCKS: dict[str, Callable[[StudyRecord], str]] = {
     "gaps": block_variant_gaps,
     "variants": block_variants,
+    "ablations": block_ablations,
+    "activations": block_activations,
     "floor": block_floor,
     "claims": block_claims,
 }
