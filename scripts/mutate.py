@@ -10,8 +10,16 @@ of the repository (one per job), so the working tree is never touched; the copy'
 comes first on PYTHONPATH, so the tests import the mutated code.
 
     python scripts/mutate.py                 # every mutant, 2 jobs (`make mutate`)
-    python scripts/mutate.py --list          # the mutants and their test files
+    python scripts/mutate.py --list          # the mutants, their test files, the per-module counts
+    python scripts/mutate.py --module eval   # one module's mutants (comma-separated: eval,probes)
     python scripts/mutate.py --only clip,pad # mutants whose name contains a word given
+
+Every mutant belongs to a module (`module_of`: a package under src/sanlab/, a top-level
+module there, `variants` for the sequence mixers, `generate` for decoding, `scripts`,
+`benchmarks`); the run ends with a table of mutants and caught per module, every module
+of the tree listed (0 where it has none, so the gaps show). Mutants found to be
+equivalent (no behaviour can change) are kept in EQUIVALENT with the reason, never run
+and never counted.
 
 Outcome per mutant: caught (a test failed, errored or timed out), survived (every test
 passed: the diff is printed), stale. Exit status 0 when every mutant is caught, 1 when
@@ -45,11 +53,42 @@ class Mutant:
     tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
     what: str  # the bug, in words
 
+    @property
+    def module(self) -> str:
+        return module_of(self.path)
+
     def apply(self, text: str) -> str | None:
         """The mutated file text, or None when the snippet is not exactly once in `text`."""
         if text.count(self.original) != 1:
             return None
         return text.replace(self.original, self.mutated)
+
+
+def module_of(path: str) -> str:
+    """The module a file belongs to in the per-module table: `src/sanlab/PKG/...` -> PKG,
+    `src/sanlab/NAME.py` -> NAME; the sequence mixers (the variants) and decoding are
+    their own rows apart from the rest of `model`; `scripts/...` -> scripts,
+    `benchmarks/...` -> benchmarks."""
+    parts = path.split("/")
+    if parts[:2] == ["src", "sanlab"] and len(parts) > 2:
+        if parts[2:4] == ["model", "mixers.py"]:
+            return "variants"
+        if parts[2:4] == ["model", "generate.py"]:
+            return "generate"
+        return parts[2].removesuffix(".py")
+    return parts[0]
+
+
+def tree_modules(root: Path) -> list[str]:
+    """Every module of the tree at `root`, in table order: src/sanlab's packages and
+    top-level modules (variants and generate after model), then scripts and benchmarks."""
+    pkg = root / "src" / "sanlab"
+    names = sorted(p.name for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    names += sorted(p.stem for p in pkg.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    if "model" in names:
+        i = names.index("model") + 1
+        names[i:i] = ["variants", "generate"]
+    return names + [d for d in ("scripts", "benchmarks") if (root / d).is_dir()]
 
 
 T = "tests/"
@@ -510,6 +549,11 @@ MUTANTS: tuple[Mutant, ...] = (
       "export reads a checkpoint without verifying its checksums"),
 )
 
+# Mutants that change no behaviour a test could observe (kept so nobody adds them again;
+# `what` says why). Never run, never counted; tests/test_mutate.py keeps their snippets current.
+EQUIVALENT: tuple[Mutant, ...] = (
+)
+
 
 # --------------------------------------------------------------------------- running
 
@@ -597,28 +641,86 @@ def diff(m: Mutant) -> str:
                                         f"a/{m.path}", f"b/{m.path}", n=2))
 
 
-def select(names: str | None) -> list[Mutant]:
-    if not names:
-        return list(MUTANTS)
-    words = [w.strip() for w in names.split(",") if w.strip()]
-    return [m for m in MUTANTS if any(w in m.name for w in words)]
+def select(names: str | None, modules: str | None = None) -> list[Mutant]:
+    """Mutants whose name contains one of the comma-separated `names` (all when None) and
+    whose module is one of `modules` (all when None)."""
+    out = list(MUTANTS)
+    if names:
+        words = [w.strip() for w in names.split(",") if w.strip()]
+        out = [m for m in out if any(w in m.name for w in words)]
+    if modules:
+        wanted = {w.strip() for w in modules.split(",") if w.strip()}
+        out = [m for m in out if m.module in wanted]
+    return out
+
+
+def module_table(mutants: list[Mutant], outcomes: list[Outcome] | None, modules: list[str]) -> str:
+    """Module, mutants, caught (and survived / stale where any), one row per module, then
+    the totals. Without outcomes (`--list`) the caught column is left out."""
+    head = ["module", "mutants"] + (["caught"] if outcomes is not None else [])
+    status = {o.mutant.name: o.status for o in outcomes or []}
+    bad = any(s != "caught" for s in status.values())
+    if bad:
+        head += ["survived", "stale"]
+    extra = sorted({m.module for m in mutants} - set(modules))
+    rows = []
+    for mod in modules + extra:
+        mine = [m for m in mutants if m.module == mod]
+        row = [mod, str(len(mine))]
+        if outcomes is not None:
+            row.append(str(sum(status.get(m.name) == "caught" for m in mine)))
+            if bad:
+                row += [str(sum(status.get(m.name) == s for m in mine)) for s in ("survived", "stale")]
+        rows.append(row)
+    total = ["total", str(len(mutants))]
+    if outcomes is not None:
+        total.append(str(sum(s == "caught" for s in status.values())))
+        if bad:
+            total += [str(sum(s == k for s in status.values())) for k in ("survived", "stale")]
+    widths = [max(len(r[i]) for r in [head, total, *rows]) for i in range(len(head))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(head), rule, *map(line, rows), rule, line(total)])
+
+
+def equivalent_lines() -> list[str]:
+    return [f"  {e.name} ({e.path}): {e.what}" for e in EQUIVALENT]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", metavar="WORDS", help="comma-separated words; run the mutants whose name contains one")
+    ap.add_argument("--module", metavar="NAMES", help="comma-separated modules (as the table names them); "
+                    "run only their mutants")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run at once, each on its own copy (default 2)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant before it counts as caught")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated tree first")
-    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--list", action="store_true", help="list the mutants and the per-module counts, and exit")
     args = ap.parse_args(argv)
-    mutants = select(args.only)
+    modules = tree_modules(ROOT)
+    if args.module:
+        unknown = [w.strip() for w in args.module.split(",") if w.strip() and w.strip() not in modules]
+        if unknown:
+            print(f"mutate: unknown module {unknown[0]!r} (modules: {', '.join(modules)})", file=sys.stderr)
+            return 2
+        modules = [m for m in modules if m in {w.strip() for w in args.module.split(",")}]
+    mutants = select(args.only, args.module)
+    if args.only:
+        modules = [m for m in modules if any(x.module == m for x in mutants)]
     if args.list:
         for m in mutants:
-            print(f"{m.name:34s} {m.path:32s} {m.what}\n{'':34s} tests: {' '.join(m.tests)}")
+            print(f"{m.name:34s} {m.module:10s} {m.path:32s} {m.what}\n{'':34s} tests: {' '.join(m.tests)}")
+        print("\n" + module_table(mutants, None, modules))
+        if EQUIVALENT and not (args.only or args.module):
+            print("\nequivalent mutants (no behaviour change; not run, not counted):")
+            print("\n".join(equivalent_lines()))
         return 0
     if not mutants:
-        print(f"mutate: no mutant matches {args.only!r}", file=sys.stderr)
+        what = " and ".join(f"{k} {v!r}" for k, v in (("--only", args.only), ("--module", args.module)) if v)
+        print(f"mutate: no mutant matches {what}", file=sys.stderr)
         return 2
     jobs = max(1, min(args.jobs, len(mutants)))
     threads = 1 if jobs > 1 else None
@@ -673,6 +775,10 @@ def main(argv: list[str] | None = None) -> int:
         if o.status != "caught":
             print(f"\n{o.status.upper()}: {o.mutant.name} ({o.mutant.what}); ran {' '.join(o.mutant.tests)}")
             print(o.detail if o.status == "stale" else diff(o.mutant))
+    print("\n" + module_table(mutants, outcomes, modules))
+    if EQUIVALENT and not (args.only or args.module):
+        print("\nequivalent mutants (no behaviour change; not run, not counted):")
+        print("\n".join(equivalent_lines()))
     print(f"\nmutate: {counts['caught']} caught, {counts['survived']} survived, {counts['stale']} stale "
           f"of {len(outcomes)} mutants in {time.monotonic() - start:.0f} s ({jobs} jobs)")
     return 0 if counts["caught"] == len(outcomes) else 1
