@@ -552,7 +552,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "capacity from meta.json divides by every parameter, the frozen ones included"),
     M("probes-table-val-accuracy", "src/sanlab/probes/suite.py",
       "acc = mine[0][\"test_accuracy\"]", "acc = mine[0][\"val_accuracy\"]",
-      (T + "test_probes_cli.py",), "the suite table shows the validation accuracy (the sweep's criterion), not the test's"),
+      (T + "test_probes_suite.py",), "the suite table shows the validation accuracy (the sweep's criterion), not the test's"),
     # ---- accounting and matching
     M("accounting-final-norm-dropped", "src/sanlab/accounting.py",
       "    breakdown[\"final_norm.weight\"] = cfg.d_model\n", "",
@@ -682,6 +682,12 @@ MUTANTS: tuple[Mutant, ...] = (
 # Mutants that change no behaviour a test could observe (kept so nobody adds them again;
 # `what` says why). Never run, never counted; tests/test_mutate.py keeps their snippets current.
 EQUIVALENT: tuple[Mutant, ...] = (
+    M("probes-capacity-from-val", "src/sanlab/probes/suite.py",
+      "points = [{\"n\": s[\"task_config\"][\"n_train\"], \"memorised\": s[\"test_correct\"]} for s in mine]",
+      "points = [{\"n\": s[\"task_config\"][\"n_train\"], \"memorised\": round(s[\"val_accuracy\"] * s[\"test_total\"])} "
+      "for s in mine]",
+      (T + "test_probes_suite.py",), "capacity from the validation split's correct labels: memorize's val and test splits are both its "
+      "training set (probes.runner), so in a real run the two counts are the same"),
 )
 
 
