@@ -615,8 +615,12 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_analysis_metrics.py",), "the sink share averages in the first token itself (forced to 1)"),
     M("stream-rms-per-token", "src/sanlab/analysis/stream.py",
       "        self.count[name] += v.numel()\n", "        self.count[name] += v.shape[0]\n",
-      (T + "test_analysis_metrics.py", T + "test_analysis_cli.py"),
+      (T + "test_analysis_stream.py",),
       "the stream's RMS divides the sum of squares by tokens, not by elements (√d too large)"),
+    M("stream-peak-includes-padding", "src/sanlab/analysis/stream.py",
+      "self.peak[name] = max(self.peak[name], float(v.abs().max()))",
+      "self.peak[name] = max(self.peak[name], float(x.detach().abs().max()))",
+      (T + "test_analysis_stream.py",), "the stream's largest activation is taken over padding tokens too"),
     # ---- the variants: non-approximate, Taylor, MLP
     M("nonapprox-no-silu", "src/sanlab/model/mixers.py",
       "q = F.silu(upcast(q)).view(B, T, H, D)", "q = upcast(q).view(B, T, H, D)",
