@@ -515,6 +515,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "loader.rows_for_step(s) for s in range(step)]", "loader.rows_for_step(s) for s in range(step + 1)]",
       (T + "test_eval_cli.py::test_builtin_tasks_state_what_training_saw",),
       "the facts a run saw include the rows of the step after its checkpoint"),
+    M("sample-keeps-prompt-head", "src/sanlab/commands/sample.py",
+      "        ids = ids[-(L - 1):]\n", "        ids = ids[: L - 1]\n",
+      (T + "test_eval_cli.py::test_sample_continues_the_last_seq_len_minus_one_tokens_of_a_long_prompt",),
+      "a prompt longer than seq_len keeps its first seq_len − 1 tokens, not its last"),
     # ---- generate: decoding with a KV cache, sampling filters (the temperature has its own mutant)
     M("generate-cache-sees-next-token", "src/sanlab/model/generate.py",
       "causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s)",
@@ -648,6 +652,16 @@ MUTANTS: tuple[Mutant, ...] = (
       "\"top\": lambda i: i >= L - L // 2,", "\"top\": lambda i: i > L - L // 2,",
       (T + "test_variants.py::test_layouts_place_the_standard_layers",),
       "layout top puts L/2 − 1 standard layers at the top, not L/2"),
+    # ---- this script: what counts as stale, the per-module table
+    M("mutate-ambiguous-not-stale", "scripts/mutate.py",
+      "    if n != 1:\n        return f\"{m.path}: the original snippet occurs",
+      "    if n < 1:\n        return f\"{m.path}: the original snippet occurs",
+      (T + "test_mutate.py::test_a_snippet_that_moved_is_stale_not_caught",),
+      "a snippet found twice is not stale (the mutant would be applied at one of two places)"),
+    M("mutate-table-hides-empty-modules", "scripts/mutate.py",
+      "    for mod in modules + extra:\n", "    for mod in sorted({m.module for m in mutants}):\n",
+      (T + "test_mutate.py::test_the_module_table_lists_modules_without_mutants_and_the_totals",),
+      "the per-module table leaves out the modules without mutants (the gaps do not show)"),
     # ---- sharing models (sanlab export --hf): the exported code and the conversions
     M("hf-gate-not-folded", "src/sanlab/hf/stock.py",
       "out[o + \"self_attn.o_proj.weight\"] = (W[b + \"attn.wo.weight\"] * s_attn).contiguous()",
