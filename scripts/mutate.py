@@ -10,8 +10,16 @@ of the repository (one per job), so the working tree is never touched; the copy'
 comes first on PYTHONPATH, so the tests import the mutated code.
 
     python scripts/mutate.py                 # every mutant, 2 jobs (`make mutate`)
-    python scripts/mutate.py --list          # the mutants and their test files
+    python scripts/mutate.py --list          # the mutants, their test files, the per-module counts
+    python scripts/mutate.py --module eval   # one module's mutants (comma-separated: eval,probes)
     python scripts/mutate.py --only clip,pad # mutants whose name contains a word given
+
+Every mutant belongs to a module (`module_of`: a package under src/sanlab/, a top-level
+module there, `variants` for the sequence mixers, `generate` for decoding, `scripts`,
+`benchmarks`); the run ends with a table of mutants and caught per module, every module
+of the tree listed (0 where it has none, so the gaps show). Mutants found to be
+equivalent (no behaviour can change) are kept in EQUIVALENT with the reason, never run
+and never counted.
 
 Outcome per mutant: caught (a test failed, errored or timed out), survived (every test
 passed: the diff is printed), stale. Exit status 0 when every mutant is caught, 1 when
@@ -45,11 +53,42 @@ class Mutant:
     tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
     what: str  # the bug, in words
 
+    @property
+    def module(self) -> str:
+        return module_of(self.path)
+
     def apply(self, text: str) -> str | None:
         """The mutated file text, or None when the snippet is not exactly once in `text`."""
         if text.count(self.original) != 1:
             return None
         return text.replace(self.original, self.mutated)
+
+
+def module_of(path: str) -> str:
+    """The module a file belongs to in the per-module table: `src/sanlab/PKG/...` -> PKG,
+    `src/sanlab/NAME.py` -> NAME; the sequence mixers (the variants) and decoding are
+    their own rows apart from the rest of `model`; `scripts/...` -> scripts,
+    `benchmarks/...` -> benchmarks."""
+    parts = path.split("/")
+    if parts[:2] == ["src", "sanlab"] and len(parts) > 2:
+        if parts[2:4] == ["model", "mixers.py"]:
+            return "variants"
+        if parts[2:4] == ["model", "generate.py"]:
+            return "generate"
+        return parts[2].removesuffix(".py")
+    return parts[0]
+
+
+def tree_modules(root: Path) -> list[str]:
+    """Every module of the tree at `root`, in table order: src/sanlab's packages and
+    top-level modules (variants and generate after model), then scripts and benchmarks."""
+    pkg = root / "src" / "sanlab"
+    names = sorted(p.name for p in pkg.iterdir() if p.is_dir() and (p / "__init__.py").is_file())
+    names += sorted(p.stem for p in pkg.glob("*.py") if p.stem not in ("__init__", "__main__"))
+    if "model" in names:
+        i = names.index("model") + 1
+        names[i:i] = ["variants", "generate"]
+    return names + [d for d in ("scripts", "benchmarks") if (root / d).is_dir()]
 
 
 T = "tests/"
@@ -532,6 +571,166 @@ MUTANTS: tuple[Mutant, ...] = (
       "cell = f\"{metrics[m]:.4f}\"",
       (T + "test_eval_cli.py::test_results_table_shows_each_tasks_main_metric_with_its_stderr",),
       "the zero-shot table prints accuracies without their standard errors"),
+    # ---- eval: the packed scoring and what a run saw
+    M("eval-window-one-short", "src/sanlab/eval/scoring.py",
+      "window = full[-(seq_len + 1) :]  # input", "window = full[-seq_len:]  # input",
+      (T + "test_eval_adapter.py::test_loglikelihood_equals_direct_forward_in_one_packed_batch",),
+      "a truncated request keeps seq_len − 1 inputs, one context token fewer than fit"),
+    M("eval-requests-share-a-document", "src/sanlab/eval/scoring.py",
+      "                segments[r, pos : pos + n] = seg\n", "                segments[r, pos : pos + n] = 0\n",
+      (T + "test_eval_adapter.py::test_loglikelihood_equals_direct_forward_in_one_packed_batch",),
+      "requests packed into one row are one document: a request attends to the ones before it"),
+    M("eval-rows-read-one-step-more", "src/sanlab/eval/builtin.py",
+      "loader.rows_for_step(s) for s in range(step)]", "loader.rows_for_step(s) for s in range(step + 1)]",
+      (T + "test_eval_cli.py::test_builtin_tasks_state_what_training_saw",),
+      "the facts a run saw include the rows of the step after its checkpoint"),
+    M("sample-keeps-prompt-head", "src/sanlab/commands/sample.py",
+      "        ids = ids[-(L - 1):]\n", "        ids = ids[: L - 1]\n",
+      (T + "test_eval_cli.py::test_sample_continues_the_last_seq_len_minus_one_tokens_of_a_long_prompt",),
+      "a prompt longer than seq_len keeps its first seq_len − 1 tokens, not its last"),
+    # ---- generate: decoding with a KV cache, sampling filters (the temperature has its own mutant)
+    M("generate-cache-sees-next-token", "src/sanlab/model/generate.py",
+      "causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s)",
+      "causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s + 1)",
+      (T + "test_generate.py",), "a multi-token prefill / append lets each new token see the next one"),
+    M("generate-positions-restart", "src/sanlab/model/generate.py",
+      "positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)",
+      "positions = torch.arange(0, tokens.shape[1], device=tokens.device)",
+      (T + "test_generate.py",), "every appended token is rotated as position 0 (RoPE positions restart)"),
+    M("generate-top-k-drops-kth", "src/sanlab/model/generate.py",
+      "logits = logits.masked_fill(logits < kth, float(\"-inf\"))",
+      "logits = logits.masked_fill(logits <= kth, float(\"-inf\"))",
+      (T + "test_generate.py::test_top_k_and_top_p_filters",), "top-k keeps k − 1 tokens (the k-th is dropped)"),
+    M("generate-top-p-drops-crossing", "src/sanlab/model/generate.py",
+      "drop = cum - sorted_logits.softmax(dim=-1) >= cfg.top_p",
+      "drop = cum >= cfg.top_p",
+      (T + "test_generate.py::test_top_k_and_top_p_filters",),
+      "top-p drops the token whose mass reaches p (the nucleus falls short of p)"),
+    # ---- probes: exact-match accuracy, capacity, the suite table
+    M("probes-accuracy-any-token", "src/sanlab/probes/evaluate.py",
+      "correct = int(((answer > 0) & (wrong == 0)).sum())", "correct = int((answer > wrong).sum())",
+      (T + "test_probes_cli.py::test_accuracy_is_exact_match_over_every_answer_token",),
+      "an example counts as correct when any of its answer tokens is right"),
+    M("probes-lower-bound-strict", "src/sanlab/probes/capacity.py",
+      "\"lower_bound\": int(p[\"memorised\"]) >= int(p[\"n\"])", "\"lower_bound\": int(p[\"memorised\"]) > int(p[\"n\"])",
+      (T + "test_probes_cli.py::test_capacity_says_when_it_is_only_a_lower_bound_and_what_chance_scores",),
+      "a sweep that memorised every pair of its best N is not flagged as a lower bound"),
+    M("probes-chance-of-memorised", "src/sanlab/probes/capacity.py",
+      "\"chance\": int(p[\"n\"]) / alphabet}", "\"chance\": int(p[\"memorised\"]) / alphabet}",
+      (T + "test_probes_cli.py::test_capacity_says_when_it_is_only_a_lower_bound_and_what_chance_scores",),
+      "the labels right by chance are memorised / alphabet, not N / alphabet"),
+    M("probes-trainable-counts-frozen", "src/sanlab/probes/capacity.py",
+      "return int(sum(v for g, v in routing.items() if g != \"frozen\"))", "return int(sum(routing.values()))",
+      (T + "test_probes_cli.py::test_trainable_params_of_a_tiny_model_by_hand_and_without_frozen_ones",),
+      "capacity from meta.json divides by every parameter, the frozen ones included"),
+    M("probes-table-val-accuracy", "src/sanlab/probes/suite.py",
+      "acc = mine[0][\"test_accuracy\"]", "acc = mine[0][\"val_accuracy\"]",
+      (T + "test_probes_suite.py",), "the suite table shows the validation accuracy (the sweep's criterion), not the test's"),
+    # ---- accounting and matching
+    M("accounting-final-norm-dropped", "src/sanlab/accounting.py",
+      "    breakdown[\"final_norm.weight\"] = cfg.d_model\n", "",
+      (T + "test_accounting.py",), "the parameter count leaves out the final norm's gain"),
+    M("accounting-backward-once", "src/sanlab/accounting.py",
+      "        return 2 * self.forward\n", "        return self.forward\n",
+      (T + "test_accounting.py",), "training FLOPs are 2× forward, not 3× (the backward costs one forward)"),
+    M("accounting-head-multiply-add-once", "src/sanlab/accounting.py",
+      "terms[\"head\"] = 2 * cfg.vocab_size * cfg.d_model", "terms[\"head\"] = cfg.vocab_size * cfg.d_model",
+      (T + "test_accounting.py",), "the tied head's FLOPs count a multiply-add once"),
+    M("matching-iso-param-on-total", "src/sanlab/matching.py",
+      "            target = ref.params.non_embedding\n", "            target = ref.params.total\n",
+      (T + "test_accounting.py", T + "test_match_cli.py"),
+      "iso-param aims at the reference's total parameters (embedding included) but counts the partner's non-embedding"),
+    M("matching-mismatch-inverted", "src/sanlab/matching.py",
+      "mismatch = (got - target) / target", "mismatch = (target - got) / target",
+      (T + "test_accounting.py", T + "test_match_cli.py"), "the mismatch is reference − partner (its sign reversed)"),
+    M("matching-width-odd-head-dim", "src/sanlab/matching.py",
+      "    d_model = 2 * base.n_heads * step\n", "    d_model = base.n_heads * step\n",
+      (T + "test_accounting.py", T + "test_match_cli.py"), "the width search steps by n_heads (odd head_dim widths)"),
+    # ---- study: the noise rule, the results store
+    M("noise-threshold-floor-only", "src/sanlab/study/noise.py",
+      "return floor + (mean_spread(values)[1] or 0.0)", "return floor",
+      (T + "test_study_noise.py",), "a quantity counts beyond the floor alone, its own seed-to-seed sd ignored"),
+    M("noise-difference-spread-dropped", "src/sanlab/study/noise.py",
+      "t = math.hypot(floor_a, floor_b) + math.hypot(sa or 0.0, sb or 0.0)", "t = math.hypot(floor_a, floor_b)",
+      (T + "test_study_noise.py",), "two studies' difference ignores the two sides' seed-to-seed spread"),
+    M("store-first-record-wins", "src/sanlab/study/store.py",
+      "        return {r[\"run_id\"]: r for r in self.records()\n",
+      "        return {r[\"run_id\"]: r for r in reversed(self.records())\n",
+      (T + "test_study_store.py",), "a rerun's record loses to the run's first (failed) record"),
+    # ---- records: the shared verdict rules and a study record's pairs
+    M("records-ordering-any-step", "src/sanlab/records/common.py",
+      "if s and all(x == 1 for x in s):", "if s and any(x == 1 for x in s):",
+      (T + "test_records.py", T + "test_records_kinds.py"),
+      "an ordering counts as reproduced when any one step is (a reversed step ignored)"),
+    M("records-pairs-reversed", "src/sanlab/records/study.py",
+      "c = comps.get((ids[\"arm\"], ids[\"reference\"]))", "c = comps.get((ids[\"reference\"], ids[\"arm\"]))",
+      (T + "test_records.py",), "a gap's analysed pairs are looked up reference-vs-arm: none is found"),
+    M("records-exercise-share-summed", "src/sanlab/records/study.py",
+      "return out, {k: statistics.fmean(v) for k, v in share.items()}", "return out, {k: sum(v) for k, v in share.items()}",
+      (T + "test_records.py",), "an exercise type's token share is summed over the seed pairs, not averaged"),
+    # ---- data: the entropy floor's arithmetic
+    M("floor-draws-log2", "src/sanlab/data/synth.py",
+      "self.nats[self.region] -= math.log(p)", "self.nats[self.region] -= math.log2(p)",
+      (T + "test_data_floor.py",), "a draw is charged in bits, the floor's unit is nats"),
+    M("floor-sample-unordered", "src/sanlab/data/synth.py",
+      "math.lgamma(n + 1) - math.lgamma(n - k + 1)",
+      "math.lgamma(n + 1) - math.lgamma(n - k + 1) - math.lgamma(k + 1)",
+      (T + "test_data_floor.py",), "an ordered sample is charged as an unordered one (log C(n, k), not n!/(n−k)!)"),
+    M("floor-eos-not-scored", "src/sanlab/data/floor.py",
+      "        counts[OTHER] += 1  # the EOS is a scored target; the BOS never is\n", "",
+      (T + "test_data_floor.py",), "the floor's token count leaves out each document's EOS"),
+    # ---- analysis
+    M("effective-rank-exp2", "src/sanlab/analysis/metrics.py",
+      "return float(torch.exp(torch.special.entr(p).sum()))", "return float(torch.exp2(torch.special.entr(p).sum()))",
+      (T + "test_analysis_metrics.py",), "the effective rank is 2^H of an entropy in nats (wrong base)"),
+    M("sink-counts-first-token", "src/sanlab/analysis/metrics.py",
+      "sink_q = (qmask & (pos > 0)).float()  # (B, T)", "sink_q = qmask.float()  # (B, T)",
+      (T + "test_analysis_metrics.py",), "the sink share averages in the first token itself (forced to 1)"),
+    M("stream-rms-per-token", "src/sanlab/analysis/stream.py",
+      "        self.count[name] += v.numel()\n", "        self.count[name] += v.shape[0]\n",
+      (T + "test_analysis_stream.py",),
+      "the stream's RMS divides the sum of squares by tokens, not by elements (√d too large)"),
+    M("stream-peak-includes-padding", "src/sanlab/analysis/stream.py",
+      "self.peak[name] = max(self.peak[name], float(v.abs().max()))",
+      "self.peak[name] = max(self.peak[name], float(x.detach().abs().max()))",
+      (T + "test_analysis_stream.py",), "the stream's largest activation is taken over padding tokens too"),
+    # ---- the variants: non-approximate, Taylor, MLP
+    M("nonapprox-no-silu", "src/sanlab/model/mixers.py",
+      "q = F.silu(upcast(q)).view(B, T, H, D)", "q = upcast(q).view(B, T, H, D)",
+      (T + "test_variants.py::test_non_approximate_is_its_formula",), "non-approximate's q without its SiLU"),
+    M("taylor-no-half", "src/sanlab/model/mixers.py",
+      "    w = (1 + s + 0.5 * s * s) * allowed\n", "    w = (1 + s + s * s) * allowed\n",
+      (T + "test_variants.py::test_taylor_linear_time_equals_quadratic_formula",), "the Taylor weights' quadratic term is s², not s²/2"),
+    M("taylor-features-unscaled", "src/sanlab/model/mixers.py",
+      "outer = (x[..., :, None] * x[..., None, :]).flatten(-2) * 0.5**0.5",
+      "outer = (x[..., :, None] * x[..., None, :]).flatten(-2)",
+      (T + "test_variants.py::test_taylor_linear_time_equals_quadratic_formula",), "linear-time Taylor carries s² instead of s²/2 for keys of earlier blocks"),
+    M("mlp-mixer-width", "src/sanlab/model/mixers.py",
+      "return max(1, attn // (3 * d))", "return max(1, attn // (2 * d))",
+      (T + "test_variants.py::test_mlp_mixer_matches_the_attention_parameter_count",),
+      "the MLP mixer's width is (W_q + W_k + W_v + W_o)/(2d): more parameters than the attention it replaces"),
+    # ---- config: token counts and layouts
+    M("config-k-is-1024", "src/sanlab/config.py",
+      "_SUFFIX = {\"K\": 10**3,", "_SUFFIX = {\"K\": 2**10,",
+      (T + "test_config.py::test_token_counts_read_like_the_paper",), "'500k' reads as 512,000 tokens"),
+    M("config-format-tokens-boundary", "src/sanlab/config.py",
+      "        if n >= scale:\n", "        if n > scale:\n",
+      (T + "test_config.py::test_token_counts_print_in_the_largest_unit_they_reach",),
+      "a budget of exactly 10^6 prints as 1000K (run ids and tables change)"),
+    M("config-top-layout-short", "src/sanlab/config.py",
+      "\"top\": lambda i: i >= L - L // 2,", "\"top\": lambda i: i > L - L // 2,",
+      (T + "test_variants.py::test_layouts_place_the_standard_layers",),
+      "layout top puts L/2 − 1 standard layers at the top, not L/2"),
+    # ---- this script: what counts as stale, the per-module table
+    M("mutate-ambiguous-not-stale", "scripts/mutate.py",
+      "    if n != 1:\n        return f\"{m.path}: the original snippet occurs",
+      "    if n < 1:\n        return f\"{m.path}: the original snippet occurs",
+      (T + "test_mutate.py::test_a_snippet_that_moved_is_stale_not_caught",),
+      "a snippet found twice is not stale (the mutant would be applied at one of two places)"),
+    M("mutate-table-hides-empty-modules", "scripts/mutate.py",
+      "    for mod in modules + extra:\n", "    for mod in sorted({m.module for m in mutants}):\n",
+      (T + "test_mutate.py::test_the_module_table_lists_modules_without_mutants_and_the_totals",),
+      "the per-module table leaves out the modules without mutants (the gaps do not show)"),
     # ---- sharing models (sanlab export --hf): the exported code and the conversions
     M("hf-gate-not-folded", "src/sanlab/hf/stock.py",
       "out[o + \"self_attn.o_proj.weight\"] = (W[b + \"attn.wo.weight\"] * s_attn).contiguous()",
@@ -706,6 +905,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "the axis claims read smallest minus largest world"),
 )
 
+# Mutants that change no behaviour a test could observe (kept so nobody adds them again;
+# `what` says why). Never run, never counted; tests/test_mutate.py keeps their snippets current.
+EQUIVALENT: tuple[Mutant, ...] = (
+    M("probes-capacity-from-val", "src/sanlab/probes/suite.py",
+      "points = [{\"n\": s[\"task_config\"][\"n_train\"], \"memorised\": s[\"test_correct\"]} for s in mine]",
+      "points = [{\"n\": s[\"task_config\"][\"n_train\"], \"memorised\": round(s[\"val_accuracy\"] * s[\"test_total\"])} "
+      "for s in mine]",
+      (T + "test_probes_suite.py",), "capacity from the validation split's correct labels: memorize's val and test splits are both its "
+      "training set (probes.runner), so in a real run the two counts are the same"),
+)
+
 
 # --------------------------------------------------------------------------- running
 
@@ -793,28 +1003,86 @@ def diff(m: Mutant) -> str:
                                         f"a/{m.path}", f"b/{m.path}", n=2))
 
 
-def select(names: str | None) -> list[Mutant]:
-    if not names:
-        return list(MUTANTS)
-    words = [w.strip() for w in names.split(",") if w.strip()]
-    return [m for m in MUTANTS if any(w in m.name for w in words)]
+def select(names: str | None, modules: str | None = None) -> list[Mutant]:
+    """Mutants whose name contains one of the comma-separated `names` (all when None) and
+    whose module is one of `modules` (all when None)."""
+    out = list(MUTANTS)
+    if names:
+        words = [w.strip() for w in names.split(",") if w.strip()]
+        out = [m for m in out if any(w in m.name for w in words)]
+    if modules:
+        wanted = {w.strip() for w in modules.split(",") if w.strip()}
+        out = [m for m in out if m.module in wanted]
+    return out
+
+
+def module_table(mutants: list[Mutant], outcomes: list[Outcome] | None, modules: list[str]) -> str:
+    """Module, mutants, caught (and survived / stale where any), one row per module, then
+    the totals. Without outcomes (`--list`) the caught column is left out."""
+    head = ["module", "mutants"] + (["caught"] if outcomes is not None else [])
+    status = {o.mutant.name: o.status for o in outcomes or []}
+    bad = any(s != "caught" for s in status.values())
+    if bad:
+        head += ["survived", "stale"]
+    extra = sorted({m.module for m in mutants} - set(modules))
+    rows = []
+    for mod in modules + extra:
+        mine = [m for m in mutants if m.module == mod]
+        row = [mod, str(len(mine))]
+        if outcomes is not None:
+            row.append(str(sum(status.get(m.name) == "caught" for m in mine)))
+            if bad:
+                row += [str(sum(status.get(m.name) == s for m in mine)) for s in ("survived", "stale")]
+        rows.append(row)
+    total = ["total", str(len(mutants))]
+    if outcomes is not None:
+        total.append(str(sum(s == "caught" for s in status.values())))
+        if bad:
+            total += [str(sum(s == k for s in status.values())) for k in ("survived", "stale")]
+    widths = [max(len(r[i]) for r in [head, total, *rows]) for i in range(len(head))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(head), rule, *map(line, rows), rule, line(total)])
+
+
+def equivalent_lines() -> list[str]:
+    return [f"  {e.name} ({e.path}): {e.what}" for e in EQUIVALENT]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", metavar="WORDS", help="comma-separated words; run the mutants whose name contains one")
+    ap.add_argument("--module", metavar="NAMES", help="comma-separated modules (as the table names them); "
+                    "run only their mutants")
     ap.add_argument("--jobs", type=int, default=2, help="mutants run at once, each on its own copy (default 2)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per mutant before it counts as caught")
     ap.add_argument("--no-baseline", action="store_true", help="skip running the tests on the unmutated tree first")
-    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--list", action="store_true", help="list the mutants and the per-module counts, and exit")
     args = ap.parse_args(argv)
-    mutants = select(args.only)
+    modules = tree_modules(ROOT)
+    if args.module:
+        unknown = [w.strip() for w in args.module.split(",") if w.strip() and w.strip() not in modules]
+        if unknown:
+            print(f"mutate: unknown module {unknown[0]!r} (modules: {', '.join(modules)})", file=sys.stderr)
+            return 2
+        modules = [m for m in modules if m in {w.strip() for w in args.module.split(",")}]
+    mutants = select(args.only, args.module)
+    if args.only:
+        modules = [m for m in modules if any(x.module == m for x in mutants)]
     if args.list:
         for m in mutants:
-            print(f"{m.name:34s} {m.path:32s} {m.what}\n{'':34s} tests: {' '.join(m.tests)}")
+            print(f"{m.name:34s} {m.module:10s} {m.path:32s} {m.what}\n{'':34s} tests: {' '.join(m.tests)}")
+        print("\n" + module_table(mutants, None, modules))
+        if EQUIVALENT and not (args.only or args.module):
+            print("\nequivalent mutants (no behaviour change; not run, not counted):")
+            print("\n".join(equivalent_lines()))
         return 0
     if not mutants:
-        print(f"mutate: no mutant matches {args.only!r}", file=sys.stderr)
+        what = " and ".join(f"{k} {v!r}" for k, v in (("--only", args.only), ("--module", args.module)) if v)
+        print(f"mutate: no mutant matches {what}", file=sys.stderr)
         return 2
     jobs = max(1, min(args.jobs, len(mutants)))
     threads = 1 if jobs > 1 else None
@@ -869,6 +1137,10 @@ def main(argv: list[str] | None = None) -> int:
         if o.status != "caught":
             print(f"\n{o.status.upper()}: {o.mutant.name} ({o.mutant.what}); ran {' '.join(o.mutant.tests)}")
             print(o.detail if o.status == "stale" else diff(o.mutant))
+    print("\n" + module_table(mutants, outcomes, modules))
+    if EQUIVALENT and not (args.only or args.module):
+        print("\nequivalent mutants (no behaviour change; not run, not counted):")
+        print("\n".join(equivalent_lines()))
     print(f"\nmutate: {counts['caught']} caught, {counts['survived']} survived, {counts['stale']} stale "
           f"of {len(outcomes)} mutants in {time.monotonic() - start:.0f} s ({jobs} jobs)")
     return 0 if counts["caught"] == len(outcomes) else 1

@@ -133,3 +133,11 @@ def test_override_of_synth_mix_weight():
     cfg = load_config(None, ["synth.mix.math=5", "synth.people=50"], cls=PrepareConfig)
     assert cfg.synth.mix["math"] == 5.0 and cfg.synth.people == 50
     assert set(cfg.synth.mix) == set(PrepareConfig().synth.mix)  # the other weights stay
+
+
+def test_token_counts_print_in_the_largest_unit_they_reach():
+    """Run ids and tables write 10^6 as 1M (not 1000K), 10^9 as 1B, to 4 significant digits."""
+    from sanlab.config import format_tokens
+
+    assert [format_tokens(n) for n in (999, 1000, 2_500_000, 10**6, 10**9, 5 * 10**9, 105 * 10**9, 10**12)] == \
+        ["999", "1K", "2.5M", "1M", "1B", "5B", "105B", "1T"]

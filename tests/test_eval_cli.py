@@ -63,6 +63,28 @@ def test_sample_truncates_a_long_prompt_with_a_warning(run: Path, capsys: pytest
     assert "sanlab: warning: the prompt is" in err and "keeping its last 31" in err
 
 
+def test_sample_continues_the_last_seq_len_minus_one_tokens_of_a_long_prompt(
+        run: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt the model continues is the tail of the long one (its last seq_len − 1 =
+    31 ids, BOS-first document encoding), not its head."""
+    import sanlab.model.generate as gen
+    from sanlab.eval.run import open_run
+
+    prompt = " ".join(f"w{i}" for i in range(120))
+    seen: list[list[int]] = []
+    real = gen.generate
+
+    def spy(model, ids, *a, **k):  # noqa: ANN001, ANN202
+        seen.append(ids.tolist())
+        return real(model, ids, *a, **k)
+
+    monkeypatch.setattr(gen, "generate", spy)
+    assert main(["sample", str(run), "--prompt", prompt, "--max-new-tokens", "1", "--temperature", "0"]) == 0
+    capsys.readouterr()
+    ids = open_run(run).encode_document(prompt)
+    assert len(ids) > 31 and seen == [ids[-31:]]
+
+
 def test_sample_bad_input(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "--temperature must be" in _error(capsys, ["sample", str(run), "--prompt", "x", "--temperature", "-1"])
     assert "--top-p must lie in" in _error(capsys, ["sample", str(run), "--prompt", "x", "--top-p", "0"])

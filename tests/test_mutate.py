@@ -57,3 +57,50 @@ def test_a_snippet_that_moved_is_stale_not_caught(tmp_path: Path) -> None:
     assert "occurs 2 times" in mutate.stale_reason(tmp_path, twice)
     assert "does not exist" in mutate.stale_reason(tmp_path, no_tests)
     assert mutate.run_mutant(tmp_path, gone, 10, None).status == "stale"
+
+
+@pytest.mark.parametrize("m", mutate.EQUIVALENT, ids=lambda m: m.name)
+def test_every_equivalent_mutant_still_applies_and_says_why(m) -> None:  # noqa: ANN001
+    assert mutate.stale_reason(ROOT, m) is None, f"{m.name} is stale: {mutate.stale_reason(ROOT, m)}"
+    assert m.name not in {x.name for x in mutate.MUTANTS} and m.what
+
+
+# the modules that hold a formula or a decision: each has at least 3 mutants
+FORMULA_MODULES = ("probes", "eval", "generate", "report", "records", "variants", "study", "data", "analysis",
+                   "accounting", "matching", "train", "model", "hf")
+
+
+def test_every_module_holding_a_formula_has_at_least_three_mutants() -> None:
+    counts = {mod: sum(m.module == mod for m in mutate.MUTANTS) for mod in mutate.tree_modules(ROOT)}
+    assert set(FORMULA_MODULES) <= set(counts)
+    assert {mod: counts[mod] for mod in FORMULA_MODULES if counts[mod] < 3} == {}
+
+
+def test_module_of_names_packages_top_level_modules_and_the_split_model() -> None:
+    assert mutate.module_of("src/sanlab/eval/scoring.py") == "eval"
+    assert mutate.module_of("src/sanlab/model/mixers.py") == "variants"
+    assert mutate.module_of("src/sanlab/model/generate.py") == "generate"
+    assert mutate.module_of("src/sanlab/model/csrc/attention.c") == "model"
+    assert mutate.module_of("src/sanlab/matching.py") == "matching"
+    assert mutate.module_of("scripts/mutate.py") == "scripts"
+    assert mutate.module_of("benchmarks/bench_arms.py") == "benchmarks"
+    modules = mutate.tree_modules(ROOT)
+    assert {"analysis", "commands", "data", "eval", "hf", "model", "variants", "generate", "probes", "records",
+            "report", "study", "train", "accounting", "matching", "scripts"} <= set(modules)
+    assert not {m.module for m in mutate.MUTANTS} - set(modules)
+
+
+def test_the_module_table_lists_modules_without_mutants_and_the_totals() -> None:
+    a = mutate.Mutant("a", "src/sanlab/eval/x.py", "1", "2", ("tests/t.py",), "a")
+    b = mutate.Mutant("b", "src/sanlab/eval/y.py", "1", "2", ("tests/t.py",), "b")
+    c = mutate.Mutant("c", "src/sanlab/probes/z.py", "1", "2", ("tests/t.py",), "c")
+    outcomes = [mutate.Outcome(a, "caught", "", 0.0), mutate.Outcome(b, "survived", "", 0.0),
+                mutate.Outcome(c, "caught", "", 0.0)]
+    rows = [line.split() for line in mutate.module_table([a, b, c], outcomes, ["eval", "generate", "probes"])
+            .splitlines()]
+    assert rows[0] == ["module", "mutants", "caught", "survived", "stale"]
+    assert ["eval", "2", "1", "1", "0"] in rows and ["generate", "0", "0", "0", "0"] in rows
+    assert rows[-1] == ["total", "3", "2", "1", "0"]
+    listed = [line.split() for line in mutate.module_table([a, b, c], None, ["eval", "generate", "probes"])
+              .splitlines()]
+    assert listed[0] == ["module", "mutants"] and ["generate", "0"] in listed and listed[-1] == ["total", "3"]
