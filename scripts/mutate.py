@@ -71,7 +71,7 @@ def module_of(path: str) -> str:
     `benchmarks/...` -> benchmarks."""
     parts = path.split("/")
     if parts[:2] == ["src", "sanlab"] and len(parts) > 2:
-        if parts[2:4] == ["model", "mixers.py"]:
+        if parts[2:4] in (["model", "mixers.py"], ["model", "mixers"]):
             return "variants"
         if parts[2:4] == ["model", "generate.py"]:
             return "generate"
@@ -589,7 +589,7 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_eval_cli.py::test_sample_continues_the_last_seq_len_minus_one_tokens_of_a_long_prompt",),
       "a prompt longer than seq_len keeps its first seq_len − 1 tokens, not its last"),
     # ---- generate: decoding with a KV cache, sampling filters (the temperature has its own mutant)
-    M("generate-cache-sees-next-token", "src/sanlab/model/generate.py",
+    M("generate-cache-sees-next-token", "src/sanlab/model/mixers/softmax.py",
       "causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s)",
       "causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s + 1)",
       (T + "test_generate.py",), "a multi-token prefill / append lets each new token see the next one"),
@@ -695,17 +695,17 @@ MUTANTS: tuple[Mutant, ...] = (
       "self.peak[name] = max(self.peak[name], float(x.detach().abs().max()))",
       (T + "test_analysis_stream.py",), "the stream's largest activation is taken over padding tokens too"),
     # ---- the variants: non-approximate, Taylor, MLP
-    M("nonapprox-no-silu", "src/sanlab/model/mixers.py",
+    M("nonapprox-no-silu", "src/sanlab/model/mixers/non_approximate.py",
       "q = F.silu(upcast(q)).view(B, T, H, D)", "q = upcast(q).view(B, T, H, D)",
       (T + "test_variants.py::test_non_approximate_is_its_formula",), "non-approximate's q without its SiLU"),
-    M("taylor-no-half", "src/sanlab/model/mixers.py",
+    M("taylor-no-half", "src/sanlab/model/mixers/approximate.py",
       "    w = (1 + s + 0.5 * s * s) * allowed\n", "    w = (1 + s + s * s) * allowed\n",
       (T + "test_variants.py::test_taylor_linear_time_equals_quadratic_formula",), "the Taylor weights' quadratic term is s², not s²/2"),
-    M("taylor-features-unscaled", "src/sanlab/model/mixers.py",
+    M("taylor-features-unscaled", "src/sanlab/model/mixers/approximate.py",
       "outer = (x[..., :, None] * x[..., None, :]).flatten(-2) * 0.5**0.5",
       "outer = (x[..., :, None] * x[..., None, :]).flatten(-2)",
       (T + "test_variants.py::test_taylor_linear_time_equals_quadratic_formula",), "linear-time Taylor carries s² instead of s²/2 for keys of earlier blocks"),
-    M("mlp-mixer-width", "src/sanlab/model/mixers.py",
+    M("mlp-mixer-width", "src/sanlab/model/mixers/mlp.py",
       "return max(1, attn // (3 * d))", "return max(1, attn // (2 * d))",
       (T + "test_variants.py::test_mlp_mixer_matches_the_attention_parameter_count",),
       "the MLP mixer's width is (W_q + W_k + W_v + W_o)/(2d): more parameters than the attention it replaces"),

@@ -78,7 +78,7 @@ def test_every_module_holding_a_formula_has_at_least_three_mutants() -> None:
 
 def test_module_of_names_packages_top_level_modules_and_the_split_model() -> None:
     assert mutate.module_of("src/sanlab/eval/scoring.py") == "eval"
-    assert mutate.module_of("src/sanlab/model/mixers.py") == "variants"
+    assert mutate.module_of("src/sanlab/model/mixers/mixit.py") == "variants"
     assert mutate.module_of("src/sanlab/model/generate.py") == "generate"
     assert mutate.module_of("src/sanlab/model/csrc/attention.c") == "model"
     assert mutate.module_of("src/sanlab/matching.py") == "matching"
