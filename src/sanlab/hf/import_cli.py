@@ -98,5 +98,6 @@ def run(args: argparse.Namespace) -> int:
                                        "accounting": accounting_summary(model_cfg, seq_len)})
         checkpoint.save(tmp / "checkpoints" / "latest", model, build_optimizers(model, cfg.optim),
                         {"step": source.get("step"), "imported_from": str(folder.resolve())})
+        checkpoint.verify(tmp / "checkpoints" / "latest")  # read back as every reader will, before the swap
     print(f"imported {folder} into {out}")
     return 0
