@@ -155,7 +155,16 @@ def test_synth_prepare_writes_the_floor_of_its_documents(tmp_path: Path) -> None
                                               "synth.people=30", "synth.cities=8"])  # fmt: skip
     manifest = prepare(cfg, tmp_path / "d")
     floor = load_floor(tmp_path / "d")
-    assert floor["world"] == {"people": 30, "cities": 8, "countries": 12, "facts": 30 * 6 + 8 * 4}
+    world = floor["world"]
+    assert {k: world[k] for k in ("people", "cities", "countries", "facts")} == {
+        "people": 30, "cities": 8, "countries": 12, "facts": 30 * 6 + 8 * 4}
+    # its bits (tests/test_study_axis.py derives them by hand): 8 cities, 30 professions, 391 birth
+    # years, 16 instruments and pets, 29 mentors; 12 countries, 4 rivers, 1001 founding years, 16 fames
+    import math
+
+    bits = (30 * sum(map(math.log2, (8, 30, 391, 16, 16, 29)))
+            + 8 * sum(map(math.log2, (12, 4, 1001, 16))))
+    assert world["bits"] == pytest.approx(bits) and world["bits_per_fact"] == pytest.approx(bits / 212)
     meta = doc_metadata(tmp_path / "d", manifest, "train")
     want = [0.0] * len(REGION_NAMES)
     for source in meta["source"]:  # re-generate each training document from its stream position
