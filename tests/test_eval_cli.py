@@ -147,7 +147,6 @@ def test_facts_in_finds_exactly_the_stated_facts() -> None:
 
 
 @needs_lm_eval
-@pytest.mark.slow
 def test_eval_builtin_writes_results_and_prints_the_table(run: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["eval", str(run), "--tasks", "builtin", "--limit", "4"]) == 0
     out = capsys.readouterr().out
@@ -161,7 +160,6 @@ def test_eval_builtin_writes_results_and_prints_the_table(run: Path, capsys: pyt
 
 
 @needs_lm_eval
-@pytest.mark.slow
 def test_eval_unknown_task_is_one_line(run: Path, capsys: pytest.CaptureFixture) -> None:
     assert "unknown task 'no_such_task'" in _error(capsys, ["eval", str(run), "--tasks", "no_such_task"])
 

@@ -266,7 +266,6 @@ def test_remote_code_imports_torch_and_transformers_only() -> None:
         assert roots <= {"math", "torch", "transformers", "."}, (name, roots)
 
 
-@pytest.mark.slow
 def test_loads_without_sanlab(exported, tmp_path: Path) -> None:
     """A user without sanlab: the folders load and compute in a process where importing
     sanlab fails."""

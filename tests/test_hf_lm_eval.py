@@ -59,7 +59,6 @@ def test_lm_eval_hf_reproduces_sanlab_eval(tmp_path: Path, train_data_dir: Path)
     _assert_same(ours, theirs)
 
 
-@pytest.mark.slow
 def test_lm_eval_hf_reproduces_every_builtin_task(tmp_path: Path, train_data_dir: Path) -> None:
     tasks = ["sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen", "sanlab_cloze"]
     ours, theirs = _both(tmp_path / "ll", train_data_dir, tasks, limit=20)

@@ -79,7 +79,6 @@ def test_each_cell_sweeps_with_boundary_extension(tmp_path: Path, in_process: An
     assert cell["multiplier"] in mults
 
 
-@pytest.mark.slow
 def test_capacity_reports_memorised_bits_over_trainable_params(tmp_path: Path, in_process: Any) -> None:
     assert _probe(tmp_path, "capacity", "--arms", "standard", *TINY, "capacity.ns=[16,32]",
                   "task.alphabet=4", "train.steps=30", "optim.lr=1e-2") == 0
