@@ -39,7 +39,7 @@ def _summary(key: str, arm: str, val: float, test: float, correct: int, total: i
 def test_the_table_shows_the_test_accuracy_where_val_and_test_disagree() -> None:
     arm = Arm("standard", ())
     cells = [_Cell(**_summary("retrieval/standard", "standard", val=0.90, test=0.25, correct=5, total=20))]
-    res = results(["retrieval"], [arm], cells, quick=True)
+    res = results(["retrieval"], [arm], cells, quick=True, out=Path("."))
     assert res["table"]["standard"]["retrieval"] == pytest.approx(25.0)  # 100 × test, not 90
 
 
@@ -55,7 +55,7 @@ def test_capacity_counts_the_test_splits_correct_labels(tmp_path: Path) -> None:
                                    n_train=64, **task)),
              _Cell(run, **_summary("capacity-n256/standard", "standard", val=0.9, test=0.25, correct=64,
                                    total=256, n_train=256, **task))]
-    res = results([CAPACITY], [arm], cells, quick=True)
+    res = results([CAPACITY], [arm], cells, quick=True, out=tmp_path)
     cap = res["capacity"]["standard"]
     assert cap["points"] == [{"n": 64, "memorised": 48}, {"n": 256, "memorised": 64}]
     assert cap["params"] == 150 and cap["n"] == 256
