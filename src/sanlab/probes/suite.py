@@ -78,13 +78,14 @@ def _meta(run_dir: Path | None) -> dict[str, Any]:
 
 
 def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *, quick: bool,
-            out: Path, wall_s: float | None = None) -> dict[str, Any]:
-    """Everything the table, JSON and CSV show (run dirs relative to `out`, the --out dir)."""
+            out: Path | None = None, wall_s: float | None = None) -> dict[str, Any]:
+    """Everything the table, JSON and CSV show. The cells' run dirs are relative to `out`
+    (the --out dir; None: as they are)."""
     summaries = []
     for c in cells:
         s = c.summary()
         best = c.best()
-        meta = _meta(out / best.run_dir if best else None)
+        meta = _meta(Path(out or "") / best.run_dir if best else None)
         s["trainable_params"] = trainable_from_meta(meta) if meta else None
         s["params"] = (meta.get("accounting") or {}).get("params_module") if meta else None
         summaries.append(s)
