@@ -323,6 +323,22 @@ def test_custom_arm_and_listing(tmp_path: Path, in_process: Any, capsys: pytest.
     assert cfg["model"]["d_ff"] == 40 and cfg["model"]["state_mixer"] == "swiglu" and cfg["model"]["n_layers"] == 2
 
 
+def test_freeze_arms_come_from_the_specs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPEC §2's Frozen-QK and Frozen-MLP are the specs' `probe_freeze` declarations, in the
+    suite's column order, and a target a spec adds joins the presets without an edit to arms.py."""
+    from sanlab.model.mixers.softmax import SoftmaxSpec
+    from sanlab.probes import arms
+
+    assert list(arms.PRESETS) == ["standard", "san", "frozen_qk", "frozen_mlp", "mixit"]
+    assert arms.PRESETS["frozen_qk"] == ("model.ffn=true", 'train.freeze=["qk"]')
+    assert arms.PRESETS["frozen_mlp"] == ("model.ffn=true", 'train.freeze=["mlp"]')
+    assert (arms.LABELS["frozen_qk"], arms.LABELS["frozen_mlp"]) == ("Frozen-QK", "Frozen-MLP")
+    monkeypatch.setattr(SoftmaxSpec, "probe_freeze", {**SoftmaxSpec.probe_freeze, "qk_proj": "Frozen-QK-proj"})
+    presets = arms._presets()
+    assert presets["frozen_qk_proj"] == ("Frozen-QK-proj", ("model.ffn=true", 'train.freeze=["qk_proj"]'))
+    assert arms.unavailable(arms.Arm("frozen_qk_proj", presets["frozen_qk_proj"][1])) is None
+
+
 def test_results_files_are_strict_json(tmp_path: Path) -> None:
     from sanlab.probes.suite import write_results
 

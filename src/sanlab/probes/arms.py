@@ -1,9 +1,11 @@
 """Probe arms: a name plus `section.key=value` overrides of the run config.
 
-The presets are the standard and attention-only arms, SPEC §2's freezes, and one arm
-per registered sequence mixer whose spec names a probe arm (`SequenceSpec.probe_arm`:
-the mixer in every layer of the standard architecture), so a variant that declares one
-joins the suite without an edit here. A variant that this build does not have (its
+The presets are the standard and attention-only arms, then the registry's: one freeze
+arm per target a mixer spec names in `probe_freeze` (`frozen_<target>`: the standard
+architecture with `train.freeze=[target]`; SPEC §2's Frozen-QK and Frozen-MLP) and one
+arm per registered sequence mixer whose spec names a probe arm (`SequenceSpec.probe_arm`:
+the mixer in every layer of the standard architecture), so a variant that declares
+either joins the suite without an edit here. A variant that this build does not have (its
 mixer is not registered, or its config key does not exist) is refused with one line
 naming the arm, before anything trains. A custom arm is given on the command line as
 `--arm "NAME: key=value key=value"`.
@@ -17,22 +19,24 @@ from typing import Sequence
 
 from sanlab.config import Config, apply_overrides
 from sanlab.errors import ConfigError
-from sanlab.model.mixers import MIXERS
+from sanlab.model.mixers import MIXERS, STATE_MIXERS
 
 # name -> (label as SPEC §2 names it in table rows, overrides). SPEC §2's variants are
 # switches on the standard architecture.
 _FIXED: dict[str, tuple[str, tuple[str, ...]]] = {
     "standard": ("Standard", ("model.ffn=true",)),
     "san": ("SAN", ("model.ffn=false",)),  # SPEC §1.1: attention only
-    "frozen_qk": ("Frozen-QK", ("model.ffn=true", 'train.freeze=["qk"]')),  # W_q, W_k and the QK-norm gains at their init
-    "frozen_mlp": ("Frozen-MLP", ("model.ffn=true", 'train.freeze=["mlp"]')),  # the FFN's matrices at their init
 }
 
 
 def _presets() -> dict[str, tuple[str, tuple[str, ...]]]:
+    freezes: dict[str, tuple[str, tuple[str, ...]]] = {}
+    for spec in [*MIXERS.values(), *STATE_MIXERS.values()]:
+        for target, label in spec.probe_freeze.items():
+            freezes.setdefault(f"frozen_{target}", (label, ("model.ffn=true", f'train.freeze=["{target}"]')))
     mixers = {name: (spec.probe_arm, ("model.ffn=true", f"model.mixer={name}"))
               for name, spec in MIXERS.items() if spec.probe_arm and name not in _FIXED}
-    return {**_FIXED, **mixers}
+    return {**_FIXED, **freezes, **mixers}
 
 
 PRESETS: dict[str, tuple[str, ...]] = {name: overrides for name, (_, overrides) in _presets().items()}

@@ -25,6 +25,7 @@ class SoftmaxSpec(SequenceSpec):
     # scores otherwise). `qk_proj` is the narrower freeze of W_q, W_k alone.
     freezable = {"qk": ("wq.weight", "wk.weight", "q_norm.weight", "k_norm.weight"),
                  "qk_proj": ("wq.weight", "wk.weight")}
+    probe_freeze = {"qk": "Frozen-QK"}
 
     @classmethod
     def has_qk_norm(cls, cfg: ModelConfig, opts: Any) -> bool:

@@ -76,7 +76,10 @@ class MixerSpec:
       terms (a multiply-add counts 2; only matrix products, as SPEC §1.2 counts);
     - `freezable`: the `train.freeze` targets it has (`qk`, `qk_proj`, `mlp`) and their
       parameters (a name `params` does not give for a config, such as a QK-norm gain
-      with QK-norm off, is skipped).
+      with QK-norm off, is skipped);
+    - `probe_freeze`: {target: label} for each `freezable` target that is a probe-suite arm
+      of its own: the standard architecture with that target kept at init, named
+      `frozen_<target>` (`sanlab probe`'s presets; SPEC §2's Frozen-QK and Frozen-MLP).
     """
 
     name: ClassVar[str] = ""
@@ -84,6 +87,7 @@ class MixerSpec:
     paper: ClassVar[str] = ""
     Options: ClassVar[type[StrictModel]] = NoOptions
     freezable: ClassVar[dict[str, tuple[str, ...]]] = {}
+    probe_freeze: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def params(cls, cfg: ModelConfig, opts: Any) -> dict[str, Param]:

@@ -25,6 +25,7 @@ class SwiGLUSpec(StateSpec):
     summary = "W_down(SiLU(W_gate x) ⊙ W_up x), width `d_ff` (the standard arm's FFN)"
     paper = "SPEC §1.1"
     freezable = {"mlp": ("w_gate.weight", "w_up.weight", "w_down.weight")}
+    probe_freeze = {"mlp": "Frozen-MLP"}  # SPEC §2: the FFN's matrices at their init
 
     @classmethod
     def params(cls, cfg: ModelConfig, opts: Any) -> dict[str, Param]:
