@@ -938,8 +938,17 @@ def stale_reason(root: Path, m: Mutant) -> str | None:
 
 
 def copy_tree(dest: Path) -> Path:
-    ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "*.egg-info", "runs",
-                                    ".mypy_cache", ".ruff_cache")
+    """A copy of the tree without caches, the venv and the top-level `runs/` (the user's
+    studies); a committed record's `study/runs/` (run metadata its README reads) is kept."""
+    anywhere = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".pytest_cache", "*.egg-info",
+                                      ".mypy_cache", ".ruff_cache")
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        skip = set(anywhere(directory, names))
+        if Path(directory).resolve() == ROOT.resolve():
+            skip |= {n for n in ("runs", "site") if n in names}
+        return skip
+
     shutil.copytree(ROOT, dest, ignore=ignore, symlinks=True)
     return dest
 

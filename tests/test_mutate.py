@@ -104,3 +104,18 @@ def test_the_module_table_lists_modules_without_mutants_and_the_totals() -> None
     listed = [line.split() for line in mutate.module_table([a, b, c], None, ["eval", "generate", "probes"])
               .splitlines()]
     assert listed[0] == ["module", "mutants"] and ["generate", "0"] in listed and listed[-1] == ["total", "3"]
+
+
+def test_the_copy_keeps_committed_records_run_metadata_and_drops_the_users_runs(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed record's `study/runs/` is what its README's zero-shot block reads, so the
+    mutants' copy of the tree keeps it; the top-level `runs/` (the user's studies) is not copied."""
+    src = tmp_path / "repo"
+    for rel in ("records/r/study/runs/a/meta.json", "runs/quick/results.jsonl", "src/pkg/runs/x.py",
+                ".venv/bin/python", "src/pkg/__pycache__/m.pyc", "site/index.html"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text("x")
+    monkeypatch.setattr(mutate, "ROOT", src)
+    dest = mutate.copy_tree(tmp_path / "copy")
+    kept = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert kept == ["records/r/study/runs/a/meta.json", "src/pkg/runs/x.py"]
