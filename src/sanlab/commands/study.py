@@ -11,8 +11,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.config import format_tokens
+from sanlab.errors import EXIT_OK, ConfigError
+from sanlab.fileio import try_read_json_object
+from sanlab.matching import model_label
+from sanlab.paths import check_out_dir, is_run_dir
+from sanlab.report.cli import REPORT_DIR, make_report
+from sanlab.study.orchestrate import Study, check, load_saved_spec
+from sanlab.study.plan import build_arms, data_points, plan_study
+from sanlab.study.results import table_json
+from sanlab.study.speed import arm_speeds, local_threads
+from sanlab.study.spec import load_spec
+from sanlab.study.store import ResultStore
+from sanlab.study.table import locks_by_point, print_tables
 from sanlab.tables import Output, Table, add_format_flag
 
 _EPILOG = """\
@@ -70,14 +81,6 @@ def _fmt_seconds(s: float) -> str:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from sanlab.matching import model_label
-    from sanlab.paths import check_out_dir
-    from sanlab.study.orchestrate import check
-    from sanlab.study.plan import plan_study
-    from sanlab.study.spec import load_spec
-    from sanlab.study.store import ResultStore
-    from sanlab.study.table import locks_by_point
-
     if args.out:  # the timing caches speed.json there
         check_out_dir(args.out)
     spec = load_spec(args.spec, args.overrides)
@@ -88,8 +91,6 @@ def _plan(args: argparse.Namespace) -> int:
         plan = plan_study(spec, args.out, records,
                           point_locks=locks_by_point(spec, plan.arms, records, set(records)))
     if spec.runner.kind == "local" and not args.no_timing:
-        from sanlab.study.speed import arm_speeds, local_threads
-
         plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out,
                                         side_by_side=spec.runner.workers)
         plan.notes += notes
@@ -98,8 +99,6 @@ def _plan(args: argparse.Namespace) -> int:
         return EXIT_OK
     out = Output(args.format)
     if spec.data.axis:
-        from sanlab.study.plan import data_points
-
         dt = Table(f"Data axis {spec.data.axis_key} (each value prepared once, shared by every arm)")
         for col in ("value", "run-id prefix", "prepared dir"):
             dt.column(col)
@@ -142,11 +141,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sanlab.study.orchestrate import Study
-    from sanlab.study.spec import load_spec
-
-    from sanlab.paths import check_out_dir, is_run_dir
-
     out = check_out_dir(args.out)
     if is_run_dir(out):
         raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
@@ -154,19 +148,12 @@ def _run(args: argparse.Namespace) -> int:
     spec = load_spec(args.spec, args.overrides)
     rc = Study(spec, out).run()
     if args.report:
-        from sanlab.report.cli import make_report
-
         html, _ = make_report(out, analyze=True)
         print(html)
     return rc
 
 
 def _status(args: argparse.Namespace) -> int:
-    from sanlab.study.orchestrate import load_saved_spec
-    from sanlab.study.plan import plan_study
-    from sanlab.study.store import ResultStore
-    from sanlab.study.table import locks_by_point
-
     spec = load_saved_spec(args.dir)
     store = ResultStore(args.dir)
     _note_damaged(store)
@@ -184,8 +171,6 @@ def _status(args: argparse.Namespace) -> int:
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-    from sanlab.report.cli import REPORT_DIR
-
     report_file = Path(args.dir) / REPORT_DIR / "report.html"
     report = str(report_file) if report_file.is_file() else None
     if args.json:
@@ -217,19 +202,11 @@ def _note_damaged(store: Any) -> None:
 
 def _live_status(run_dir: Path) -> str:
     """A run not in the store yet: `running` / `interrupted` from its meta.json, else `pending`."""
-    from sanlab.fileio import try_read_json_object
-
     meta = try_read_json_object(run_dir / "meta.json")
     return "pending" if meta is None else str(meta.get("status", "pending"))
 
 
 def _table(args: argparse.Namespace) -> int:
-    from sanlab.study.orchestrate import load_saved_spec
-    from sanlab.study.plan import build_arms
-    from sanlab.study.results import table_json
-    from sanlab.study.store import ResultStore
-    from sanlab.study.table import print_tables
-
     store = ResultStore(args.dir)
     if args.json:
         tables = table_json(args.dir)

@@ -31,6 +31,7 @@ from typing import Any
 
 from rich.console import Console
 
+from sanlab.config import apply_overrides, validate
 from sanlab.errors import DataError
 from sanlab.fileio import read_json
 from sanlab.study.plan import (
@@ -65,8 +66,6 @@ def save_spec(spec: StudySpec, study_dir: Path) -> None:
 
 
 def load_saved_spec(study_dir: str | Path) -> StudySpec:
-    from sanlab.config import validate
-
     path = Path(study_dir) / SPEC_FILE
     if not path.is_file():
         raise DataError(f"{study_dir} is not a study dir (no {SPEC_FILE}); run `sanlab study run` first")
@@ -79,8 +78,7 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
 def prepare_config(spec: StudySpec, point: DataPoint | None = None) -> Any:
     """The `sanlab prepare` settings the spec asks for (validated like `sanlab prepare`'s),
     at one value of the data axis (`point`)."""
-    from sanlab.config import apply_overrides
-    from sanlab.data.prepare import PrepareConfig
+    from sanlab.data.prepare import PrepareConfig  # lazy: numpy; `sanlab study table` runs without it
 
     corpus, extra = spec.data.corpus, []
     if point is not None and point.key == "corpus":
@@ -110,7 +108,7 @@ def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
                         "run `sanlab prepare` or set data.corpus so the study prepares it")
     cfg = prepare_config(spec, point)
     if prepare:
-        from sanlab.data.prepare import prepare as prepare_corpus
+        from sanlab.data.prepare import prepare as prepare_corpus  # lazy: numpy; `sanlab study table` runs without it
 
         if console is not None and point.key is not None:
             console.print(f"preparing {point.label} into {data_dir}", highlight=False)
@@ -121,6 +119,7 @@ def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
 
 def data_record(point: DataPoint, data_dir: Path, study_dir: Path) -> dict[str, Any]:
     """The store's `data` record of one prepared corpus (see `sanlab.study.store`)."""
+    # lazy: numpy; `sanlab study table` runs without it
     from sanlab.data.floor import load_floor
     from sanlab.data.shards import load_manifest
 
@@ -138,7 +137,7 @@ def data_record(point: DataPoint, data_dir: Path, study_dir: Path) -> dict[str, 
 
 def _check_data(spec: StudySpec, data_dir: Path) -> None:
     """The prepared rows and vocabulary must be the ones the models are built for."""
-    from sanlab.data.shards import load_manifest
+    from sanlab.data.shards import load_manifest  # lazy: numpy; `sanlab study table` runs without it
 
     manifest = load_manifest(data_dir, verify=False)
     if manifest.get("vocab_size") != spec.model.vocab_size:

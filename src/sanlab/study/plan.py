@@ -385,6 +385,7 @@ class StudyPlan:
         if speed is None:
             ref_flops = self.arms[0].flops_per_token
             return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
+        # lazy: torch; `sanlab study table` and `status` import this module and run without it
         from sanlab.train.trainer import make_plan  # the trainer's own steps and milestones
 
         t, trained = run.config.train, make_plan(run.config, 1)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from sanlab.config import Config, validate
 from sanlab.study.spec import RunnerSpec
 
 DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
@@ -117,8 +118,6 @@ def train_in_process(job: Job) -> dict[str, Any]:
         if "torch" in sys.modules:
             sys.modules["torch"].set_num_threads(job.threads)
     try:
-        from sanlab.config import Config, validate
-
         cfg = validate(Config, job.config, source=f"run {job.run_id}")
         run_dir = Path(job.run_dir).absolute()
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from sanlab import __version__
+from sanlab.config import Config
+from sanlab.fileio import try_read_json_object
+from sanlab.model import native
+from sanlab.train.host import tune_cpu_allocator
+
 SPEED_FILE = "speed.json"
 # Steps above this many training FLOPs are not timed by `study plan` (about a minute
 # on a laptop CPU); their estimate scales `runner.tokens_per_s` by FLOPs instead.
@@ -50,9 +56,6 @@ def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> st
     CPU, the compiled kernels (not LR, seed or length)."""
     import torch
 
-    from sanlab import __version__
-    from sanlab.model import native
-
     t = cfg["train"]
     parts = {"model": cfg["model"], "seq_len": cfg["data"]["seq_len"], "batch_rows": t["batch_rows"],
              "micro_batch_rows": t.get("micro_batch_rows"), "precision": t.get("precision"),
@@ -67,9 +70,9 @@ def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> st
 
 def _time_config(cfg_data: dict[str, Any], steps: int) -> dict[str, float]:
     """Seconds per training step and per evaluation pass of one config, in this process."""
+    # lazy: torch; `sanlab study` imports this module, only the timing child trains
     import torch
 
-    from sanlab.config import Config
     from sanlab.model.lm import LM
     from sanlab.train import checkpoint
     from sanlab.train.optim import build_optimizers, clip_grad_norm
@@ -140,10 +143,12 @@ def _time_config(cfg_data: dict[str, Any], steps: int) -> dict[str, float]:
 def _child(request: dict[str, Any], go: Any = None) -> dict[str, Any]:
     """The measuring process: ready time, then (after `go()`, when the other measuring
     processes are ready too) each config in turn."""
+    # lazy: torch; `sanlab study` imports this module, only the timing child trains
     import torch
 
-    import sanlab.train.trainer  # noqa: F401  (a worker imports the trainer before it trains)
-    from sanlab.train.host import tune_cpu_allocator
+    from sanlab.model.lm import LM
+    from sanlab.train.optim import build_optimizers
+    from sanlab.train.trainer import resolve  # a worker imports the trainer before it trains
 
     threads = request["threads"]
     if threads:
@@ -152,11 +157,6 @@ def _child(request: dict[str, Any], go: Any = None) -> dict[str, Any]:
     configs = list(request["configs"].items())
     if configs:  # a worker's first model and optimizers carry one-time costs (~1 s on a CPU:
         # lazy imports, first kernels): part of every run's start-up, so timed in ready_s
-        from sanlab.config import Config
-        from sanlab.model.lm import LM
-        from sanlab.train.optim import build_optimizers
-        from sanlab.train.trainer import resolve
-
         first = resolve(Config.model_validate(configs[0][1]))
         build_optimizers(LM(first.model), first.optim)
     ready_s = time.time() - request["started"]
@@ -231,8 +231,6 @@ def mean_result(results: list[dict[str, Any]]) -> dict[str, Any]:
 def load_cache(study_dir: str | Path | None) -> dict[str, Any]:
     if study_dir is None:
         return {}
-    from sanlab.fileio import try_read_json_object
-
     return try_read_json_object(Path(study_dir) / SPEED_FILE) or {}  # a missing or torn cache: measure again
 
 
