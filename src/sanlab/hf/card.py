@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sanlab import fileio
+from sanlab.accounting import count_flops, count_params
 from sanlab.config import format_tokens
 
 
@@ -54,8 +55,6 @@ def _data(data_dir: Path) -> dict[str, Any]:
 
 
 def model_card(src: Any, data_dir: Path, family: str | None, folder: str) -> str:
-    from sanlab.accounting import count_flops, count_params
-
     cfg, meta = src.cfg, src.run.meta
     m = cfg.model
     params = count_params(m)

@@ -37,7 +37,15 @@ from safetensors.torch import load_file, save_file
 
 from sanlab.analysis.rundir import RunDir, checkpoint_name
 from sanlab.config import Config
+from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
+from sanlab.data.tokenizer import load_tokenizer
 from sanlab.errors import CheckpointError, ConfigError, DataError
+from sanlab.hf import card, stock
+from sanlab.hf import tokenizer as hf_tok
+from sanlab.model.lm import LM
+from sanlab.model.mixers import mixer_options
+from sanlab.model.mixers._stream import fixed_stream
+from sanlab.paths import check_out_dir, raise_no_space, staged_dir
 
 REMOTE_DIR = Path(__file__).parent / "remote"
 REMOTE_FILES = ("configuration_sanlab.py", "modeling_sanlab.py")
@@ -137,8 +145,6 @@ def open_source(run_dir: str | Path, checkpoint: str = "latest") -> Source:
     if missing or extra:
         what = f"has no {missing[0]}" if missing else f"holds {extra[0]}, which config.json does not explain"
         raise CheckpointError(f"{ckpt / 'model.safetensors'}: {what}")
-    from sanlab.model.lm import LM
-
     for k, t in LM(m).state_dict().items():  # the shapes config.json gives
         if k in weights and tuple(weights[k].shape) != tuple(t.shape):
             raise CheckpointError(f"{ckpt / 'model.safetensors'}: {k} has shape {list(weights[k].shape)}, "
@@ -160,9 +166,6 @@ def stream_sources(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
     (what sanlab's forward computes from it on every pass; a constant once the weights are),
     positions 0 … seq_len−1, as `blocks.{i}.attn.qk_stream` (seq_len, d). The fixed pass is
     causal, so a row of T ≤ seq_len tokens reads the first T of them, as in sanlab."""
-    from sanlab.model.lm import LM
-    from sanlab.model.mixers._stream import fixed_stream
-
     layers = [i for i, mx in enumerate(src.cfg.model.layer_mixers) if mx in STREAM_MIXERS]
     if not layers:
         return {}
@@ -176,8 +179,6 @@ def stream_sources(src: Source, seq_len: int) -> dict[str, torch.Tensor]:
 def mixit_state(cfg: Config, weights: dict[str, torch.Tensor]) -> dict[str, Any] | None:
     """How the run's mixit layers hold their fixed state, and their options (None without
     mixit layers)."""
-    from sanlab.model.mixers import mixer_options
-
     m = cfg.model
     layers = [i for i, mx in enumerate(m.layer_mixers) if mx == "mixit"]
     if not layers:
@@ -199,8 +200,6 @@ def mixit_state(cfg: Config, weights: dict[str, torch.Tensor]) -> dict[str, Any]
 def hf_config(src: Source, seq_len: int) -> dict[str, Any]:
     """config.json of the sanlab model type: every model field, the per-layer layout, the
     trained row length, the special ids, and where it came from."""
-    from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
-
     m = src.cfg.model
     fields = m.model_dump()
     fields.pop("ffn", None)
@@ -248,8 +247,6 @@ def provenance(src: Source) -> dict[str, Any]:
 
 
 def generation_config(use_cache: bool = True) -> dict[str, Any]:
-    from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
-
     return {"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "do_sample": False,
             "use_cache": use_cache}
 
@@ -277,8 +274,6 @@ def dumps(data: dict[str, Any]) -> str:
 
 def check_out(out: Path, what: str = "--hf") -> None:
     """OUT must not exist, or be an empty directory; its parent must be writable."""
-    from sanlab.paths import check_out_dir
-
     check_out_dir(out, what)
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{what} {out}: exists and is not empty (choose a new folder)")
@@ -288,10 +283,6 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", fam
            data: str | Path | None = None) -> Path:
     """Write the folder (see the module docstring); returns its path. Every input is
     checked before anything is written."""
-    from sanlab.data.tokenizer import load_tokenizer
-    from sanlab.hf import card, tokenizer as hf_tok
-    from sanlab.paths import raise_no_space, staged_dir
-
     out = Path(out)
     check_out(out)
     src = open_source(run_dir, checkpoint)
@@ -302,8 +293,6 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", fam
         raise DataError(f"{data_dir}/tokenizer.json has {tok.get_vocab_size()} tokens, the model "
                         f"{src.cfg.model.vocab_size}: not the run's tokenizer")
     if family is not None:
-        from sanlab.hf import stock
-
         config, weights = stock.convert(src, family, seq_len)
         files = {"config.json": dumps(config)}
     else:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sanlab.hf.export import export
+from sanlab.hf.stock import FAMILIES
+
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from sanlab.hf.stock import FAMILIES
-
     parser.add_argument("run", type=Path, metavar="RUN_DIR", help="a trained run directory")
     parser.add_argument("--hf", type=Path, required=True, metavar="OUT",
                         help="the folder to write (must not exist, or be empty)")
@@ -30,8 +31,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sanlab.hf.export import export
-
     out = export(args.run, args.hf, args.checkpoint, args.family, args.data)
     how = f"a stock {args.family} model" if args.family else "load with trust_remote_code=True"
     print(f"exported {args.run} ({args.checkpoint}) to {out} ({how})")

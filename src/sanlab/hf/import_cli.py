@@ -17,7 +17,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from sanlab.accounting import accounting_summary
+from sanlab.config import Config, ModelConfig, validate
 from sanlab.errors import CheckpointError, ConfigError
+from sanlab.fileio import read_json
+from sanlab.paths import staged_dir
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -28,6 +32,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(config.json, weights by sanlab's names) of an exported folder, checked."""
+    # lazy: torch; `sanlab import --help` runs without it
     import torch
     from safetensors import SafetensorError
     from safetensors.torch import load_file
@@ -36,8 +41,6 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     if not folder.is_dir():
         raise CheckpointError(f"--hf {folder}: no such folder")
-    from sanlab.fileio import read_json
-
     config = read_json(folder / "config.json", CheckpointError)
     if not isinstance(config, dict) or config.get("model_type") != "sanlab":
         kind = config.get("model_type") if isinstance(config, dict) else None
@@ -59,11 +62,10 @@ def read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sanlab.config import Config, ModelConfig, validate
+    # lazy: torch, numpy; `sanlab import --help` runs without them
     from sanlab.data.tokenizer import load_tokenizer
     from sanlab.hf.export import check_out
     from sanlab.model.lm import LM
-    from sanlab.paths import staged_dir
     from sanlab.train import checkpoint
     from sanlab.train.optim import build_optimizers
     from sanlab.train.rundir import write_json
@@ -91,8 +93,6 @@ def run(args: argparse.Namespace) -> int:
         cfg.data.seq_len = seq_len
         cfg.data.dir = str((out / "tokenizer").resolve())
         write_json(tmp / "config.json", cfg.model_dump())
-        from sanlab.accounting import accounting_summary
-
         write_json(tmp / "meta.json", {"status": "imported", "imported_from": str(folder.resolve()),
                                        "source": source, "git": source.get("git"),
                                        "accounting": accounting_summary(model_cfg, seq_len)})

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
 from sanlab.errors import ConfigError
 
 FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3")
@@ -94,8 +95,6 @@ def _scale(m: Any, g: torch.Tensor | None) -> torch.Tensor:
 
 def convert(src: Any, family: str, seq_len: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(config.json, model.safetensors tensors) of `family` for the run's checkpoint."""
-    from sanlab.data.regions import BOS_ID, EOS_ID, PAD_ID
-
     m = src.cfg.model
     check(m, family)
     qk, sandwich, plus_one, scaled = TRAITS[family]
@@ -163,7 +162,7 @@ def convert(src: Any, family: str, seq_len: int) -> tuple[dict[str, Any], dict[s
         else:
             config |= {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
                        "rope_parameters": {"full_attention": rope, "sliding_attention": dict(rope)}}
-    from sanlab.hf.export import provenance
+    from sanlab.hf.export import provenance  # lazy: import cycle (sanlab.hf.export imports sanlab.hf.stock)
 
     config["sanlab"] = provenance(src) | {"exported_as": family}
     return config, out
