@@ -21,8 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sanlab.analysis.output import print_tables, write_outputs
 from sanlab.cliargs import bounded, positive_int
 from sanlab.errors import CheckpointError, ConfigError, DataError
+from sanlab.paths import check_out_dir
+from sanlab.tables import Output, add_format_flag
 
 SECTIONS = ("losses", "attention", "stream", "spectra")
 
@@ -63,8 +66,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="spectrum change (total variation) below which a matrix type counts as "
                              "crystallised (default 0.02)")
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
-    from sanlab.tables import add_format_flag
-
     add_format_flag(parser)
 
 
@@ -86,6 +87,7 @@ def _names(paths: list[Path]) -> list[str]:
 
 def analyze(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `sanlab analyze` computes, as one JSON-ready dict."""
+    # lazy: torch, numpy; `sanlab analyze --help` runs without them
     from sanlab.analysis import losses as L
     from sanlab.analysis.evaluate import MIN_GROUP_TOKENS, evaluate, load_sample, rows_for_groups
     from sanlab.analysis.rundir import RunDir, check_data_tokenizer, check_same_tokenizer, checkpoint_name
@@ -236,11 +238,6 @@ def _try_data_dir(run: Any) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sanlab.analysis.output import print_tables, write_outputs
-    from sanlab.tables import Output
-
-    from sanlab.paths import check_out_dir
-
     t0 = time.perf_counter()
     if args.out is not None:  # before any work (the default, inside the first run dir, after its checks)
         check_out_dir(args.out)

@@ -22,8 +22,12 @@ from sanlab.analysis.losses import TokenTable
 from sanlab.analysis.metrics import segment_positions
 from sanlab.analysis.output import MIN_GROUP_TOKENS
 from sanlab.analysis.stream import StreamCollector, stream_hooks
+from sanlab.data.loader import Loader
+from sanlab.data.regions import PAD_ID, REGION_NAMES
+from sanlab.data.shards import open_split
 from sanlab.errors import DataError
-from sanlab.data.regions import PAD_ID
+from sanlab.model.hooks import hook_names
+from sanlab.model.lm import token_losses
 
 # Token frequencies for the frequency buckets are counted on at most this many training
 # tokens: ranks of all but the rarest tokens are stable long before, and it keeps the
@@ -69,9 +73,6 @@ def load_sample(data_dir: str | Path, rows: int) -> EvalSample:
     evaluates on), with per-token exercise types and training-split token counts."""
     import numpy as np
 
-    from sanlab.data.loader import Loader
-    from sanlab.data.shards import open_split
-
     loader = Loader(data_dir, split="val", batch_rows=1, verify=False)
     batches = list(loader.eval_batches(rows, batch_rows=rows))
     if not batches:
@@ -114,9 +115,6 @@ def rows_for_groups(data_dir: str | Path, min_tokens: int = MIN_GROUP_TOKENS,
     stay short, empty when none does)."""
     import numpy as np
 
-    from sanlab.data.loader import Loader
-    from sanlab.data.regions import REGION_NAMES
-
     loader = Loader(data_dir, split="val", batch_rows=1, verify=False)
     n = min(max_rows, loader.n_rows)
     if n == 0:
@@ -152,8 +150,6 @@ def _reducers(model: nn.Module, fns: dict[str, Callable[[Tensor], None]]) -> Ite
 
     Names the model lacks (a mixer variant without an attention pattern) are skipped.
     """
-    from sanlab.model.hooks import hook_names
-
     present = set(hook_names(model))
     handles = [
         model.get_submodule(name).register_forward_hook(lambda _m, _i, out, fn=fn: fn(out.detach()))
@@ -183,8 +179,6 @@ def evaluate(
     Attention and stream statistics use every real (non-PAD) input position; losses
     use the loss-masked targets, in the order of `sample.token_table()`.
     """
-    from sanlab.model.lm import token_losses
-
     cfg = model.cfg  # type: ignore[attr-defined]
     n_layers = cfg.n_layers
     att = AttentionCollector(n_layers) if attention else None

@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from sanlab.data.synth import RECALL_TYPES
+
 
 def recall_types() -> tuple[str, ...]:
-    from sanlab.data.synth import RECALL_TYPES  # the generator's, where the types are defined
-
-    return RECALL_TYPES
+    return RECALL_TYPES  # the generator's, where the types are defined
 
 
 def _finite(x: Any) -> bool:

@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 from sanlab.config import Config, validate
 from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.fileio import read_json_object
+from sanlab.model.lm import LM
+from sanlab.train.checkpoint import verify
 
 MODEL_FILE = "model.safetensors"
 _MILESTONE = re.compile(r"^milestone-(\d{3})$")
@@ -89,8 +91,6 @@ class RunDir:
     def verify(self, name: str) -> dict[str, Any]:
         """Check checkpoint `name`'s weights against the sha256 its state.json records
         (`sanlab.train.checkpoint.verify`, the check of every reader); returns state.json."""
-        from sanlab.train.checkpoint import verify
-
         f = self.checkpoint_file(name)
         state = verify(f.parent, (MODEL_FILE,))
         self._check_written_config(f.parent, state.get("config"))
@@ -124,8 +124,6 @@ class RunDir:
 
     def load_model(self, name: str = "latest", device: str | torch.device = "cpu") -> torch.nn.Module:
         """Rebuild the model from config.json and load checkpoint `name`, in eval mode."""
-        from sanlab.model.lm import LM
-
         model = LM(self.config.model)
         sd = self.state_dict(name)
         try:

@@ -9,6 +9,8 @@ from torch import Tensor
 
 from sanlab.analysis import metrics as M
 from sanlab.config import ModelConfig
+from sanlab.model.hooks import capture
+from sanlab.model.lm import LM
 
 
 def gate_values(state: dict[str, Tensor], cfg: ModelConfig) -> list[dict]:
@@ -88,9 +90,6 @@ def signal_propagation(
     norm, gates at ½ and W_o variance s²/(2L) the ratio stays 1 + Θ(1) at any depth;
     `max_ratio` is the largest ratio at any intermediate block.
     """
-    from sanlab.model.hooks import capture
-    from sanlab.model.lm import LM
-
     out = []
     for depth in depths:
         c = cfg.model_copy(update={"n_layers": depth})
