@@ -25,6 +25,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from sanlab.data.regions import BOS_ID, EOS_ID
+from sanlab.errors import ConfigError
 from sanlab.eval.run import LoadedRun, open_run
 from sanlab.eval.scoring import score
 from sanlab.model.generate import SamplingConfig, generate
@@ -36,8 +37,6 @@ def _int(value: Any, name: str, default: int) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        from sanlab.errors import ConfigError
-
         raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
 
 
@@ -59,8 +58,6 @@ class SanlabLM(LM):
         super().__init__()
         if loaded is None:
             if run_dir is None:
-                from sanlab.errors import ConfigError
-
                 raise ConfigError("model_args: run_dir=PATH is required")
             loaded = open_run(run_dir, checkpoint, data, device or "auto")
         self.loaded = loaded

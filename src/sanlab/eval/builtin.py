@@ -45,8 +45,11 @@ from typing import Any
 
 import numpy as np
 
+from sanlab.analysis.rundir import checkpoint_name
+from sanlab.data.loader import Loader
+from sanlab.data.prepare import PrepareConfig, is_val
 from sanlab.data.regions import BOS_ID, END_THINK, IM_END, IM_START, THINK
-from sanlab.data.shards import doc_metadata, load_manifest, open_split
+from sanlab.data.shards import doc_metadata, load_manifest, open_split, unpack_documents
 from sanlab.data.synth import (
     _MCQ_POOLS,
     _MEMO_PREAMBLES,
@@ -61,7 +64,9 @@ from sanlab.data.synth import (
     state,
     world_for,
 )
+from sanlab.data.text import kjv_documents
 from sanlab.errors import DataError
+from sanlab.fileio import try_read_json_object
 
 BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen", "sanlab_cloze",
                  "sanlab_kjv_ppl")
@@ -121,11 +126,7 @@ def facts_in(text: str, world: World) -> set[tuple[str, str]]:
 
 
 def _checkpoint_step(run_path: Path, checkpoint: str) -> int | None:
-    from sanlab.analysis.rundir import checkpoint_name
-
     f = run_path / "checkpoints" / checkpoint_name(checkpoint) / "state.json"
-    from sanlab.fileio import try_read_json_object
-
     try:
         return int((try_read_json_object(f) or {})["step"])
     except (ValueError, KeyError, TypeError):
@@ -136,8 +137,6 @@ def rows_read(data_dir: Path, manifest: dict[str, Any], step: int | None, batch_
               seed: int) -> tuple[np.ndarray, str]:
     """Token rows (n, seq_len + 1) of the training split a run read up to `step` (the
     loader's order replayed), and how that was decided."""
-    from sanlab.data.loader import Loader
-
     tokens = np.concatenate([s["tokens"] for s in open_split(data_dir, manifest, "train")])
     if step is None:
         return tokens, "every training row (the checkpoint records no step)"
@@ -273,8 +272,6 @@ def _val_documents(data_dir: Path, manifest: dict[str, Any], n: int, tok) -> lis
             if len(out) == n:
                 break
         return out
-    from sanlab.data.shards import unpack_documents
-
     for ids in unpack_documents(data_dir, "val")[:n]:
         text = tok.decode([int(i) for i in ids if i > BOS_ID], skip_special_tokens=True).rstrip()
         if " " in text:
@@ -286,9 +283,6 @@ def _val_documents(data_dir: Path, manifest: dict[str, Any], n: int, tok) -> lis
 def kjv_validation(manifest: dict[str, Any]) -> list[dict[str, str]] | None:
     """The KJV's validation chapters, as `prepare --corpus kjv` splits them (this run's
     seed and val_frac when the run was trained on the KJV, else prepare's defaults)."""
-    from sanlab.data.prepare import PrepareConfig, is_val
-    from sanlab.data.text import kjv_documents
-
     cfg = manifest["config"] if manifest["corpus"] == "kjv" else PrepareConfig().model_dump()
     try:
         docs = list(kjv_documents())

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from sanlab.errors import ConfigError, SanlabError
+from sanlab.tables import Output, Table, add_format_flag
 
 # the metric shown in the table, by task (first found); the JSON keeps every metric
 _SHOWN = {"sanlab_kjv_ppl": ("bits_per_byte",), "sanlab_cloze": ("acc", "perplexity")}
@@ -45,8 +46,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "(lm-eval's default is 100000; default here 1000)")
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="show lm-eval's own log and progress bars (default: sanlab's own output only)")
-    from sanlab.tables import add_format_flag
-
     add_format_flag(parser)
 
 
@@ -59,7 +58,7 @@ def _require_lm_eval() -> None:
 
 def _task_list(text: str) -> tuple[list[str], bool]:
     """The requested names with `builtin` expanded, and whether any lm-eval task is asked for."""
-    from sanlab.eval.builtin import BUILTIN_TASKS
+    from sanlab.eval.builtin import BUILTIN_TASKS  # lazy: torch, numpy; `sanlab eval --help` runs without them
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
@@ -123,7 +122,7 @@ def check_task_names(tasks: list[str], verbose: bool = False) -> Any:
     """Refuse a task name lm-eval does not know before anything is written (the built-in
     tasks' files included); returns lm-eval's task index (None when only built-in tasks
     are asked for, which need no index)."""
-    from sanlab.eval.builtin import BUILTIN_TASKS
+    from sanlab.eval.builtin import BUILTIN_TASKS  # lazy: torch, numpy (as above)
 
     asked = [t for t in tasks if t not in BUILTIN_TASKS]
     if not asked:
@@ -143,6 +142,7 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     """Run the tasks on one run dir; write and return its results record. Notes and
     warnings go to `out` (a `sanlab.tables.Output`; stdout when None). `defaults` is
     lm-eval's task index from `check_task_names`, reused where no built-in task is asked."""
+    # lazy: lm-eval is optional (`sanlab eval` without it says how to install it); torch
     import lm_eval
     import lm_eval.evaluator
     from lm_eval.tasks import TaskManager
@@ -225,8 +225,6 @@ def _shown(task: str, metrics: dict[str, float]) -> list[tuple[str, str]]:
 
 def results_table(records: list[dict[str, Any]], tasks: list[str]) -> Any:
     """Runs × tasks, each task's main metric ± its stderr (`sanlab.tables.Table`)."""
-    from sanlab.tables import Table
-
     cells: list[dict[str, str]] = []
     headers: list[str] = []
     for rec in records:
@@ -260,14 +258,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--bootstrap-iters must be non-negative, got {args.bootstrap_iters}")
     tasks, needs_defaults = _task_list(args.tasks)
     _quiet(args.verbose)
-    from sanlab.analysis.rundir import RunDir
+    from sanlab.analysis.rundir import RunDir  # lazy: torch; `sanlab eval --help` runs without it
 
     for p in args.runs:  # every run dir readable and its weights verified before hours of evaluation start
         RunDir.open(p).verify(args.checkpoint)
     # every task name known before anything is written (the built-in tasks' files included)
     defaults = check_task_names(tasks, args.verbose)
-    from sanlab.tables import Output
-
     out = Output(args.format)
     records = [evaluate_run(p, tasks, needs_defaults, args, out, defaults) for p in args.runs]
     out.table(results_table(records, tasks))
