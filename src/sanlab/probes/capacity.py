@@ -27,11 +27,11 @@ from typing import Any, Mapping, Sequence
 
 from torch import nn
 
+from sanlab.train.optim import route
+
 
 def trainable_params(model: nn.Module) -> int:
     """Elements the optimizer updates: the routing table minus its `frozen` group."""
-    from sanlab.train.optim import route
-
     return sum(p.numel() for g, members in route(model).items() if g != "frozen" for _, p in members)
 
 

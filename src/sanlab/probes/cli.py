@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 from sanlab.errors import ConfigError
+from sanlab.paths import check_out_dir
+from sanlab.probes.arms import PRESETS, Arm, available_presets, check_available, resolve_arms, unavailable
+from sanlab.tables import Output, add_format_flag
 
 DEFAULT_OUT = Path("runs/probe")
 
@@ -39,14 +42,11 @@ def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> N
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"data, runs and results go here (default {DEFAULT_OUT}); reruns reuse finished runs")
     parser.add_argument("--list", action="store_true", help="list the tasks and arm presets and exit")
-    from sanlab.tables import add_format_flag
-
     add_format_flag(parser)
 
 
 def _list(console: object) -> int:
-    from sanlab.data.probes import TASKS
-    from sanlab.probes.arms import PRESETS, unavailable
+    from sanlab.data.probes import TASKS  # lazy: numpy; `sanlab probe --help` runs without it
 
     print("tasks:")
     for name, t in TASKS.items():
@@ -54,8 +54,6 @@ def _list(console: object) -> int:
     print("  capacity   memorization capacity: task memorize swept over capacity.ns, bits/param")
     print("arms:")
     for name, ov in PRESETS.items():
-        from sanlab.probes.arms import Arm
-
         why = unavailable(Arm(name, ov))
         print(f"  {name:<10} {' '.join(ov)}" + ("   (not available in this build)" if why else ""))
     return 0
@@ -82,18 +80,15 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> int:
     args = _reparse(args)
-
-    from sanlab.data.probes import TASKS
-    from sanlab.probes.arms import available_presets, check_available, resolve_arms
-    from sanlab.paths import check_out_dir
-    from sanlab.probes.runner import Overrides, run_cells
-    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
-                                     write_data, write_results)
-    from sanlab.tables import Output
-
     console = Output(args.format)
     if args.list:
         return _list(console)
+    # lazy: torch, numpy; `sanlab probe --help` runs without them, `--list` without torch
+    from sanlab.data.probes import TASKS
+    from sanlab.probes.runner import Overrides, run_cells
+    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
+                                     write_data, write_results)
+
     tasks_given = [i for i in args.items if "=" not in i]
     ov = Overrides.parse([i for i in args.items if "=" in i])
     if args.suite:

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from sanlab.analysis.rundir import RunDir
+from sanlab.data.loader import Loader
+
 
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, data_dir: str | Path, split: str, *, bf16: bool = False,
              batch_rows: int = 32, device: str | torch.device = "cpu") -> dict[str, Any]:
     """`{"correct", "total", "accuracy"}` over every example (document) of `split`."""
-    from sanlab.data.loader import Loader
-
     loader = Loader(data_dir, split=split, batch_rows=1, verify=False)
     n_docs = int(loader.manifest["splits"][split]["documents"])
     answer = np.zeros(n_docs, np.int64)  # answer tokens seen per example
@@ -47,8 +48,6 @@ def accuracy(model: torch.nn.Module, data_dir: str | Path, split: str, *, bf16: 
 
 def run_accuracy(run_dir: str | Path, splits: tuple[str, ...] = ("val", "test")) -> dict[str, dict[str, Any]]:
     """Accuracy of a finished probe run (its latest checkpoint) on each of `splits`."""
-    from sanlab.analysis.rundir import RunDir
-
     run = RunDir.open(run_dir)
     model = run.load_model("latest")
     data = run.data_dir()

@@ -309,6 +309,7 @@ def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, f
     Same signature as `sanlab.train.trainer.train` (the study runner calls it as its
     `train_fn`); the accuracies come back in `meta["final"]`.
     """
+    # lazy: torch; the config reference (sanlab.configref, the docs build) reads this module without it
     from sanlab.probes.evaluate import run_accuracy
     from sanlab.train.rundir import read_json, write_json
     from sanlab.train.trainer import train
