@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from sanlab import fileio
+from sanlab.config import format_tokens
 from sanlab.errors import DataError
 from sanlab.study.noise import mean_spread
 
@@ -75,8 +77,6 @@ class RecordError(DataError):
 
 
 def read_json(path: Path) -> Any:
-    from sanlab import fileio
-
     return fileio.read_json(path, RecordError)
 
 
@@ -123,8 +123,6 @@ def fmt_ms(xs: Iterable[float], f: str = "{:+.4f}") -> str:
 
 
 def fmt_tokens(n: int) -> str:
-    from sanlab.config import format_tokens
-
     return format_tokens(n)
 
 

@@ -287,6 +287,7 @@ def _install(staged: Path, dst: Path, entries: list[str], old: dict[str, Any] | 
 def export(source: str | Path, record_dir: str | Path, *, verify: bool = True, log: Log = print) -> list[str]:
     """Export a finished study dir or probe suite into a record dir (module docstring);
     the record's own files, relative to it."""
+    # lazy: import cycle (sanlab.records.kinds imports this module)
     from sanlab.records.kinds import kind_of_source
 
     src, dst = Path(source), Path(record_dir)

@@ -33,7 +33,8 @@ def read(record_dir: Path) -> dict[str, Any]:
         raise RecordError(f"{path}: not a record marker (no \"format\": \"{FORMAT}\")")
     if m.get("version") != VERSION:
         raise RecordError(f"{path}: record format version {m.get('version')!r}; this sanlab reads {VERSION}")
-    from sanlab.records.kinds import KINDS  # the registry imports every kind's module
+    # lazy: import cycle (the registry, sanlab.records.kinds, imports every kind's module and this one)
+    from sanlab.records.kinds import KINDS
 
     if m.get("kind") not in KINDS:
         raise RecordError(f"{path}: unknown record kind {m.get('kind')!r} (known: {', '.join(KINDS)})")

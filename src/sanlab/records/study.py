@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from sanlab.data.synth import RECALL_TYPES
 from sanlab.errors import SanlabError
 from sanlab.fileio import read_toml
 from sanlab.records.common import (
@@ -38,12 +39,11 @@ from sanlab.records.common import (
     rows_of,
 )
 from sanlab.study import noise
+from sanlab.study.results import table_json
 
 
 def study_tables(study_dir: Path) -> dict[str, Any]:
     """What `sanlab study table DIR --json` prints (computed in this process)."""
-    from sanlab.study.results import table_json  # torch, through the arms' accounting
-
     return json.loads(json.dumps(table_json(study_dir)))  # exactly the printed JSON's types
 
 
@@ -212,9 +212,7 @@ def has_types(types: Iterable[str]) -> bool:
 
 
 def recall_types() -> tuple[str, ...]:
-    from sanlab.data.synth import RECALL_TYPES  # the generator's, where the types are defined
-
-    return RECALL_TYPES
+    return RECALL_TYPES  # the generator's, where the types are defined
 
 
 def identity_rows(rec: StudyRecord) -> list[tuple[str, int, str, dict[str, Any]]]:
