@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from sanlab.errors import EXIT_OK, DataError
+from sanlab.report.data import analyze_groups, load, load_analyses, missing_analyses
 
 REPORT_DIR = "report"  # default output inside the study dir; `sanlab study status` looks there
 
@@ -57,9 +58,9 @@ def _write(path: Path, text: str) -> None:
 def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = False,
                 eval_rows: int | str = "auto", log=print) -> tuple[Path, list[int]]:
     """Write the report; (path of report.html, corrupt results lines that were skipped)."""
+    # lazy: matplotlib; `sanlab study status` imports this module and runs without it
     from sanlab.report import html, md
     from sanlab.report.build import build
-    from sanlab.report.data import analyze_groups, load, load_analyses, missing_analyses
 
     if eval_rows != "auto" and (not isinstance(eval_rows, int) or eval_rows <= 0):
         raise DataError(f"--eval-rows must be positive, got {eval_rows}")

@@ -29,7 +29,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sanlab import fileio
+from sanlab.analysis import cli as analysis
+from sanlab.analysis.output import write_outputs
+from sanlab.cliargs import ArgumentParser
 from sanlab.errors import DataError, SanlabError
+from sanlab.paths import check_out_dir
 from sanlab.study.results import table_json
 from sanlab.study.store import ResultStore
 
@@ -252,11 +256,6 @@ def data_dir(data: StudyData, point: str = "") -> Path | None:
 def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "auto") -> str | None:
     """`sanlab analyze ARMS… --vs REFERENCE --out STUDY/analysis/GROUP` for one group, in
     this process; None, or the one-line error of a run that cannot be analysed."""
-    from sanlab.analysis import cli as analysis  # torch: only when --analyze asks for it
-    from sanlab.analysis.output import write_outputs
-    from sanlab.cliargs import ArgumentParser
-    from sanlab.paths import check_out_dir
-
     out = data.dir / ANALYSIS_DIR / group.out_name
     runs = [data.run_dir(r) for r in (*group.arms, group.reference)]
     argv = [*map(str, runs[:-1]), "--vs", str(runs[-1]), "--out", str(out), "--eval-rows", str(eval_rows)]

@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from sanlab.analysis.kinds import kind_deltas  # noqa: E402  (torch-free)
 from sanlab.analysis.output import MIN_GROUP_TOKENS  # noqa: E402  (torch-free)
 from sanlab.report.data import StudyData  # noqa: E402
 
@@ -817,8 +818,6 @@ def axis_points(data: StudyData) -> list[dict[str, Any]]:
     per non-embedding parameter of the reference (x), and per analysed seed pair the Δ
     over the recall types and over the context-grounded types (`sanlab.analysis.kinds`),
     beside the gap's own per-seed Δ (the store's)."""
-    from sanlab.analysis.kinds import kind_deltas
-
     t = data.tables or {}
     axis = t.get("data") or {}
     if not axis.get("key"):
