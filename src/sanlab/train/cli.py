@@ -12,8 +12,12 @@ import math
 import os
 from pathlib import Path
 
+from sanlab import cli
 from sanlab.cliargs import positive_int
+from sanlab.config import Config, apply_overrides, format_tokens, load_config
 from sanlab.errors import EXIT_DIVERGED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
+from sanlab.paths import check_out_dir
+from sanlab.train.signals import CommandSignals
 
 _EXIT = {"completed": EXIT_OK, "diverged": EXIT_DIVERGED, "interrupted": EXIT_INTERRUPTED}
 
@@ -39,11 +43,9 @@ def _split_items(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sanlab.config import Config, apply_overrides, load_config
+    # lazy: torch; `sanlab train --help` runs without it
     from sanlab.train import dist, rundir
-    from sanlab.train.trainer import train
-
-    from sanlab.paths import check_out_dir
+    from sanlab.train.trainer import make_plan, train
 
     path, overrides = _split_items(args.items)
     check_out_dir(args.out)
@@ -66,15 +68,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(path, overrides)
     if args.nproc > 1 and not dist.in_torchrun():
-        from sanlab.train.trainer import make_plan
-
         make_plan(cfg, args.nproc)  # batch / length errors here, once, not from every rank
         argv = ["train", *args.items, "--out", str(args.out)]
         argv += ["--resume"] * args.resume + ["--force"] * args.force
         return dist.launch(args.nproc, argv)
-    from sanlab import cli
-    from sanlab.train.signals import CommandSignals
-
     # a signal before the run's own handlers reaches the run; one after it ended changes nothing
     with CommandSignals(keep=cli.OWN_PROCESS) as signals:
         meta = train(cfg, args.out, resume=args.resume, force=args.force)
@@ -95,8 +92,6 @@ def final_line(meta: dict, out: object) -> str:
     """`completed: RUN  steps 400  train_loss 5.6609  val_loss 5.8744  (1.6M tokens, 35.8k tokens/s)`:
     the losses at the step the run ended (an interrupted run is evaluated where it stopped;
     n/a where there is no finite value, as after a divergence)."""
-    from sanlab.config import format_tokens
-
     final = meta.get("final") or {}
     line = (f"{meta.get('status')}: {out}  steps {final.get('steps')}  train_loss {_num(final.get('train_loss'))}"
             f"  val_loss {_num(final.get('val_loss'))}")

@@ -19,6 +19,7 @@ from typing import Any
 
 from sanlab.config import Config
 from sanlab.errors import ConfigError
+from sanlab.fileio import read_jsonl
 
 
 def _clean(value: Any) -> Any:
@@ -34,8 +35,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     Lines written after the checkpoint, and a half-written last line, are dropped so
     the resumed run appends exactly the lines the uninterrupted run would have written.
     """
-    from sanlab.fileio import read_jsonl
-
     if not path.exists():
         return
     kept = []

@@ -27,6 +27,8 @@ from pydantic import ValidationError
 import sanlab
 from sanlab.config import Config
 from sanlab.errors import ConfigError
+from sanlab.fileio import try_read_json_object
+from sanlab.model.mixers import mixer_options
 
 CONFIG_FILE, META_FILE, METRICS_FILE, CHECKPOINTS = "config.json", "meta.json", "metrics.jsonl", "checkpoints"
 FINISHED = ("completed", "diverged")  # a recorded result: never retrained implicitly
@@ -38,8 +40,6 @@ def config_json(cfg: Config) -> dict[str, Any]:
     mixer's options resolved (every option with its value, defaults included), so a run
     dir says what its variant ran even after a default changes."""
     data = json.loads(cfg.model_dump_json())
-    from sanlab.model.mixers import mixer_options
-
     try:
         data["model"]["mixer_options"] = mixer_options(cfg.model, cfg.model.mixer).model_dump(mode="json")
     except ConfigError:
@@ -65,8 +65,6 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def read_json(path: Path) -> dict[str, Any] | None:
     """A run-dir JSON file's object, or None when it is missing or damaged (`sanlab.fileio`)."""
-    from sanlab.fileio import try_read_json_object
-
     return try_read_json_object(path)
 
 

@@ -27,7 +27,9 @@ import torch
 
 from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config
+from sanlab.data.loader import Loader
 from sanlab.data.regions import REGION_NAMES
+from sanlab.data.shards import heldout_tokens
 from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM, token_losses
@@ -116,15 +118,11 @@ def make_plan(cfg: Config, world_size: int) -> Plan:
 
 def _heldout_tokens(cfg: Config, n: int) -> torch.Tensor:
     """The first n tokens of the held-out split of `data.dir` (fewer if it holds fewer)."""
-    from sanlab.data.shards import heldout_tokens
-
     return torch.from_numpy(heldout_tokens(cfg.data.dir, n))
 
 
 def _loader(cfg: Config, split: str, rows: int, d: dist.Dist) -> Any:
     """This rank's loader for `split`; `rows` is the global batch (the loader shards it)."""
-    from sanlab.data.loader import Loader  # the data package is only needed to train
-
     if cfg.data.dir is None:
         raise ConfigError("data.dir is not set (point it at a directory made by `sanlab prepare`)")
     if not Path(cfg.data.dir).is_dir():
