@@ -244,7 +244,7 @@ def measure_forward_flops(model: nn.Module, tokens: torch.Tensor, *args: Any, **
     counted, attention as the full square whatever its mask; elementwise ops are not. Runs under no_grad, so only the
     forward pass is seen.
     """
-    # torch here only: the accounting above imports without it (the report's tables)
+    # lazy: torch; the accounting above imports without it (the study's tables, the report)
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 

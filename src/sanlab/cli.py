@@ -19,8 +19,10 @@ import os
 import sys
 from typing import Sequence
 
+from sanlab import __version__
 from sanlab.cliargs import ArgumentParser
 from sanlab.errors import EXIT_NO_SPACE, EXIT_USAGE, SanlabError
+from sanlab.paths import no_space
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,8 +47,6 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         prog="sanlab",
         description="Controlled architecture studies of language models.",
     )
-    from sanlab import __version__
-
     parser.add_argument("--version", action="version", version=f"sanlab {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
@@ -84,8 +84,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except OSError as e:  # after BrokenPipeError, which is one
-        from sanlab.paths import no_space
-
         if not no_space(e):
             raise
         where = f" writing {e.filename}" if e.filename else ""

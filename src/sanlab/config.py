@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal, Mapping, Sequence, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from sanlab.errors import ConfigError
+from sanlab.fileio import parse_json, read_toml
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -226,8 +227,6 @@ class ModelConfig(StrictModel):
         """A per-layer list may also be written `softmax,mlp,…` or as a JSON list string
         (what a command-line override gives)."""
         if isinstance(value, str) and value.strip().startswith("["):
-            from sanlab.fileio import parse_json
-
             try:
                 return parse_json(value)
             except ValueError as e:  # malformed, or nested too deeply
@@ -264,7 +263,7 @@ class ModelConfig(StrictModel):
         # `ffn` reads whether there is a state mixer (set directly: no re-validation loop)
         self.__dict__["ffn"] = self.state_mixer != "none"
         # the mixer names and options against the registry's specs (no torch)
-        from sanlab.model.mixers import check_model  # here, not at the top: the specs import this module
+        from sanlab.model.mixers import check_model  # lazy: import cycle (the mixers' specs import this module)
 
         try:
             check_model(self)
@@ -507,8 +506,6 @@ def _check_ffn_tables(node: Any, source: str, where: str = "") -> None:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML file, with a one-line error for a missing or malformed file (or a model
     table whose `ffn` contradicts its `state_mixer`)."""
-    from sanlab.fileio import read_toml
-
     data = read_toml(path, ConfigError)
     _check_ffn_tables(data, str(path))
     return data

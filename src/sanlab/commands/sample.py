@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from sanlab.data.regions import EOS_ID
 from sanlab.errors import ConfigError
 
 
@@ -43,9 +44,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: torch; `sanlab sample --help` runs without it
     import torch
 
-    from sanlab.data.regions import EOS_ID
     from sanlab.eval.run import open_run
     from sanlab.model.generate import Decoder, SamplingConfig, generate
 

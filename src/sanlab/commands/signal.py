@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 
 from sanlab.cliargs import non_negative_int, positive_int
+from sanlab.config import load_config
 from sanlab.errors import ConfigError
+from sanlab.paths import check_out_file
+from sanlab.tables import Output, Table, add_format_flag
 
 
 def _depths(text: str) -> list[int]:
@@ -39,17 +42,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the rows as JSON")
-    from sanlab.tables import add_format_flag
-
     add_format_flag(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: torch; `sanlab signal --help` runs without it
     import torch
 
     from sanlab.analysis.stream import signal_propagation
-    from sanlab.tables import Output, Table
-    from sanlab.config import load_config
 
     path = next((a for a in args.args if "=" not in a), None)
     overrides = [a for a in args.args if "=" in a]
@@ -59,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
     if args.rows <= 0 or args.seq_len <= 0:
         raise ConfigError("--rows and --seq-len must be positive")
     if args.json is not None:
-        from sanlab.paths import check_out_file
-
         check_out_file(args.json, "--json")
     cfg = load_config(path, overrides).model
     if args.device == "cuda" and not torch.cuda.is_available():

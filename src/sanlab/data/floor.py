@@ -66,6 +66,7 @@ import numpy as np
 
 from sanlab.data.regions import OTHER, REGION_NAMES
 from sanlab.errors import DataError
+from sanlab.fileio import read_json
 
 FLOOR_FILE = "entropy_floor.json"
 FLOOR_FORMAT = "sanlab-entropy-floor"
@@ -134,8 +135,6 @@ def load_floor(data_dir: str | Path) -> dict[str, Any] | None:
     path = Path(data_dir) / FLOOR_FILE
     if not path.is_file():
         return None
-    from sanlab.fileio import read_json
-
     floor = read_json(path, DataError)
     if not isinstance(floor, dict) or floor.get("format") != FLOOR_FORMAT or floor.get("version") != FLOOR_VERSION:
         raise DataError(f"{path}: not a {FLOOR_FORMAT} v{FLOOR_VERSION} file")

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from pydantic import create_model
+
+from sanlab.config import StrictModel, apply_overrides
 from sanlab.data.probes import addition, dyck, induction, memorize, modadd, retrieval, sentiment
 from sanlab.data.probes.base import (Example, Generated, ProbeData, ProbeTask, TaskConfig, plan_probe_dir,
                                     write_probe_dir)
@@ -38,10 +41,6 @@ def task_config(name: str, overrides: Sequence[str] = ()) -> TaskConfig:
     Errors name the keys as the command line spells them (`task.n_train=abc`,
     `unknown key task.nope`): the overrides are applied under a `task` section.
     """
-    from pydantic import create_model
-
-    from sanlab.config import StrictModel, apply_overrides
-
     cls = get_task(name).config
     section = create_model(f"{cls.__name__}Section", __base__=StrictModel, task=(cls, cls()))
     items = [f"task.{item.strip()}" if "=" in item else item for item in overrides]
