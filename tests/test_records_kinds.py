@@ -279,3 +279,17 @@ def test_largest_activation_block_and_claim_from_planted_stream_peaks(tmp_path: 
                 rec.analyses.append({"runs": {ids["arm"]: {"stream": [
                     {"hook": f"h{i}", "max_abs": x} for i, x in enumerate(peaks[g["arm"]][int(seed)])]}}})
     assert next(c for c in variants.claims(rec) if c.rule == "activations").verdict == "inconclusive"
+
+
+def test_the_floor_block_gives_each_variant_arm_its_own_loss(tmp_path: Path) -> None:
+    """A variants study's arms all share one role; the floor block still reads each arm's own
+    mean loss (and loss above the floor), not the first arm's for every row."""
+    rec = variants_record(tmp_path)
+    from sanlab.records.study import block_floor
+
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")
+            for line in block_floor(rec).splitlines() if line.startswith("| ") and " | 1K | " in line}
+    assert rows, block_floor(rec)
+    for name, loss in LOSS.items():
+        label = "ref" if name == "ref" else next(k for k in rows if k.startswith(name + " ("))
+        assert float(rows[label][2]) == pytest.approx(loss, abs=1e-4), label  # mean of ±0.001 jitter

@@ -170,11 +170,12 @@ def load_study(record_dir: Path, kind: str) -> StudyRecord:
     return StudyRecord(d, spec, tables, analyses, floor, load_config(d), kind)
 
 
-def run_ids_at(rec: StudyRecord, role: str, tokens: int | None) -> list[str]:
-    """The final run ids of an arm (or of the reference) at a budget, by seed."""
+def run_ids_at(rec: StudyRecord, role: str, tokens: int | None, arm: str | None = None) -> list[str]:
+    """The final run ids of an arm (by role, or by name where several arms share a role;
+    or of the reference) at a budget, by seed."""
     ids: dict[str, str] = {}
     for g in rec.gaps_at(tokens):
-        if role == "reference" or g["role"] == role:
+        if role == "reference" or (g["arm"] == arm if arm is not None else g["role"] == role):
             for seed, pair in (g.get("runs") or {}).items():
                 ids[seed] = pair["reference" if role == "reference" else "arm"]
     return [ids[s] for s in sorted(ids, key=int)]
@@ -254,14 +255,15 @@ def crystallisation_runs(rec: StudyRecord) -> list[tuple[str, list[tuple[int, di
 # --------------------------------------------------------------------------- blocks every study record has
 
 
-def losses_at(rec: StudyRecord, role: str, tokens: int | None) -> dict[int, float]:
-    """Seed -> final val loss of an arm (by role; "reference" for the reference) at a budget."""
+def losses_at(rec: StudyRecord, role: str, tokens: int | None, arm: str | None = None) -> dict[int, float]:
+    """Seed -> final val loss of an arm (by role, or by name where several arms share a
+    role; "reference" for the reference) at a budget."""
     if role == "reference":
         out: dict[int, float] = {}
         for g in rec.gaps_at(tokens):
             out.update({s: v for s, v in per_seed(g, "reference_per_seed").items() if s not in out})
         return out
-    return per_seed(rec.gap(role, tokens), "arm_per_seed")
+    return per_seed(rec.gap_of(arm, tokens) if arm is not None else rec.gap(role, tokens), "arm_per_seed")
 
 
 def block_gaps(rec: StudyRecord, sign_note: str = SIGN_NOTE,
@@ -298,19 +300,19 @@ def _val_floor(rec: StudyRecord) -> float | None:
     return float(v) if finite(v) else None
 
 
-def _mean_loss(rec: StudyRecord, role: str, tokens: int) -> float | None:
+def _mean_loss(rec: StudyRecord, role: str, tokens: int, arm: str | None = None) -> float | None:
     if role == "reference":
         vals = [g.get("reference_loss") for g in rec.gaps_at(tokens)]
         vals = [v for v in vals if finite(v)]
         return vals[0] if vals else None
-    g = rec.gap(role, tokens)
+    g = rec.gap_of(arm, tokens) if arm is not None else rec.gap(role, tokens)
     return g.get("arm_loss") if g else None
 
 
-def still_falling(rec: StudyRecord, role: str, tokens: int, prev: int) -> str:
+def still_falling(rec: StudyRecord, role: str, tokens: int, prev: int, arm: str | None = None) -> str:
     """"yes" when the arm's loss dropped from budget `prev` to `tokens` beyond noise (per
     seed, `sanlab.study.noise`), "no" when not, "–" without a noise pair or paired seeds."""
-    a, b = losses_at(rec, role, prev), losses_at(rec, role, tokens)
+    a, b = losses_at(rec, role, prev, arm), losses_at(rec, role, tokens, arm)
     seeds = paired(a, b)
     if rec.floor_size is None or not seeds:
         return "–"
@@ -323,20 +325,22 @@ def block_floor(rec: StudyRecord) -> str:
     if not rec.budgets:
         return "No final runs yet."
     ref = rec.tables["gaps"][0]["reference"]
-    arms = [("reference", ref)] + [(g["role"], arm_label(g)) for g in rec.gaps_at(rec.largest)]
+    # Each arm by its name: several arms can share a role (a variants study's are all "explicit").
+    arms = [("reference", ref, None)] + [(g["role"], arm_label(g), g["arm"]) for g in rec.gaps_at(rec.largest)]
     rows, summary = [], []
-    for role, label in arms:
+    for role, label, name in arms:
         prev, prev_tokens = None, None
         for tokens in rec.budgets:
-            loss = _mean_loss(rec, role, tokens)
+            loss = _mean_loss(rec, role, tokens, name)
             change = None if loss is None or prev is None else loss - prev
-            falling = "–" if change is None or prev_tokens is None else still_falling(rec, role, tokens, prev_tokens)
+            falling = ("–" if change is None or prev_tokens is None
+                       else still_falling(rec, role, tokens, prev_tokens, name))
             rows.append([label, fmt_tokens(tokens), fmt(loss, "{:.4f}"), fmt(floor, "{:.4f}"),
                          fmt(None if loss is None or floor is None else loss - floor, "{:.4f}"),
                          fmt(change), falling])
             if loss is not None:
                 prev, prev_tokens = loss, tokens
-        above = losses_at(rec, role, rec.largest)
+        above = losses_at(rec, role, rec.largest, name)
         sign = (None if floor is None or not above or rec.floor_size is None
                 else noise.sign([v - floor for v in above.values()], rec.floor_size))
         summary.append((label, sign, rows[-1][6]))
@@ -364,8 +368,8 @@ def block_floor(rec: StudyRecord) -> str:
     # The analysis's own per-region floor on the analysed sample.
     runs = rec.runs()
     reg_rows = []
-    for role, label in arms:
-        ids = run_ids_at(rec, role, rec.largest)
+    for role, label, name in arms:
+        ids = run_ids_at(rec, role, rec.largest, name)
         for region in REGIONS:
             vals = [r for rid in ids if rid in runs
                     for r in ((runs[rid].get("losses") or {}).get("region") or []) if r["group"] == region]
