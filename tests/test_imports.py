@@ -12,16 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_block import BLOCK_TORCH
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "sanlab"
 MARK = "# lazy:"
 
-BLOCK_TORCH = ("import sys\n"
-               "class Block:\n"
-               "    def find_spec(self, name, path=None, target=None):\n"
-               "        if name == 'torch' or name.startswith('torch.'):\n"
-               "            raise ImportError('torch is blocked')\n"
-               "sys.meta_path.insert(0, Block())\n")
 
 
 def _is_sanlab(node: ast.Import | ast.ImportFrom) -> bool:

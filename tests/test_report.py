@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from torch_block import BLOCK_TORCH
 from rich.console import Console
 
 from sanlab.cli import main
@@ -63,12 +64,6 @@ def _final_loss(study: Path, arm: str, seed: int) -> float:
     return float(rec["final"]["val_loss"])
 
 
-BLOCK_TORCH = ("import sys\n"
-               "class Block:\n"
-               "    def find_spec(self, name, path=None, target=None):\n"
-               "        if name == 'torch' or name.startswith('torch.'):\n"
-               "            raise ImportError('torch is blocked')\n"
-               "sys.meta_path.insert(0, Block())\n")
 
 
 @pytest.fixture(scope="module")
