@@ -166,6 +166,27 @@ def test_the_quick_suite_runs_from_a_working_directory_with_a_relative_out(
     assert by_key["retrieval/standard"]["test_correct"] == _rescored(out, by_key["retrieval/standard"])["correct"]
 
 
+def test_a_suite_of_some_tasks_reuses_the_single_task_runs(tmp_path: Path, in_process: Any,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--suite --tasks` runs those tasks only, in SPEC §2's column order, and a cell that
+    a single-task run already trained (same --out) is reused, not trained again."""
+    monkeypatch.chdir(tmp_path)
+    small = [*TINY, "task.n_train=40", "task.n_val=8", "task.n_test=8"]
+    assert main(["probe", "dyck", "--arms", "standard", *small, "--out", "o"]) == 0
+    dyck_first = json.loads((tmp_path / "o" / "probe-dyck.json").read_text())["cells"][0]
+    metrics = tmp_path / "o" / dyck_first["points"][0]["run_dir"] / "metrics.jsonl"
+    before = metrics.read_bytes()
+    assert main(["probe", "--suite", "--tasks", "dyck,addition", "--arms", "standard", *small, "--out", "o"]) == 0
+    res = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert res["tasks"] == ["addition", "dyck"] and [c["key"] for c in res["cells"]] == [
+        "addition/standard", "dyck/standard"]
+    dyck = res["cells"][1]
+    assert dyck["points"][0]["run_dir"] == dyck_first["points"][0]["run_dir"]
+    assert metrics.read_bytes() == before  # the finished run came back as it was, not retrained
+    assert dyck["test_correct"] == dyck_first["test_correct"]
+    assert set(res["table"]["standard"]) == {"addition", "dyck"}
+
+
 # --------------------------------------------------------------------------- capacity arithmetic
 
 
@@ -291,6 +312,9 @@ def test_accuracy_is_exact_match_over_every_answer_token(tmp_path: Path) -> None
     (["retrieval", "model.nope=1"], "unknown key model.nope"),
     (["retrieval", "sweep.grid=[0]"], "positive multipliers"),
     (["retrieval", "--suite"], "--suite runs every task"),
+    (["--suite", "--tasks", "dyck,nosuch"], "--tasks: unknown suite task 'nosuch'"),
+    (["--suite", "--tasks", ","], "--tasks: give at least one task"),
+    (["dyck", "--tasks", "dyck"], "--tasks goes with --suite"),
     ([], "give a TASK"),
     (["retrieval", "--arm", "x"], "expected 'NAME: section.key=value"),
     (["retrieval", "--arms", "standard,standard"], "given twice"),

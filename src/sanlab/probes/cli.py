@@ -33,6 +33,9 @@ def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> N
                         help="the task (addition, modadd, memorize, capacity, retrieval, induction, dyck, "
                              "sentiment), then overrides: model.* optim.* train.* task.* sweep.* capacity.* runner.*")
     parser.add_argument("--suite", action="store_true", help="run every task for every arm and print the grid")
+    parser.add_argument("--tasks", metavar="T,U,…",
+                        help="with --suite: these tasks only, comma-separated (default: every task; the "
+                             "grid keeps SPEC §2's column order)")
     parser.add_argument("--quick", action="store_true", help="small task sizes and budgets (minutes on a CPU)")
     parser.add_argument("--arms", metavar="A,B,…",
                         help="arm presets, comma-separated (default: standard,san for one task; every "
@@ -72,6 +75,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     for key in ("suite", "quick", "list"):
         setattr(again, key, getattr(again, key) or getattr(args, key))
     again.arms = again.arms if again.arms is not None else args.arms
+    again.tasks = again.tasks if again.tasks is not None else args.tasks
     again.arm = [*args.arm, *again.arm]
     again.out = again.out if again.out != DEFAULT_OUT else args.out
     again.format = again.format if again.format != "text" else args.format
@@ -95,7 +99,16 @@ def run(args: argparse.Namespace) -> int:
         if tasks_given:
             raise ConfigError(f"--suite runs every task; drop {tasks_given[0]!r} (or drop --suite)")
         tasks = list(SUITE_TASKS)
+        if args.tasks is not None:
+            chosen = [t.strip() for t in args.tasks.split(",") if t.strip()]
+            unknown = [t for t in chosen if t not in SUITE_TASKS]
+            if unknown or not chosen:
+                raise ConfigError(f"--tasks: unknown suite task {unknown[0]!r} (choose from "
+                                  f"{', '.join(SUITE_TASKS)})" if unknown else "--tasks: give at least one task")
+            tasks = [t for t in SUITE_TASKS if t in chosen]
     else:
+        if args.tasks is not None:
+            raise ConfigError("--tasks goes with --suite (one task: give it as TASK)")
         if not tasks_given:
             raise ConfigError("give a TASK (or --suite); `sanlab probe --list` shows them")
         if len(tasks_given) > 1:
