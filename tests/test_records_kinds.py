@@ -14,7 +14,9 @@ from typing import Any
 import pytest
 
 from sanlab.cli import main
+from sanlab.probes.arms import PRESETS
 from sanlab.records import kinds, marker, probes, variants
+from sanlab.records.common import RecordError
 from sanlab.records.export import export
 from sanlab.study.plan import build_arms, noise_arm, round_lr, run_id
 from sanlab.study.spec import StudySpec
@@ -58,7 +60,8 @@ def suite(retrieval: dict[str, int] | None = None, matches: dict[str, tuple[int,
         table[arm]["capacity"] = caps[arm]["bits_per_param"]
         cells += [_cell("capacity", arm, k, n, n) for n, k in pts]
     return {"quick": False, "tasks": ["addition", "modadd", "capacity", "retrieval", "dyck", "sentiment"],
-            "arms": [{"name": a, "label": probes.LABELS[a]} for a in arms], "table": table, "capacity": caps,
+            "arms": [{"name": a, "label": probes.LABELS[a], "overrides": list(PRESETS[a])} for a in arms],
+            "table": table, "capacity": caps,
             "cells": cells}
 
 
@@ -133,6 +136,40 @@ def test_probe_blocks_hold_the_suites_numbers(tmp_path: Path) -> None:
     claims = probes.block_claims(rec)
     for rule in probes.RULES.values():
         assert rule in claims
+
+
+def _ablation_file(rec_dir: Path, ablated: int, reference: int, total: int = 512) -> None:
+    """A `probe addition --arms mixit --arm 'mixit_row: …'` results file beside suite.json."""
+    mixit = {"name": "mixit", "label": "MixiT", "overrides": ["model.ffn=true", "model.mixer=mixit"]}
+    row = {"name": "mixit_row", "label": "mixit_row",
+           "overrides": [*mixit["overrides"], "model.mixer_options.sigma_length=row"]}
+    cells = [{**_cell("addition", "mixit", reference, total), "lr": 0.04},
+             {**_cell("addition", "mixit_row", ablated, total), "lr": 0.02}]
+    (rec_dir / "probe-addition.json").write_text(json.dumps({"arms": [mixit, row], "cells": cells}))
+
+
+def test_probe_ablations_are_measured_against_the_arm_they_change(tmp_path: Path) -> None:
+    rec = probe_record(tmp_path)
+    assert probes.ablations(rec) == [] and "No ablation runs" in probes.block_ablations(rec)
+    # A single-task file with only suite arms is not an ablation; one with an extra arm is.
+    (rec.dir / "probe-dyck.json").write_text(json.dumps({"arms": [{"name": "standard"}], "cells": []}))
+    _ablation_file(rec.dir, ablated=40, reference=120)
+    assert probes.ablation_files(rec.dir, rec.suite) == ["probe-addition.json"]
+    assert kinds._probe_files(rec.dir) == ["suite.json", "probe-addition.json"]
+    (row,) = probes.ablations(kinds.load(rec.dir).data)
+    assert row["reference"] == "mixit" and row["changes"] == ["model.mixer_options.sigma_length=row"]
+    p1, p2 = 41 / 514, 121 / 514
+    se = math.sqrt(p1 * (1 - p1) / 514 + p2 * (1 - p2) / 514)
+    assert row["diff"] == pytest.approx(40 / 512 - 120 / 512) and row["se"] == pytest.approx(se)
+    assert row["sign"] == -1  # 15.6 points below, 2 se ≈ 4.4
+    block = probes.block_ablations(kinds.load(rec.dir).data)
+    assert ("| Addition | `mixit_row` | `model.mixer_options.sigma_length=row` | 7.8 (40/512), lr 0.02 | "
+            "MixiT: 23.4 (120/512), lr 0.04 | -15.6 ± 4.4 | lower beyond noise |") in block
+    _ablation_file(rec.dir, ablated=118, reference=120)  # 0.4 points: within noise
+    assert probes.ablations(kinds.load(rec.dir).data)[0]["sign"] == 0
+    (rec.dir / "probe-addition.json").write_text("[1]")
+    with pytest.raises(RecordError, match="not a probe's results"):
+        kinds.load(rec.dir)
 
 
 # --------------------------------------------------------------------------- variants

@@ -34,7 +34,12 @@ class Kind:
 
 
 def _probe_files(src: Path) -> list[str]:
-    return [n for n in (probes.SUITE, probes.SUITE_CSV) if (src / n).is_file()]
+    """suite.json, suite.csv and the ablations' `probe-TASK.json` beside them."""
+    files = [n for n in (probes.SUITE, probes.SUITE_CSV) if (src / n).is_file()]
+    if probes.SUITE in files:
+        suite = read_json(src / probes.SUITE)
+        files += probes.ablation_files(src, suite if isinstance(suite, dict) else {})
+    return files
 
 
 def _copy_probes(src: Path, out: Path, log: Callable[[str], Any]) -> list[str]:

@@ -37,6 +37,9 @@ from sanlab.records.common import (
 
 SUITE = "suite.json"
 SUITE_CSV = "suite.csv"
+# Single-task results (`sanlab probe TASK --out DIR` into the suite's dir): an ablation
+# when it holds an arm the suite does not have (e.g. MixiT with the old σ on addition).
+ABLATION_PREFIX, ABLATION_SUFFIX = "probe-", ".json"
 CAPACITY = "capacity"
 COLUMNS = {"addition": "Addition", "modadd": "Mod. add.", CAPACITY: "Memorization bits/param",
            "retrieval": "Retrieval", "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment",
@@ -78,6 +81,7 @@ class ProbeRecord:
     dir: Path
     suite: dict[str, Any]
     config: dict[str, Any] = field(default_factory=dict)
+    ablations: dict[str, dict[str, Any]] = field(default_factory=dict)  # file name -> its results
     kind: str = "probes"
 
     @property
@@ -114,7 +118,24 @@ def load_probes(record_dir: Path) -> ProbeRecord:
     suite = read_json(path)
     if not isinstance(suite, dict) or not isinstance(suite.get("table"), dict) or not suite.get("arms"):
         raise RecordError(f"{path}: not a probe suite (`sanlab probe --suite` writes one)")
-    return ProbeRecord(record_dir, suite)
+    ablations = {}
+    for name in ablation_files(record_dir, suite):
+        data = read_json(record_dir / name)
+        ablations[name] = data
+    return ProbeRecord(record_dir, suite, ablations=ablations)
+
+
+def ablation_files(src: Path, suite: dict[str, Any]) -> list[str]:
+    """The `probe-TASK.json` files in `src` that hold an arm the suite does not (sorted)."""
+    names = {a.get("name") for a in suite.get("arms") or []}
+    out = []
+    for path in sorted(src.glob(f"{ABLATION_PREFIX}*{ABLATION_SUFFIX}")):
+        data = read_json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+            raise RecordError(f"{path}: not a probe's results (`sanlab probe TASK` writes one)")
+        if any(a.get("name") not in names for a in data.get("arms") or []):
+            out.append(path.name)
+    return out
 
 
 # --------------------------------------------------------------------------- the noise of a proportion
@@ -288,8 +309,82 @@ def block_claims(rec: ProbeRecord) -> str:
     return claims_table(claims(rec), note, RULES, RULES_PREAMBLE, __name__, paper="paper")
 
 
+def reference_arm(arm: dict[str, Any], suite_arms: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The suite arm an ablation arm changes: the one whose overrides are a proper subset of
+    the ablation's, with the most of them (None when no suite arm is)."""
+    mine = set(arm.get("overrides") or [])
+    subsets = [a for a in suite_arms if set(a.get("overrides") or []) < mine]
+    return max(subsets, key=lambda a: len(a.get("overrides") or []), default=None)
+
+
+def _count(cell: dict[str, Any] | None) -> tuple[int, int] | None:
+    if cell is None or not isinstance(cell.get("test_correct"), int) or not cell.get("test_total"):
+        return None
+    return int(cell["test_correct"]), int(cell["test_total"])
+
+
+def ablations(rec: ProbeRecord) -> list[dict[str, Any]]:
+    """One row per ablation arm: its task, what it changes against its reference arm, both
+    test accuracies (the reference's from the same file's cell, i.e. the same run the suite
+    reuses) and the difference with its noise."""
+    suite_names = {a["name"] for a in rec.arms}
+    rows = []
+    for name, data in rec.ablations.items():
+        cells = data.get("cells") or []
+        for arm in data.get("arms") or []:
+            if arm.get("name") in suite_names:
+                continue
+            ref = reference_arm(arm, rec.arms)
+            for cell in (c for c in cells if c.get("arm") == arm["name"]):
+                task = str(cell.get("key", "")).split("/")[0]
+                ref_cell = None if ref is None else next(
+                    (c for c in cells if c.get("key") == f"{task}/{ref['name']}"), rec.cell(task, ref["name"]))
+                a, b = _count(cell), _count(ref_cell)
+                diff = se = None
+                if a is not None and b is not None:
+                    diff = a[0] / a[1] - b[0] / b[1]
+                    se = math.hypot(proportion_se(*a), proportion_se(*b))
+                changes = sorted(set(arm.get("overrides") or []) - set((ref or {}).get("overrides") or []))
+                rows.append({"file": name, "task": task, "arm": arm["name"], "reference": ref and ref["name"],
+                             "changes": changes, "correct": a, "reference_correct": b,
+                             "lr": cell.get("lr"), "reference_lr": (ref_cell or {}).get("lr"),
+                             "diff": diff, "se": se,
+                             "sign": None if diff is None or se is None else difference_sign(diff, se)})
+    return rows
+
+
+def _acc_text(k_n: tuple[int, int] | None, lr: Any) -> str:
+    if k_n is None:
+        return "–"
+    text = f"{100 * k_n[0] / k_n[1]:.1f} ({k_n[0]}/{k_n[1]})"
+    return text + (f", lr {lr:g}" if isinstance(lr, (int, float)) else "")
+
+
+def block_ablations(rec: ProbeRecord) -> str:
+    """The ablation arms of the record's `probe-TASK.json` files against the suite arm each changes."""
+    rows = ablations(rec)
+    if not rows:
+        return "No ablation runs in this record (no `probe-TASK.json` with an arm the suite lacks)."
+    table = []
+    for r in rows:
+        verdict = {None: "–", 0: "within noise", 1: "higher beyond noise", -1: "lower beyond noise"}[r["sign"]]
+        table.append([COLUMNS.get(r["task"], r["task"]), f"`{r['arm']}`",
+                      " ".join(f"`{c}`" for c in r["changes"]) or "–",
+                      _acc_text(r["correct"], r["lr"]),
+                      f"{rec.label(r['reference'])}: " + _acc_text(r["reference_correct"], r["reference_lr"])
+                      if r["reference"] else "– (no suite arm it changes)",
+                      "–" if r["diff"] is None else f"{100 * r['diff']:+.1f} ± {100 * Z * r['se']:.1f}",
+                      verdict])
+    note = ("Test exact-match accuracy in % (correct/total) at each arm's selected LR. The reference is the "
+            "suite arm whose overrides the ablation extends; its number is the same run the suite reports. "
+            f"A difference counts beyond noise when it exceeds {Z:g} standard errors (± shows {Z:g} se).")
+    return md_table(["task", "ablation arm", "changes", "its accuracy", "reference arm", "difference (points)", "verdict"],
+                    table) + "\n\n" + note
+
+
 BLOCKS: dict[str, Callable[[ProbeRecord], str]] = {
     "grid": block_grid,
     "paper": block_paper,
     "claims": block_claims,
+    "ablations": block_ablations,
 }
