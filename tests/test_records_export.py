@@ -215,3 +215,44 @@ def test_a_probe_suite_exports_as_a_probes_record(world: Path) -> None:
     assert marker.read(rec)["kind"] == "probes"
     assert main(["record", "readme", "records/p"]) == 0
     assert "<!-- records:BEGIN claims -->" in (rec / "README.md").read_text()
+
+
+def test_a_probe_record_keeps_each_sweep_points_config_meta_and_accuracies(world: Path, capsys) -> None:
+    """The run files a record keeps are exactly each named point's config, meta and probe.json
+    (not its checkpoints or metrics), so that a suite rerun into a copy reuses them."""
+    suite = world / "runs" / "probes"
+    points = {"retrieval/standard": ["runs/r-std-a", "runs/r-std-b"], "retrieval/san": ["runs/r-san-a"]}
+    for dirs in points.values():
+        for d in dirs:
+            run = suite / d
+            (run / "ckpt").mkdir(parents=True)
+            for name in ("config.json", "meta.json", "probe.json"):
+                (run / name).write_text(json.dumps({"name": name, "run": d}))
+            (run / "metrics.jsonl").write_text("{}\n")
+            (run / "ckpt" / "model.safetensors").write_bytes(b"x")
+    (suite / "runs" / "r-unnamed").mkdir()  # a run no results file names is not kept
+    (suite / "runs" / "r-unnamed" / "config.json").write_text("{}")
+    cells = [{"key": k, "task": "retrieval", "arm": k.split("/")[1], "points": [{"run_dir": d} for d in dirs]}
+             for k, dirs in points.items()]
+    doc = {"arms": [{"name": "standard", "label": "Standard"}, {"name": "san", "label": "SAN"}],
+           "tasks": ["retrieval"], "table": {"standard": {"retrieval": 50.0}}, "cells": cells}
+    (suite / "suite.json").write_text(json.dumps(doc))
+    assert main(["record", "export", "runs/probes", "records/p"]) == 0
+    rec = world / "records" / "p"
+    kept = sorted(str(p.relative_to(rec)) for p in (rec / "runs").rglob("*") if p.is_file())
+    assert kept == sorted(f"{d}/{n}" for dirs in points.values() for d in dirs
+                          for n in ("config.json", "meta.json", "probe.json"))
+    assert json.loads((rec / "runs" / "r-san-a" / "probe.json").read_text()) == {"name": "probe.json",
+                                                                                 "run": "runs/r-san-a"}
+    listed = marker.read(rec)["files"]
+    assert "runs/r-std-b/meta.json" in listed and "suite.json" in listed
+    assert "every README block reads the same from the copy" in capsys.readouterr().out
+    assert main(["record", "readme", "records/p"]) == 0 and main(["record", "check", "records/p"]) == 0
+    # A point whose run dir escapes the suite's runs/ is refused, in one line.
+    cells[0]["points"][0]["run_dir"] = "../elsewhere/r1"
+    (suite / "suite.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["record", "export", "runs/probes", "records/q"]) != 0
+    err = capsys.readouterr().err
+    assert "is not runs/RUN_ID" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (world / "records" / "q").exists()

@@ -318,5 +318,5 @@ def export(source: str | Path, record_dir: str | Path, *, verify: bool = True, l
             if p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
     log(f"exported {len(files)} files to {dst} (a {kind.name} record)"
-        + ("; `sanlab study table` gives the same tables on the copy" if verify and kind.verify else ""))
+        + (f"; {kind.verified}" if verify and kind.verify else ""))
     return files

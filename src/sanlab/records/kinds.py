@@ -31,6 +31,7 @@ class Kind:
     entries: Callable[[Path], list[str]]  # the top-level entries `copy` writes, from the source
     copy: Callable[[Path, Path, Callable[[str], Any]], list[str]]  # (source, into, log) -> files written
     verify: Callable[[Path, Path], None] | None = None
+    verified: str = "`sanlab study table` gives the same tables on the copy"  # what `verify` showed
 
 
 def _probe_files(src: Path) -> list[str]:
@@ -42,15 +43,48 @@ def _probe_files(src: Path) -> list[str]:
     return files
 
 
+def _probe_run_files(src: Path, files: list[str]) -> list[str]:
+    """Every sweep point's `runs/RUN_ID/{config,meta,probe}.json` named by the results files
+    (no checkpoints, no metrics): each cell's provenance, and what a rerun of the suite
+    into a copy of the record reuses instead of training again."""
+    out: dict[str, None] = {}
+    for name in files:
+        if not name.endswith(".json"):
+            continue
+        data = read_json(src / name)
+        for cell in (data.get("cells") or []) if isinstance(data, dict) else []:
+            for point in cell.get("points") or []:
+                run_dir = point.get("run_dir")
+                if not isinstance(run_dir, str):
+                    continue
+                parts = Path(run_dir).parts
+                if len(parts) != 2 or parts[0] != probes.RUNS_DIR or ".." in parts:
+                    raise RecordError(f"{src / name}: run dir {run_dir!r} is not runs/RUN_ID")
+                for f in probes.RUN_FILES:
+                    if (src / run_dir / f).is_file():
+                        out[f"{run_dir}/{f}"] = None
+    return list(out)
+
+
+def _probe_entries(src: Path) -> list[str]:
+    files = _probe_files(src)
+    return files + ([probes.RUNS_DIR] if _probe_run_files(src, files) else [])
+
+
 def _copy_probes(src: Path, out: Path, log: Callable[[str], Any]) -> list[str]:
     files = _probe_files(src)
+    files += _probe_run_files(src, files)
     for name in files:
         copy_file(src / name, out / name)
     return files
 
 
 def _verify_probes(src: Path, out: Path) -> None:
-    probes.load_probes(out)  # the copy reads as a suite
+    """The copy reads as a suite, and every README block is the same from it as from the source."""
+    a, b = probes.load_probes(src), probes.load_probes(out)
+    for name, block in probes.BLOCKS.items():
+        if block(a) != block(b):
+            raise RecordError(f"{out}: the {name} block differs between {src} and its copy")
 
 
 KINDS: dict[str, Kind] = {
@@ -62,7 +96,8 @@ KINDS: dict[str, Kind] = {
                      lambda d: load_study(d, "variants"), variants.BLOCKS, study_entries, copy_study,
                      verify_study),
     "probes": Kind("probes", "a probe suite: every probe arm on every probe task (SPEC §2)",
-                   probes.load_probes, probes.BLOCKS, _probe_files, _copy_probes, _verify_probes),
+                   probes.load_probes, probes.BLOCKS, _probe_entries, _copy_probes, _verify_probes,
+                   "every README block reads the same from the copy"),
 }
 
 

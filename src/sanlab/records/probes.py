@@ -40,6 +40,10 @@ SUITE_CSV = "suite.csv"
 # Single-task results (`sanlab probe TASK --out DIR` into the suite's dir): an ablation
 # when it holds an arm the suite does not have (e.g. MixiT with the old σ on addition).
 ABLATION_PREFIX, ABLATION_SUFFIX = "probe-", ".json"
+# What a record keeps of each sweep point's run dir (`runs/RUN_ID/`): its config, its meta
+# (status, versions, accounting, wall time) and its accuracies; not checkpoints or metrics.
+RUNS_DIR = "runs"
+RUN_FILES = ("config.json", "meta.json", "probe.json")
 CAPACITY = "capacity"
 COLUMNS = {"addition": "Addition", "modadd": "Mod. add.", CAPACITY: "Memorization bits/param",
            "retrieval": "Retrieval", "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment",
