@@ -65,6 +65,11 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
     again = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text())["finished_at"]
              for c in res["cells"]]
     assert again == first
+    # Each point's wall time is its run's (meta.json), the same when reused, not the reuse's.
+    metas = [json.loads((tmp_path / "out" / c["points"][0]["run_dir"] / "meta.json").read_text()) for c in res["cells"]]
+    reran = json.loads((tmp_path / "out" / "probe-retrieval.json").read_text())
+    for cell, rerun_cell, meta in zip(res["cells"], reran["cells"], metas, strict=True):
+        assert cell["points"][0]["wall_s"] == rerun_cell["points"][0]["wall_s"] == meta["wall_time_s"] > 0
 
 
 def test_each_cell_sweeps_with_boundary_extension(tmp_path: Path, in_process: Any) -> None:

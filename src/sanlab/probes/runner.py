@@ -184,7 +184,7 @@ class Point:
     test_correct: int | None = None
     test_total: int | None = None
     val_loss: float | None = None
-    wall_s: float | None = None
+    wall_s: float | None = None  # the run's training wall time (meta.json's wall_time_s), also when reused
     error: str | None = None
 
     def criterion(self) -> float | None:
@@ -303,6 +303,9 @@ def _job(cell: Cell, multiplier: float, out: Path) -> tuple[Job, Point]:
                jobs_dir=os.path.abspath(out / JOBS), train_fn=TRAIN_FN), Point(multiplier, lr, run_dir)
 
 
+RUN_WALL = "run_wall_s"
+
+
 def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """The trainer, then exact-match accuracy on val and test (written to probe.json).
 
@@ -323,7 +326,9 @@ def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, f
         acc = run_accuracy(out_dir)
         scored = {"finished_at": meta.get("finished_at"), **{f"{s}_{k}": v for s, a in acc.items() for k, v in a.items()}}
         write_json(path, scored)
-    meta["final"] = {**(meta.get("final") or {}), **{k: v for k, v in scored.items() if k != "finished_at"}}
+    meta["final"] = {**(meta.get("final") or {}), **{k: v for k, v in scored.items() if k != "finished_at"},
+                     # the run's own wall time over all its sessions: a reused run reports it, not the reuse
+                     RUN_WALL: meta.get("wall_time_s")}
     return meta
 
 
@@ -365,7 +370,7 @@ def run_cells(cells: Sequence[Cell], opts: ProbeOptions, out: Path, progress: Pr
             point.test_correct = final.get("test_correct")
             point.test_total = final.get("test_total")
             point.val_loss = final.get("val_loss")
-            point.wall_s = outcome.get("wall_s")
+            point.wall_s = final.get(RUN_WALL) if final.get(RUN_WALL) is not None else outcome.get("wall_s")
             point.error = outcome.get("error")
             cell.points[point.multiplier] = point
             done += 1
