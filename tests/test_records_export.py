@@ -18,7 +18,7 @@ import pytest
 
 from sanlab.cli import main
 import sanlab.records.export as export_mod
-from sanlab.records import marker
+from sanlab.records import kinds, marker
 from test_records import write_study
 
 
@@ -215,6 +215,28 @@ def test_a_probe_suite_exports_as_a_probes_record(world: Path) -> None:
     assert marker.read(rec)["kind"] == "probes"
     assert main(["record", "readme", "records/p"]) == 0
     assert "<!-- records:BEGIN claims -->" in (rec / "README.md").read_text()
+
+
+def test_a_probe_export_refuses_a_copy_whose_blocks_differ(world: Path, monkeypatch, capsys) -> None:
+    """The copy is checked block by block: an ablation file left behind changes the
+    ablations block, and the export fails in one line, writing nothing."""
+    suite = world / "runs" / "probes"
+    suite.mkdir(parents=True)
+    arm = {"name": "mixit", "label": "MixiT", "overrides": ["model.mixer=mixit"]}
+    row = {"name": "mixit_row", "label": "mixit_row", "overrides": ["model.mixer=mixit", "x=row"]}
+    cell = {"key": "addition/mixit", "task": "addition", "arm": "mixit", "test_correct": 9, "test_total": 10}
+    (suite / "suite.json").write_text(json.dumps({"arms": [arm], "tasks": ["addition"],
+                                                  "table": {"mixit": {"addition": 90.0}}, "cells": [cell]}))
+    (suite / "probe-addition.json").write_text(json.dumps({"arms": [arm, row], "cells": [
+        cell, {**cell, "key": "addition/mixit_row", "arm": "mixit_row", "test_correct": 2}]}))
+    drop = kinds._probe_files
+    monkeypatch.setattr(kinds, "_probe_files", lambda src: [f for f in drop(src) if not f.startswith("probe-")])
+    assert main(["record", "export", "runs/probes", "records/p"]) != 0
+    err = capsys.readouterr().err
+    assert "the ablations block differs" in err and len(err.strip().splitlines()) == 1
+    assert not (world / "records" / "p").exists()
+    monkeypatch.setattr(kinds, "_probe_files", drop)
+    assert main(["record", "export", "runs/probes", "records/p"]) == 0
 
 
 def test_a_probe_record_keeps_each_sweep_points_config_meta_and_accuracies(world: Path, capsys) -> None:
