@@ -357,6 +357,44 @@ def test_readme_write_then_check_then_edit_fails_then_regenerate_passes(tmp_path
     assert sanlab_main(["record", "check", str(rec)]) == 1
 
 
+def test_check_fails_naming_a_file_the_marker_lists_that_is_not_there(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A record is committed whole: a file record.json lists but the dir lacks (a path git
+    ignored, a file lost) fails `record check`, naming the file, even with every README
+    block equal to its results."""
+    rec = make_record(tmp_path, readme=README)
+    assert sanlab_main(["record", "readme", str(rec)]) == 0
+    assert sanlab_main(["record", "check", str(rec)]) == 0
+    listed = json.loads((rec / "record.json").read_text())["files"]
+    gone = next(f for f in listed if f.endswith("/config.json"))
+    (rec / gone).unlink()
+    capsys.readouterr()
+    assert sanlab_main(["record", "check", str(rec)]) == 1
+    out = capsys.readouterr().out
+    assert f"1 of the files record.json lists are missing (first: {gone})" in out
+
+
+def test_git_ignores_no_file_a_committed_record_lists() -> None:
+    """`.gitignore` keeps every file of every record: a listed file git would ignore is
+    left out of the commit, and the clone's record is then missing it."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    listed = [(p.parent / f).relative_to(ROOT).as_posix() for p in sorted((ROOT / "records").glob("*/record.json"))
+              for f in json.loads(p.read_text())["files"]]
+    assert listed
+    # exit 0: some path is ignored (printed); 1: none is; the paths need not exist
+    r = subprocess.run(["git", "check-ignore", "--no-index", "--stdin"], cwd=ROOT, input="\n".join(listed),
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and not r.stdout, f"ignored by .gitignore: {r.stdout.splitlines()[:3]}"
+    # the rule itself: a probe record's runs/ and a study record's study/runs/ are kept
+    for path in ("records/x/runs/r/config.json", "records/x/study/runs/r/meta.json"):
+        r = subprocess.run(["git", "check-ignore", "--no-index", path], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1, path
+
+
 def test_readme_without_readme_writes_a_skeleton_with_every_block(tmp_path: Path) -> None:
     rec = make_record(tmp_path)
     assert sanlab_main(["record", "readme", str(rec)]) == 0

@@ -96,11 +96,24 @@ def find_records(paths: list[Path]) -> list[Path]:
     return out
 
 
+def missing_files(record_dir: Path) -> list[str]:
+    """The files `record.json` lists that the record dir does not hold (sorted)."""
+    return sorted(f for f in marker.read(record_dir)["files"] if not (record_dir / f).is_file())
+
+
 def check(paths: list[Path], *, log: Callable[[str], Any] = print) -> int:
-    """`readme --check` on every record found in `paths`: 1 when any README block differs
-    from what its committed results give, else 0."""
+    """On every record found in `paths`: every file its `record.json` lists is there, and
+    `readme --check` (every README block equals what its committed results give).
+    1 when a file is missing or a block differs, else 0."""
     records = find_records(paths)
-    stale = [r for r in records if readme(r, check=True, log=log)]
-    if not stale:
-        log(f"records: {len(records)} README(s) equal their results")
-    return 1 if stale else 0
+    bad = []
+    for r in records:
+        missing = missing_files(r)
+        if missing:
+            log(f"{r}: {len(missing)} of the files {MARKER} lists are missing (first: {missing[0]}); "
+                "a record is committed whole (is the path ignored by git?)")
+        if readme(r, check=True, log=log) or missing:
+            bad.append(r)
+    if not bad:
+        log(f"records: {len(records)} record(s) whole, README(s) equal their results")
+    return 1 if bad else 0
