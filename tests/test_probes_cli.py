@@ -225,6 +225,30 @@ def test_capacity_is_the_best_point_of_the_sweep() -> None:
         capacity(points, 1, 1000)
 
 
+def test_fano_bits_are_the_symmetric_channel_information_and_give_chance_nothing() -> None:
+    from sanlab.probes.capacity import fano_bits
+
+    # a = 0.75, A = 4: log2 4 − H2(0.75) − 0.25·log2 3 = 2 − 0.811278 − 0.396241 = 0.792481 bits a label
+    h2 = -(0.75 * math.log2(0.75) + 0.25 * math.log2(0.25))
+    assert fano_bits(300, 400, 4) == pytest.approx(400 * (2 - h2 - 0.25 * math.log2(3)), rel=1e-12)
+    assert fano_bits(300, 400, 4) == pytest.approx(400 * 0.7924812503605781, rel=1e-9)
+    assert fano_bits(400, 400, 4) == pytest.approx(800.0)  # everything: N·log2 A
+    assert fano_bits(100, 400, 4) == 0.0 and fano_bits(40, 400, 4) == 0.0  # chance and below: nothing
+    assert fano_bits(0, 0, 4) == 0.0
+    # the count credits a model at chance with N/A labels; Fano does not
+    pts = [{"n": 65536, "memorised": 65536 // 16}]
+    assert capacity(pts, 16, 2300)["bits_per_param"] == pytest.approx(65536 / 16 * 4 / 2300)
+    assert capacity(pts, 16, 2300, measure="fano")["bits_per_param"] == 0.0
+    # the best point can differ between the two: a small N nearly memorised beats a large N near chance
+    pts = [{"n": 1000, "memorised": 900}, {"n": 16000, "memorised": 1500}]
+    count, fano = capacity(pts, 16, 1000), capacity(pts, 16, 1000, measure="fano")
+    assert count["n"] == 16000 and count["bits"] == pytest.approx(6000)
+    assert fano["n"] == 1000 and fano["bits"] == pytest.approx(fano_bits(900, 1000, 16))
+    assert fano["measure"] == "fano" and count["measure"] == "count"
+    with pytest.raises(ValueError, match="measure"):
+        capacity(pts, 16, 1000, measure="loss")
+
+
 def test_capacity_says_when_it_is_only_a_lower_bound_and_what_chance_scores() -> None:
     # Not every pair of the best N memorised: the model hit its limit; chance = N / alphabet.
     cap = capacity([{"n": 100, "memorised": 90}, {"n": 400, "memorised": 200}], alphabet=16, params=1000)
@@ -260,6 +284,36 @@ def test_capacity_model_overrides_reach_only_the_capacity_cells(tmp_path: Path) 
     assert by_key["dyck/standard"].config.model.d_model == 64
     with pytest.raises(ConfigError, match="capacity.model"):
         Overrides.parse(['capacity.model=["d_model=16"]']).options_model()
+
+
+def test_full_budget_capacity_cells_train_a_d16_model_and_every_other_task_keeps_d64(tmp_path: Path) -> None:
+    """The documented default (docs/commands/probe.md, "Capacity: the model size"): at
+    d_model 16 the standard arm has 8,548 trainable parameters, so the paper's 2.98
+    bits/param is ~6,400 labels of log2(16) bits, inside the grid's 4096..16384; an arm's
+    or the user's model.* still wins, and capacity.model=[] keeps d_model 64."""
+    from sanlab.probes.arms import resolve_arms
+    from sanlab.probes.capacity import trainable_params
+    from sanlab.probes.runner import Overrides
+    from sanlab.probes.suite import build_cells
+    from sanlab.model.lm import LM
+
+    ov = Overrides.parse([])
+    opts = ov.options_model(quick=False)
+    assert opts.capacity.ns == [4096, 16384, 65536]
+    cells = build_cells(["capacity", "dyck"], resolve_arms(["standard", "san"]), ov, opts, False, tmp_path)
+    by_key = {c.key: c for c in cells}
+    assert {by_key[f"capacity-n{n}/standard"].config.model.d_model for n in opts.capacity.ns} == {16}
+    assert by_key["capacity-n4096/standard"].config.train.steps == 3000
+    assert by_key["dyck/standard"].config.model.d_model == 64
+    params = trainable_params(LM(by_key["capacity-n4096/standard"].config.model))
+    assert params == 8548 and 4096 < params * 2.98 / math.log2(16) < 16384
+    assert trainable_params(LM(by_key["capacity-n4096/san"].config.model)) == 2370
+    # the user's model.* wins over the capacity model; capacity.model=[] drops it
+    for items, d in ((["model.d_model=32"], 32), (["capacity.model=[]"], 64)):
+        ov = Overrides.parse([*items, "capacity.ns=[4096]"])
+        (cell,) = build_cells(["capacity"], resolve_arms(["standard"]), ov, ov.options_model(quick=False), False,
+                              tmp_path / str(d))
+        assert cell.config.model.d_model == d
 
 
 def test_full_size_retrieval_trains_at_64_rows_a_step_and_quick_keeps_8() -> None:

@@ -87,7 +87,7 @@ def test_the_standard_error_of_a_proportion() -> None:
 
 def test_probe_claims_from_planted_counts(tmp_path: Path) -> None:
     assert probe_verdicts(probe_record(tmp_path / "a")) == {
-        "retrieval": "reproduced", "capacity": "reproduced", "mixit": "not reproduced"}
+        "retrieval": "reproduced", "capacity": "reproduced", "capacity_fano": "reproduced", "mixit": "not reproduced"}
     # Frozen-QK above the standard arm by 6.25 points (2 se ≈ 2.2): the order is reversed.
     flipped = {**RETRIEVAL, "standard": 480, "frozen_qk": 512}
     assert probe_verdicts(probe_record(tmp_path / "b", retrieval=flipped))["retrieval"] == "not reproduced"
@@ -125,6 +125,27 @@ def test_capacity_is_decided_only_when_the_maximum_over_n_is_bracketed(tmp_path:
     assert probe_verdicts(probe_record(tmp_path / "c", capacity=full))["capacity"] == "inconclusive"
     swapped = {**CAPACITY, "frozen_mlp": CAPACITY["standard"], "standard": CAPACITY["frozen_mlp"]}
     assert probe_verdicts(probe_record(tmp_path / "d", capacity=swapped))["capacity"] == "not reproduced"
+
+
+def test_the_chance_free_capacity_reading_is_fanos_bound_and_gives_chance_nothing(tmp_path: Path) -> None:
+    rec = probe_record(tmp_path / "a")
+    fano = next(c for c in probes.claims(rec) if c.rule == "capacity_fano")
+    # standard: the best N by Fano is 4000 (2400 right, a = 0.6):
+    # 4000 · (4 − H2(0.6) − 0.4 · log2 15) bits over 8000 parameters
+    h2 = -(0.6 * math.log2(0.6) + 0.4 * math.log2(0.4))
+    want = 4000 * (4 - h2 - 0.4 * math.log2(15)) / PARAMS
+    assert f"Standard {want:.2f}" in fano.measured and f"{want:.2f}" == "0.73"
+    point = probes.capacity_point(rec, "standard", "fano")
+    assert point is not None and point["value"] == pytest.approx(want) and point["n"] == 4000
+    a = 2401 / 4002  # (k + 1) / (n + 2); the delta method's slope n·log2(a(A − 1)/(1 − a))
+    assert point["se"] == pytest.approx(4000 * math.log2(a * 15 / (1 - a)) * math.sqrt(a * (1 - a) / 4002) / PARAMS)
+    # Frozen-MLP a little above chance (1 in 16) at the largest N: the count's maximum is
+    # there (4400 bits, so not bracketed), while Fano gives that N almost nothing and
+    # finds its maximum at N = 1000, and decides the order.
+    weak = {**CAPACITY, "frozen_mlp": [(1000, 500), (4000, 700), (16000, 1100)]}
+    verdicts = probe_verdicts(probe_record(tmp_path / "b", capacity=weak))
+    assert verdicts["capacity"] == "inconclusive" and verdicts["capacity_fano"] == "reproduced"
+    assert probes.capacity_point(probes.load_probes(tmp_path / "b" / "rec"), "frozen_mlp", "fano")["n"] == 1000
 
 
 def test_probe_blocks_hold_the_suites_numbers(tmp_path: Path) -> None:

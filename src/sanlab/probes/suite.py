@@ -104,7 +104,9 @@ def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *,
                 alphabet = mine[0]["task_config"]["alphabet"] if mine else None
                 points = [{"n": s["task_config"]["n_train"], "memorised": s["test_correct"]} for s in mine]
                 cap = capacity(points, alphabet, params) if params and alphabet else {"bits_per_param": None}
-                caps[a.name] = {**cap, "alphabet": alphabet, "points": points}
+                fano = (capacity(points, alphabet, params, measure="fano") if params and alphabet
+                        else {"bits_per_param": None})
+                caps[a.name] = {**cap, "alphabet": alphabet, "points": points, "fano": fano}
                 table[a.name][task] = cap["bits_per_param"]
             elif mine:
                 acc = mine[0]["test_accuracy"]
@@ -195,6 +197,11 @@ def print_table(res: dict[str, Any], console: Output | Console) -> None:
                               f"× log2({cap['alphabet']}) / {cap['params']:,} trainable params (best N={cap['n']}, "
                               f"{cap['chance']:.0f} of them expected by chance; memorised {pts})"
                               + (" — a lower bound" if cap.get("lower_bound") else ""))
+                fano = cap.get("fano") or {}
+                if fano.get("bits_per_param") is not None:
+                    console.note(f"capacity {name}, chance removed (Fano): {fano['bits_per_param']:.3f} bits/param = "
+                                  f"{fano['bits']:,.0f} bits / {fano['params']:,} (best N={fano['n']})"
+                                  + (" — a lower bound" if fano.get("lower_bound") else ""))
 
 
 def print_cells(res: dict[str, Any], console: Output | Console) -> None:
@@ -233,6 +240,9 @@ def csv_text(res: dict[str, Any]) -> str:
                 cap = res["capacity"].get(a["name"], {})
                 w.writerow([a["name"], a["label"], task, "bits_per_param", _csv_num(value),
                             paper, "", "", "", cap.get("memorised", ""), cap.get("n", ""), cap.get("params", "")])
+                fano = cap.get("fano") or {}
+                w.writerow([a["name"], a["label"], task, "bits_per_param_fano", _csv_num(fano.get("bits_per_param")),
+                            "", "", "", "", fano.get("memorised", ""), fano.get("n", ""), fano.get("params", "")])
                 continue
             s = by_key.get((a["name"], task), {})
             w.writerow([a["name"], a["label"], task, "test_accuracy_pct", _csv_num(value),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sanlab.probes.capacity import capacity
 from sanlab.records.common import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -67,7 +68,11 @@ RULES = {
     "capacity": "capacity: the same, in bits per trainable parameter (standard > Frozen-QK > MixiT > "
                 "Frozen-MLP); decided only when every arm's maximum over N is bracketed: its best N memorised "
                 "fewer than all N pairs and a larger N gave no more bits (else a larger N could give more, "
-                "and the claim is inconclusive).",
+                "and the claim is inconclusive). Bits = memorised labels × log2 A, the paper's count: a label "
+                "right by chance (1 in A) counts too, N·log2(A)/A bits that grow with N.",
+    "capacity_fano": "capacity, chance removed: the same rule on Fano's lower bound on the labels' information, "
+                     "N·(log2 A − H₂(a) − (1 − a)·log2(A − 1)) bits at accuracy a (0 at chance), its se by the "
+                     "delta method.",
     "mixit": f"MixiT ≈ standard: per task, the standard arm's accuracy minus MixiT's; reproduced when on every "
              f"task it is below {EQUIVALENCE_PTS:g} points beyond noise (≤ {EQUIVALENCE_PTS:g} − 2·se), not "
              f"reproduced when on some task it is above {EQUIVALENCE_PTS:g} points beyond noise, else "
@@ -178,18 +183,38 @@ def accuracy_step(rec: ProbeRecord, task: str, hi: str, lo: str) -> tuple[int, f
     return difference_sign(diff, se), 100 * diff
 
 
-def capacity_point(rec: ProbeRecord, arm: str) -> dict[str, Any] | None:
-    """The arm's capacity with its standard error, or None when its maximum over N is not
-    bracketed (one N, the best N fully memorised, or the best N the largest)."""
+def arm_capacity(rec: ProbeRecord, arm: str, measure: str = "count") -> dict[str, Any]:
+    """The arm's capacity by `measure` ("count": suite.json's number, memorised · log2 A;
+    "fano": the chance-free bound), recomputed from the points suite.json keeps, so a
+    record written before the Fano reading existed has it too. {} when the arm has none."""
     cap = (rec.suite.get("capacity") or {}).get(arm) or {}
     pts = [p for p in cap.get("points") or [] if isinstance(p.get("memorised"), int)]
     if cap.get("bits_per_param") is None or not pts or not cap.get("params") or not cap.get("alphabet"):
+        return {}
+    if measure == "count":
+        return cap
+    return {**capacity(pts, int(cap["alphabet"]), int(cap["params"]), measure=measure), "points": pts}
+
+
+def capacity_point(rec: ProbeRecord, arm: str, measure: str = "count") -> dict[str, Any] | None:
+    """The arm's capacity with its standard error, or None when its maximum over N is not
+    bracketed (one N, the best N fully memorised, or the best N the largest)."""
+    cap = arm_capacity(rec, arm, measure)
+    if not cap:
         return None
-    best_n, k = int(cap["n"]), int(cap["memorised"])
+    pts = [p for p in cap.get("points") or [] if isinstance(p.get("memorised"), int)]
+    best_n, k, alphabet = int(cap["n"]), int(cap["memorised"]), int((rec.suite["capacity"][arm])["alphabet"])
     bracketed = k < best_n and any(int(p["n"]) > best_n for p in pts)
-    scale = math.log2(int(cap["alphabet"])) / int(cap["params"])
-    # se of bits/param from the binomial count of memorised pairs at the best N
-    se = scale * best_n * proportion_se(k, best_n)
+    se_acc = proportion_se(k, best_n)
+    if measure == "count":
+        # se of bits/param from the binomial count of memorised pairs at the best N
+        dbits = best_n * math.log2(alphabet)
+    else:
+        # delta method: d/da of n·(log2 A − H₂(a) − (1 − a)·log2(A − 1)) = n·log2(a(A − 1)/(1 − a)),
+        # at a = (k + 1)/(n + 2) as for the proportion's se (finite at k = n)
+        a = _p(k, best_n)
+        dbits = best_n * abs(math.log2(a * (alphabet - 1) / (1 - a)))
+    se = dbits * se_acc / int(cap["params"])
     return {"value": float(cap["bits_per_param"]), "se": se, "bracketed": bracketed, "n": best_n,
             "points": len(pts)}
 
@@ -197,22 +222,15 @@ def capacity_point(rec: ProbeRecord, arm: str) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------- claims
 
 
-def claims(rec: ProbeRecord) -> list[Claim]:
-    out = []
-    order = [a for a in PAPER_RETRIEVAL if rec.cell("retrieval", a) is not None]
-    steps = [accuracy_step(rec, "retrieval", hi, lo) for hi, lo in zip(order, order[1:])]
-    measured = ", ".join(f"{rec.label(a)} {fmt(rec.value('retrieval', a), '{:.1f}')}" for a in order)
-    if len(order) < len(PAPER_RETRIEVAL):
-        verdict = INCONCLUSIVE
-        measured += f" (missing: {', '.join(LABELS[a] for a in PAPER_RETRIEVAL if a not in order)})"
-    else:
-        verdict = ordering_verdict(s for s, _ in steps)
-        measured += "; steps " + ", ".join(fmt(d, "{:+.1f}") for _, d in steps) + " points"
-    out.append(Claim("retrieval: standard > Frozen-QK > MixiT (attention retrieves, even with frozen Q/K)",
-                     "test accuracy 100 / 97.0 / 11.2 %", measured or "–", verdict, "retrieval"))
+CAPACITY_CLAIM = "memorization capacity: standard > Frozen-QK > MixiT > Frozen-MLP (the MLP memorizes)"
+CAPACITY_READING = {"count": "memorised labels × log2 A, chance included (the paper's count)",
+                    "fano": "chance removed (Fano's bound on the labels' information)"}
 
-    caps = {a: capacity_point(rec, a) for a in PAPER_CAPACITY}
-    raw = {a: ((rec.suite.get("capacity") or {}).get(a) or {}).get("bits_per_param") for a in PAPER_CAPACITY}
+
+def capacity_claim(rec: ProbeRecord, measure: str) -> Claim:
+    """The capacity ordering by one reading of the bits (`capacity.MEASURES`)."""
+    caps = {a: capacity_point(rec, a, measure) for a in PAPER_CAPACITY}
+    raw = {a: arm_capacity(rec, a, measure).get("bits_per_param") for a in PAPER_CAPACITY}
     measured = ", ".join(f"{rec.label(a)} {fmt(raw[a], '{:.2f}')}" for a in PAPER_CAPACITY if raw[a] is not None)
     present = [a for a in PAPER_CAPACITY if raw[a] is not None]
     if len(present) < len(PAPER_CAPACITY):
@@ -231,8 +249,26 @@ def claims(rec: ProbeRecord) -> list[Claim]:
             assert a is not None and b is not None
             signs.append(difference_sign(a["value"] - b["value"], math.hypot(a["se"], b["se"])))
         verdict = ordering_verdict(signs)
-    out.append(Claim("memorization capacity: standard > Frozen-QK > MixiT > Frozen-MLP (the MLP memorizes)",
-                     "2.98 / 2.25 / 2.18 / 1.13 bits per parameter", measured or "–", verdict, "capacity"))
+    return Claim(f"{CAPACITY_CLAIM}; {CAPACITY_READING[measure]}", "2.98 / 2.25 / 2.18 / 1.13 bits per parameter",
+                 measured or "–", verdict, "capacity" if measure == "count" else f"capacity_{measure}")
+
+
+
+def claims(rec: ProbeRecord) -> list[Claim]:
+    out = []
+    order = [a for a in PAPER_RETRIEVAL if rec.cell("retrieval", a) is not None]
+    steps = [accuracy_step(rec, "retrieval", hi, lo) for hi, lo in zip(order, order[1:])]
+    measured = ", ".join(f"{rec.label(a)} {fmt(rec.value('retrieval', a), '{:.1f}')}" for a in order)
+    if len(order) < len(PAPER_RETRIEVAL):
+        verdict = INCONCLUSIVE
+        measured += f" (missing: {', '.join(LABELS[a] for a in PAPER_RETRIEVAL if a not in order)})"
+    else:
+        verdict = ordering_verdict(s for s, _ in steps)
+        measured += "; steps " + ", ".join(fmt(d, "{:+.1f}") for _, d in steps) + " points"
+    out.append(Claim("retrieval: standard > Frozen-QK > MixiT (attention retrieves, even with frozen Q/K)",
+                     "test accuracy 100 / 97.0 / 11.2 %", measured or "–", verdict, "retrieval"))
+
+    out += [capacity_claim(rec, "count"), capacity_claim(rec, "fano")]
 
     per, signs, missing = [], [], []
     for task in MIXIT_MATCHES:
@@ -357,6 +393,13 @@ def ablations(rec: ProbeRecord) -> list[dict[str, Any]]:
     return rows
 
 
+def _ablation_task(task: str) -> str:
+    """A cell's task as the ablations table names it (a capacity cell: its N)."""
+    if task.startswith(CAPACITY + "-n"):
+        return f"Memorization, N={task[len(CAPACITY) + 2:]} (memorised)"
+    return COLUMNS.get(task, task)
+
+
 def _acc_text(k_n: tuple[int, int] | None, lr: Any) -> str:
     if k_n is None:
         return "–"
@@ -372,14 +415,15 @@ def block_ablations(rec: ProbeRecord) -> str:
     table = []
     for r in rows:
         verdict = {None: "–", 0: "within noise", 1: "higher beyond noise", -1: "lower beyond noise"}[r["sign"]]
-        table.append([COLUMNS.get(r["task"], r["task"]), f"`{r['arm']}`",
+        table.append([_ablation_task(r["task"]), f"`{r['arm']}`",
                       " ".join(f"`{c}`" for c in r["changes"]) or "–",
                       _acc_text(r["correct"], r["lr"]),
                       f"{rec.label(r['reference'])}: " + _acc_text(r["reference_correct"], r["reference_lr"])
                       if r["reference"] else "– (no suite arm it changes)",
                       "–" if r["diff"] is None else f"{100 * r['diff']:+.1f} ± {100 * Z * r['se']:.1f}",
                       verdict])
-    note = ("Test exact-match accuracy in % (correct/total) at each arm's selected LR. The reference is the "
+    note = ("Test exact-match accuracy in % (correct/total) at each arm's selected LR (a memorization cell: "
+            "the training pairs memorised, its test set). The reference is the "
             "suite arm whose overrides the ablation extends; its number is the same run the suite reports. "
             f"A difference counts beyond noise when it exceeds {Z:g} standard errors (± shows {Z:g} se).")
     return md_table(["task", "ablation arm", "changes", "its accuracy", "reference arm", "difference (points)", "verdict"],
