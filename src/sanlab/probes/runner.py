@@ -72,6 +72,11 @@ TASK_DEFAULTS: dict[str, dict[str, tuple[str, ...]]] = {
 # The quick capacity cell is one N on a d=16 model (about 8.5k trainable parameters for
 # the standard arm) so it is not trivially memorised; at 300 steps it is far from
 # converged, so its bits/param reads as an ordering, not as the paper's capacity.
+# The capacity cells' model: d_model 16 (8,548 trainable parameters for the standard arm,
+# 2,370 for the SAN). At the paper's 2.98 bits/param the standard arm holds ~6,400 labels
+# of 4 bits, between the grid's 4096 and 16384; at d_model 64 (126k parameters) it would
+# need ~94,000, more than the 65,536 keys of the task, so no N of the grid could bracket it.
+CAPACITY_MODEL: tuple[str, ...] = ("model.d_model=16",)
 QUICK_OPTIONS: tuple[str, ...] = ("sweep.max_extensions=0", "capacity.ns=[4096]",
                                   'capacity.model=["model.d_model=16", "train.steps=300"]')
 
@@ -96,9 +101,11 @@ class CapacitySettings(StrictModel):
     """`capacity.*`: the N values of the memorization-capacity sweep."""
 
     ns: list[int] = [4096, 16384, 65536]  # 65536 = every key of the default 16 symbols ^ 4
-    model: list[str] = []
-    """Run overrides for the capacity cells only (after the task's, before the arm's), e.g.
-    `["model.d_model=16"]`: a smaller model reaches its limit at a smaller N."""
+    model: list[str] = list(CAPACITY_MODEL)
+    """Run overrides for the capacity cells only (after the task's, before the arm's, so an
+    arm's or the command line's `model.*` still wins). Default d_model 16: the N grid then
+    brackets the paper's capacities (docs/commands/probe.md, "Capacity: the model size");
+    `capacity.model=[]` keeps the probe model (d_model 64)."""
 
     @model_validator(mode="after")
     def _check(self) -> "CapacitySettings":
