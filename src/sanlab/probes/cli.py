@@ -44,6 +44,9 @@ def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> N
                         help="a custom arm: a name and run-config overrides (repeatable)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR",
                         help=f"data, runs and results go here (default {DEFAULT_OUT}); reruns reuse finished runs")
+    parser.add_argument("--merge", action="append", default=[], type=Path, metavar="SRC",
+                        help="with --suite: add the suite in SRC (another --out dir, e.g. other tasks run "
+                             "elsewhere) to --out's and write the whole suite there; no training (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the tasks and arm presets and exit")
     add_format_flag(parser)
 
@@ -62,6 +65,25 @@ def _list(console: object) -> int:
     return 0
 
 
+def _merge(args: argparse.Namespace, console: Output) -> int:
+    from sanlab.probes.merge import merge
+    from sanlab.probes.suite import SUITE_TASKS, print_cells, print_table
+
+    if not args.suite:
+        raise ConfigError("--merge joins suites: give it with --suite")
+    extra = [flag for flag, given in (("--tasks", args.tasks is not None), ("--arms", args.arms is not None),
+                                      ("--arm", bool(args.arm)), ("--quick", args.quick),
+                                      (" ".join(args.items), bool(args.items))) if given]
+    if extra:
+        raise ConfigError(f"--merge trains nothing and takes the pieces as they are: drop {extra[0]}")
+    check_out_dir(args.out)
+    res = merge(args.merge, args.out, SUITE_TASKS, log=lambda m: console.note(m))
+    print_cells(res, console)
+    print_table(res, console)
+    console.close()
+    return 0
+
+
 def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     """Options given after the first positional item, parsed from the remainder."""
     if not any(i.startswith("-") for i in args.items):
@@ -77,6 +99,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     again.arms = again.arms if again.arms is not None else args.arms
     again.tasks = again.tasks if again.tasks is not None else args.tasks
     again.arm = [*args.arm, *again.arm]
+    again.merge = [*args.merge, *again.merge]
     again.out = again.out if again.out != DEFAULT_OUT else args.out
     again.format = again.format if again.format != "text" else args.format
     return again
@@ -93,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
                                      write_data, write_results)
 
+    if args.merge:
+        return _merge(args, console)
     tasks_given = [i for i in args.items if "=" not in i]
     ov = Overrides.parse([i for i in args.items if "=" in i])
     if args.suite:

@@ -89,16 +89,25 @@ def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *,
         s["trainable_params"] = trainable_from_meta(meta) if meta else None
         s["params"] = (meta.get("accounting") or {}).get("params_module") if meta else None
         summaries.append(s)
-    table: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
+    return assemble(tasks, [{"name": a.name, "label": a.label, "overrides": list(a.overrides)} for a in arms],
+                    summaries, quick=quick, wall_s=wall_s)
+
+
+def assemble(tasks: Sequence[str], arms: Sequence[dict[str, Any]], summaries: Sequence[dict[str, Any]], *,
+             quick: bool, wall_s: float | None) -> dict[str, Any]:
+    """The results dict from the cells' summaries (`Cell.summary()` with the trainable
+    parameter counts): the grid, the capacity arithmetic, the anchors, the unscored cells."""
+    names = [a["name"] for a in arms]
+    table: dict[str, dict[str, Any]] = {a: {} for a in names}
     caps: dict[str, Any] = {}
-    unscored: dict[str, dict[str, Any]] = {a.name: {} for a in arms}
-    for a in arms:
+    unscored: dict[str, dict[str, Any]] = {a: {} for a in names}
+    for a in names:
         for task in tasks:
-            mine = [s for s in summaries if s["arm"] == a.name and (
-                s["key"].startswith("capacity-") if task == CAPACITY else s["key"] == f"{task}/{a.name}")]
+            mine = [s for s in summaries if s["arm"] == a and (
+                s["key"].startswith("capacity-") if task == CAPACITY else s["key"] == f"{task}/{a}")]
             why = _unscored(mine)
             if why is not None:
-                unscored[a.name][task] = why
+                unscored[a][task] = why
             if task == CAPACITY:
                 params = next((s["trainable_params"] for s in mine if s["trainable_params"]), None)
                 alphabet = mine[0]["task_config"]["alphabet"] if mine else None
@@ -106,16 +115,15 @@ def results(tasks: Sequence[str], arms: Sequence[Arm], cells: Sequence[Cell], *,
                 cap = capacity(points, alphabet, params) if params and alphabet else {"bits_per_param": None}
                 fano = (capacity(points, alphabet, params, measure="fano") if params and alphabet
                         else {"bits_per_param": None})
-                caps[a.name] = {**cap, "alphabet": alphabet, "points": points, "fano": fano}
-                table[a.name][task] = cap["bits_per_param"]
+                caps[a] = {**cap, "alphabet": alphabet, "points": points, "fano": fano}
+                table[a][task] = cap["bits_per_param"]
             elif mine:
                 acc = mine[0]["test_accuracy"]
-                table[a.name][task] = None if acc is None else 100.0 * acc
+                table[a][task] = None if acc is None else 100.0 * acc
     return {
-        "quick": quick, "tasks": list(tasks), "arms": [{"name": a.name, "label": a.label,
-                                                        "overrides": list(a.overrides)} for a in arms],
+        "quick": quick, "tasks": list(tasks), "arms": [dict(a) for a in arms],
         "table": table, "capacity": caps, "anchors": {a: ANCHORS.get(a, {}) for a in table},
-        "unscored": {a: v for a, v in unscored.items() if v}, "cells": summaries, "wall_s": wall_s,
+        "unscored": {a: v for a, v in unscored.items() if v}, "cells": list(summaries), "wall_s": wall_s,
     }
 
 

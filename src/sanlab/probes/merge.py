@@ -1,0 +1,137 @@
+"""`sanlab probe --suite --merge SRC --out DIR`: one suite from suites run in pieces.
+
+A suite is often run a task or two at a time, on different machines or on different
+days (`--tasks retrieval` on one, `--tasks capacity` on another). Merging adds each
+SRC's cells to DIR's own (DIR's suite.json, when it has one) and writes DIR/suite.json
+and suite.csv again from all of them, exactly as one `--suite` run over every task would
+have written them: the grid, the capacity arithmetic, the anchors and the unscored cells
+are recomputed from the cells; nothing is copied from a piece's table.
+
+The pieces must be the same suite: the same arms (names and overrides) and the same
+`quick`. A task may come from one piece only (two pieces with a task in common are two
+measurements of one cell; the merge refuses rather than pick one). Each SRC's run files
+(`runs/RUN_ID/{config,meta,probe}.json` of every sweep point) and its `probe-TASK.json`
+ablation files are copied into DIR when DIR does not have them; a sweep point whose run
+files its SRC lacks keeps the numbers its suite.json holds, and the merge says how many.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from sanlab.errors import ConfigError, DataError
+from sanlab.fileio import read_json
+
+SUITE, SUITE_CSV = "suite.json", "suite.csv"
+RUN_FILES = ("config.json", "meta.json", "probe.json")  # what a record keeps of a run dir, too
+
+
+def _suite(d: Path) -> dict[str, Any]:
+    path = d / SUITE
+    if not d.is_dir():
+        raise DataError(f"--merge {d}: no such directory")
+    if not path.is_file():
+        raise DataError(f"--merge {d}: no {SUITE} (a `sanlab probe --suite --out DIR` dir)")
+    data = read_json(path)
+    if not (isinstance(data, dict) and isinstance(data.get("cells"), list) and isinstance(data.get("arms"), list)
+            and isinstance(data.get("tasks"), list)):
+        raise DataError(f"{path}: not a probe suite's results (`sanlab probe --suite` writes one)")
+    return data
+
+
+def _arms_key(suite: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
+    return [(a.get("name"), tuple(a.get("overrides") or ())) for a in suite["arms"]]
+
+
+def _run_dirs(data: dict[str, Any]) -> list[str]:
+    """Every sweep point's run dir (`runs/RUN_ID`) a results file names."""
+    out: dict[str, None] = {}
+    for cell in data.get("cells") or []:
+        for point in cell.get("points") or []:
+            rd = point.get("run_dir")
+            if isinstance(rd, str):
+                parts = Path(rd).parts
+                if len(parts) == 2 and parts[0] == "runs" and ".." not in parts:
+                    out[rd] = None
+    return list(out)
+
+
+def _copy(src: Path, dst: Path) -> bool:
+    """Copy `src` to `dst` atomically unless `dst` is there; True when copied."""
+    if dst.exists() or not src.is_file():
+        return False
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+    return True
+
+
+def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
+          log: Callable[[str], Any] = print) -> dict[str, Any]:
+    """The merged results (module docstring), written to `out`; `DataError` / `ConfigError`
+    (one line) for a source that is not a suite or a piece that does not fit."""
+    from sanlab.probes.suite import assemble, write_results
+
+    pieces: list[tuple[Path, dict[str, Any]]] = []
+    own = int((out / SUITE).is_file())  # DIR's own suite: its run files are there already
+    if own:
+        pieces.append((out, _suite(out)))
+    for s in sources:
+        if Path(os.path.abspath(s)) == Path(os.path.abspath(out)):
+            raise ConfigError(f"--merge {s} is the --out dir itself (its own suite.json is always merged)")
+        pieces.append((s, _suite(s)))
+    first_dir, first = pieces[0]
+    owner: dict[str, Path] = {}
+    for d, suite in pieces:
+        if _arms_key(suite) != _arms_key(first):
+            raise ConfigError(f"{d / SUITE}: its arms ({', '.join(a for a, _ in _arms_key(suite))}) are not "
+                              f"{first_dir / SUITE}'s ({', '.join(a for a, _ in _arms_key(first))}); a merge "
+                              "joins pieces of one suite")
+        if bool(suite.get("quick")) != bool(first.get("quick")):
+            raise ConfigError(f"{d / SUITE} is {'' if suite.get('quick') else 'not '}--quick and "
+                              f"{first_dir / SUITE} is {'' if first.get('quick') else 'not '}; a merge "
+                              "joins pieces of one suite")
+        for task in suite["tasks"]:
+            if task in owner:
+                raise ConfigError(f"task {task!r} is in both {owner[task] / SUITE} and {d / SUITE}: "
+                                  "merge pieces with different tasks")
+            owner[task] = d
+    unknown = [t for t in owner if t not in suite_tasks]
+    if unknown:
+        raise DataError(f"{owner[unknown[0]] / SUITE}: unknown suite task {unknown[0]!r}")
+    tasks = [t for t in suite_tasks if t in owner]
+    cells = [c for t in tasks for c in _cells_of(pieces, owner[t], t)]
+    walls = [s.get("wall_s") for _, s in pieces if isinstance(s.get("wall_s"), (int, float))]
+    res = assemble(tasks, first["arms"], cells, quick=bool(first.get("quick")), wall_s=sum(walls) if walls else None)
+
+    copied = without = 0
+    for d, suite in pieces[own:]:
+        results_files = [suite] + [read_json(p) for p in sorted(d.glob("probe-*.json"))]
+        for name in sorted(p.name for p in d.glob("probe-*.json")):
+            copied += _copy(d / name, out / name)
+        for data in results_files:
+            for rd in _run_dirs(data):
+                if not any((d / rd / f).is_file() for f in RUN_FILES):
+                    without += 1
+                for f in RUN_FILES:
+                    copied += _copy(d / rd / f, out / rd / f)
+    json_path, _ = write_results(res, out, "suite")
+    log(f"merged {len(pieces)} suite(s): {', '.join(f'{t} ({owner[t]})' for t in tasks)} → {json_path}; "
+        f"{copied} file(s) copied" + (f"; {without} sweep point(s) without run files in their source "
+                                      "(their numbers are the source's suite.json's)" if without else ""))
+    return res
+
+
+def _cells_of(pieces: list[tuple[Path, dict[str, Any]]], d: Path, task: str) -> list[dict[str, Any]]:
+    suite = next(s for p, s in pieces if p == d)
+    mine = [c for c in suite["cells"] if (c.get("key", "").startswith("capacity-") if task == "capacity"
+                                          else c.get("key", "").split("/")[0] == task)]
+    return [json.loads(json.dumps(c)) for c in mine]
+
+
+__all__ = ["merge"]
