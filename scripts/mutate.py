@@ -456,6 +456,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("probe-merge-piece-order", "src/sanlab/probes/merge.py",
       "tasks = [t for t in suite_tasks if t in owner]", "tasks = list(owner)",
       (T + "test_probes_merge.py",), "a merged grid in the pieces' order, not SPEC §2's"),
+    M("probe-suite-drops-other-tasks", "src/sanlab/probes/merge.py",
+      'keep = [t for t in old["tasks"] if t not in tasks]', "keep = []",
+      (T + "test_probes_cli.py",), "a suite of some tasks into a suite's dir drops the other tasks' cells"),
     # ---- report: its data path
     M("report-pairs-any-completed", "src/sanlab/report/data.py",
       'if all((data.records.get(r) or {}).get("status") == "completed" for r in (ref, arm)):',

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,32 @@ def test_a_suite_of_some_tasks_reuses_the_single_task_runs(tmp_path: Path, in_pr
     assert metrics.read_bytes() == before  # the finished run came back as it was, not retrained
     assert dyck["test_correct"] == dyck_first["test_correct"]
     assert set(res["table"]["standard"]) == {"addition", "dyck"}
+
+
+def test_a_suite_of_other_tasks_adds_its_columns_to_the_dirs_suite(tmp_path: Path, in_process: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`--suite --tasks B` into a dir whose suite.json has task A keeps A's cells as they
+    were (their run files need not be there: a merged record's are not), and a suite of
+    other arms replaces it, saying so."""
+    monkeypatch.chdir(tmp_path)
+    small = [*TINY, "task.n_train=40", "task.n_val=8", "task.n_test=8"]
+    assert main(["probe", "--suite", "--tasks", "dyck", "--arms", "standard", *small, "--out", "o"]) == 0
+    first = json.loads((tmp_path / "o" / "suite.json").read_text())
+    shutil.rmtree(tmp_path / "o" / "runs")  # as in a record whose run files were lost
+    assert main(["probe", "--suite", "--tasks", "addition", "--arms", "standard", *small, "--out", "o"]) == 0
+    res = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert res["tasks"] == ["addition", "dyck"]
+    assert [c["key"] for c in res["cells"]] == ["addition/standard", "dyck/standard"]
+    assert res["cells"][1] == first["cells"][0]
+    assert res["table"]["standard"]["dyck"] == pytest.approx(100 * first["cells"][0]["test_accuracy"])
+    printed = capsys.readouterr()
+    assert "o/suite.json keeps dyck from before" in printed.out + printed.err
+    assert main(["probe", "--suite", "--tasks", "addition", "--arms", "san", *small, "--out", "o"]) == 0
+    res = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert res["tasks"] == ["addition"] and [a["name"] for a in res["arms"]] == ["san"]
+    printed = capsys.readouterr()
+    assert "o/suite.json: its arms (standard) are not this suite's" in printed.out + printed.err
 
 
 # --------------------------------------------------------------------------- capacity arithmetic

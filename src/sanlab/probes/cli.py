@@ -16,6 +16,7 @@ import argparse
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from sanlab.errors import ConfigError
 from sanlab.paths import check_out_dir
@@ -113,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     # lazy: torch, numpy; `sanlab probe --help` runs without them, `--list` without torch
     from sanlab.data.probes import TASKS
     from sanlab.probes.runner import Overrides, run_cells
-    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
-                                     write_data, write_results)
+    from sanlab.probes.merge import carried, task_of
+    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, assemble, build_cells, print_cells, print_table,
+                                     results, write_data, write_results)
 
     if args.merge:
         return _merge(args, console)
@@ -167,8 +169,21 @@ def run(args: argparse.Namespace) -> int:
     console.progress(f"{len(cells)} cell(s): {', '.join(tasks)} × {', '.join(a.name for a in arms)}; "
                   f"{opts.runner.workers} worker(s) × {opts.runner.threads} thread(s) → {out}")
 
+    arm_dicts = [{"name": a.name, "label": a.label, "overrides": list(a.overrides)} for a in arms]
+    kept = carried(out, arm_dicts, args.quick, tasks, log=console.note) if args.suite else []
+
+    def gathered() -> dict[str, Any]:
+        """This run's cells, with the cells of the tasks the dir's suite.json had and this run has not."""
+        res = results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0)
+        if not kept:
+            return res
+        every = [t for t in SUITE_TASKS if t in tasks or any(task_of(c) == t for c in kept)]
+        both = [*res["cells"], *kept]
+        return assemble(every, arm_dicts, [c for t in every for c in both if task_of(c) == t],
+                        quick=args.quick, wall_s=res["wall_s"])
+
     def save_so_far() -> None:
-        write_results(results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0), out, stem)
+        write_results(gathered(), out, stem)
 
     def on_round(n: int, runs: int) -> None:
         console.progress(f"round {n}: {runs} run(s)" + (" (boundary extension)" if n > 1 else ""))
@@ -183,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         save_so_far()  # a stopped suite keeps every finished run's numbers in its results
 
     run_cells(cells, opts, out, progress, on_round, save_so_far)
-    res = results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0)
+    res = gathered()
     print_cells(res, console)
     print_table(res, console)
     json_path, csv_path = write_results(res, out, stem)

@@ -127,11 +127,40 @@ def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
     return res
 
 
+def task_of(cell: dict[str, Any]) -> str:
+    """The suite column a cell belongs to (`capacity-nN/ARM` cells: capacity)."""
+    key = str(cell.get("key", ""))
+    return "capacity" if key.startswith("capacity-") else key.split("/")[0]
+
+
 def _cells_of(pieces: list[tuple[Path, dict[str, Any]]], d: Path, task: str) -> list[dict[str, Any]]:
     suite = next(s for p, s in pieces if p == d)
-    mine = [c for c in suite["cells"] if (c.get("key", "").startswith("capacity-") if task == "capacity"
-                                          else c.get("key", "").split("/")[0] == task)]
-    return [json.loads(json.dumps(c)) for c in mine]
+    return [json.loads(json.dumps(c)) for c in suite["cells"] if task_of(c) == task]
 
 
-__all__ = ["merge"]
+def carried(out: Path, arms: Sequence[dict[str, Any]], quick: bool, tasks: Sequence[str],
+            log: Callable[[str], Any] = print) -> list[dict[str, Any]]:
+    """The cells of DIR's suite.json for tasks this `--suite` run does not have, so that a
+    run of some tasks into a suite's dir adds its columns instead of dropping the others
+    (whose run files may not be there to gather them again: a merged record's). Nothing
+    is carried from a suite of other arms or another `--quick`; the note says it is replaced."""
+    path = out / SUITE
+    if not path.is_file():
+        return []
+    try:
+        old = _suite(out)
+    except DataError as e:
+        log(f"replacing {path}: {e}")
+        return []
+    if _arms_key(old) != [(a["name"], tuple(a["overrides"])) for a in arms] or bool(old.get("quick")) != quick:
+        log(f"replacing {path}: its arms ({', '.join(a for a, _ in _arms_key(old))}"
+            f"{', --quick' if old.get('quick') else ''}) are not this suite's")
+        return []
+    keep = [t for t in old["tasks"] if t not in tasks]
+    cells = [c for t in keep for c in _cells_of([(out, old)], out, t)]
+    if keep:
+        log(f"{path} keeps {', '.join(keep)} from before (their cells as they were)")
+    return cells
+
+
+__all__ = ["carried", "merge", "task_of"]
