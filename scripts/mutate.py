@@ -459,6 +459,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("probe-suite-drops-other-tasks", "src/sanlab/probes/merge.py",
       'keep = [t for t in old["tasks"] if t not in tasks]', "keep = []",
       (T + "test_probes_cli.py",), "a suite of some tasks into a suite's dir drops the other tasks' cells"),
+    M("records-grid-no-bracket-mark", "src/sanlab/records/probes.py",
+      """("" if point is None or point["bracketed"] else "†")""", '""',
+      (T + "test_records_kinds.py",), "the grid shows an unbracketed capacity maximum as if it were one"),
     # ---- report: its data path
     M("report-pairs-any-completed", "src/sanlab/report/data.py",
       'if all((data.records.get(r) or {}).get("status") == "completed" for r in (ref, arm)):',

@@ -151,8 +151,19 @@ def test_the_chance_free_capacity_reading_is_fanos_bound_and_gives_chance_nothin
 def test_probe_blocks_hold_the_suites_numbers(tmp_path: Path) -> None:
     rec = probe_record(tmp_path)
     grid = probes.block_grid(rec)
-    assert "| Frozen-QK | – | – | 0.90 | 96.3 | – | – |" in grid  # 1800 × 4 / 8000 bits/param; 493/512
-    assert "| arm | Addition | Mod. add. (p=31) | Memorization bits/param |" in grid
+    # count: 1800 × 4 / 8000 bits/param at N = 4000; chance removed: Fano's bound, also
+    # largest at N = 4000 (a = 0.45); retrieval 493/512
+    a = 0.45
+    fano = 4000 * (4 + a * math.log2(a) + (1 - a) * math.log2(1 - a) - (1 - a) * math.log2(15)) / PARAMS
+    assert f"{fano:.2f}" == "0.43"
+    assert f"| Frozen-QK | – | – | 0.90 (N=4000) | {fano:.2f} (N=4000) | 96.3 | – | – |" in grid
+    assert ("| arm | Addition | Mod. add. (p=31) | Memorization bits/param, count | "
+            "Memorization bits/param, chance removed |") in grid
+    # the count's maximum at the largest N is not bracketed: marked †; Fano's at N = 1000 is
+    weak = probe_record(tmp_path / "weak", capacity={**CAPACITY, "frozen_mlp": [(1000, 500), (4000, 700),
+                                                                              (16000, 1100)]})
+    # 1100 × 4 / 8000 = 0.55 at N = 16000; 1000 · (4 − H₂(0.5) − 0.5 · log2 15) / 8000 = 0.13
+    assert "| Frozen-MLP | – | – | 0.55 (N=16000)† | 0.13 (N=1000) | 100.0 |" in probes.block_grid(weak)
     assert "| MixiT | 11.2 | 2.18 |" in probes.block_paper(rec)
     claims = probes.block_claims(rec)
     for rule in probes.RULES.values():

@@ -303,6 +303,8 @@ def claims(rec: ProbeRecord) -> list[Claim]:
 
 def _task_header(rec: ProbeRecord, task: str) -> str:
     head = COLUMNS.get(task, task)
+    if task == CAPACITY:
+        return head + ", count"
     if task == "modadd":
         p = next((c["task_config"].get("p") for c in rec.suite.get("cells") or []
                   if c.get("task") == "modadd" and isinstance(c.get("task_config"), dict)), None)
@@ -310,23 +312,47 @@ def _task_header(rec: ProbeRecord, task: str) -> str:
     return head
 
 
+FANO_COLUMN = "Memorization bits/param, chance removed"
+
+
 def _cell_text(rec: ProbeRecord, task: str, arm: str) -> str:
+    if task in (CAPACITY, FANO_COLUMN):
+        measure = "count" if task == CAPACITY else "fano"
+        cap, point = arm_capacity(rec, arm, measure), capacity_point(rec, arm, measure)
+        v = cap.get("bits_per_param")
+        if v is None:
+            return "–"
+        text = f"{v:.2f}"
+        if measure == "count" and ((rec.suite.get("capacity") or {}).get(arm) or {}).get("lower_bound"):
+            text = "≥" + text
+        text += f" (N={cap['n']})" + ("" if point is None or point["bracketed"] else "†")
+        return text + ("*" if rec.at_edge(CAPACITY, arm) else "")
     v = rec.value(task, arm)
     if v is None:
         return "–"
-    text = f"{v:.2f}" if task == CAPACITY else f"{v:.1f}"
-    if task == CAPACITY and ((rec.suite.get("capacity") or {}).get(arm) or {}).get("lower_bound"):
-        text = "≥" + text
-    return text + ("*" if rec.at_edge(task, arm) else "")
+    return f"{v:.1f}" + ("*" if rec.at_edge(task, arm) else "")
+
+
+def _grid_columns(rec: ProbeRecord) -> list[str]:
+    """The suite's tasks, with the chance-free capacity beside the count."""
+    return [c for t in rec.tasks for c in ((t, FANO_COLUMN) if t == CAPACITY else (t,))]
 
 
 def block_grid(rec: ProbeRecord) -> str:
-    """The arms × tasks grid of suite.json: test exact-match accuracy (%), capacity in bits/param."""
-    rows = [[rec.label(a["name"])] + [_cell_text(rec, t, a["name"]) for t in rec.tasks] for a in rec.arms]
+    """The arms × tasks grid of suite.json: test exact-match accuracy (%); capacity in
+    bits/param under both readings, each with the N of its maximum."""
+    cols = _grid_columns(rec)
+    rows = [[rec.label(a["name"])] + [_cell_text(rec, t, a["name"]) for t in cols] for a in rec.arms]
     notes = ["`*`: the cell's best LR is at an edge of its sweep."]
+    if CAPACITY in rec.tasks:
+        notes.append("Memorization: the maximum over N of the bits memorised per trainable parameter, and the N "
+                     "it was at; the count credits the labels right by chance (1 in A, N·log2(A)/A bits), the "
+                     "chance-removed reading is Fano's bound. `†`: that maximum is not bracketed (the best N is "
+                     "the largest, or the only one, or every pair of it was memorised), so a larger N could give "
+                     "more.")
     if any(((rec.suite.get("capacity") or {}).get(a["name"]) or {}).get("lower_bound") for a in rec.arms):
         notes.append("`≥`: every pair of the largest N was memorised, a lower bound.")
-    return "\n\n".join([md_table(["arm"] + [_task_header(rec, t) for t in rec.tasks], rows), " ".join(notes)])
+    return "\n\n".join([md_table(["arm"] + [_task_header(rec, t) for t in cols], rows), " ".join(notes)])
 
 
 def block_paper(rec: ProbeRecord) -> str:
