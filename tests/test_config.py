@@ -141,3 +141,17 @@ def test_token_counts_print_in_the_largest_unit_they_reach():
 
     assert [format_tokens(n) for n in (999, 1000, 2_500_000, 10**6, 10**9, 5 * 10**9, 105 * 10**9, 10**12)] == \
         ["999", "1K", "2.5M", "1M", "1B", "5B", "105B", "1T"]
+
+
+def test_a_list_of_bare_words_is_a_list_of_strings():
+    """`train.freeze=[qk]` is what a shell leaves of `train.freeze=["qk"]` inside a quoted
+    `--arm '…'`; it means the same. Numbers stay numbers, and a word where a number goes is
+    still refused."""
+    from sanlab.config import apply_overrides
+
+    assert apply_overrides(Config, {}, ["train.freeze=[qk]"]).train.freeze == ["qk"]
+    assert apply_overrides(Config, {}, ["train.freeze=[qk, mlp]"]).train.freeze == ["qk", "mlp"]
+    assert apply_overrides(Config, {}, ['train.freeze=["qk"]']).train.freeze == ["qk"]
+    assert apply_overrides(Config, {}, ["train.freeze=[]"]).train.freeze == []
+    with pytest.raises(ConfigError, match="optim.lr=\\[a\\]"):
+        apply_overrides(Config, {}, ["optim.lr=[a]"])

@@ -567,6 +567,9 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
             candidates.append(parsed["v"])
     except (tomllib.TOMLDecodeError, RecursionError):
         pass
+    bare = re.fullmatch(r"\[([^\[\]\"'{}]*)\]", raw)
+    if bare:  # `[qk, mlp]`: a list of bare words, as a shell leaves `["qk"]` after taking its quotes
+        candidates.append([w.strip() for w in bare.group(1).split(",") if w.strip()])
     last: ValidationError | None = None
     for c in candidates:
         try:
