@@ -114,12 +114,12 @@ def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
         results_files = [suite] + [read_json(p) for p in sorted(d.glob("probe-*.json"))]
         for name in sorted(p.name for p in d.glob("probe-*.json")):
             copied += _copy(d / name, out / name)
-        for data in results_files:
-            for rd in _run_dirs(data):
-                if not any((d / rd / f).is_file() for f in RUN_FILES):
-                    without += 1
-                for f in RUN_FILES:
-                    copied += _copy(d / rd / f, out / rd / f)
+        run_dirs = dict.fromkeys(rd for data in results_files for rd in _run_dirs(data))
+        for rd in run_dirs:
+            if not any((d / rd / f).is_file() for f in RUN_FILES):
+                without += 1
+            for f in RUN_FILES:
+                copied += _copy(d / rd / f, out / rd / f)
     json_path, _ = write_results(res, out, "suite")
     log(f"merged {len(pieces)} suite(s): {', '.join(f'{t} ({owner[t]})' for t in tasks)} → {json_path}; "
         f"{copied} file(s) copied" + (f"; {without} sweep point(s) without run files in their source "
