@@ -164,6 +164,12 @@ def test_probe_blocks_hold_the_suites_numbers(tmp_path: Path) -> None:
                                                                               (16000, 1100)]})
     # 1100 × 4 / 8000 = 0.55 at N = 16000; 1000 · (4 − H₂(0.5) − 0.5 · log2 15) / 8000 = 0.13
     assert "| Frozen-MLP | – | – | 0.55 (N=16000)† | 0.13 (N=1000) | 100.0 |" in probes.block_grid(weak)
+    # `*` marks the reading whose N's cell locked an LR at the edge of its sweep, not the other
+    suite_data = json.loads((tmp_path / "weak" / "rec" / "suite.json").read_text())
+    next(c for c in suite_data["cells"] if c["key"] == "capacity-n16000/frozen_mlp")["at_edge"] = True
+    (tmp_path / "weak" / "rec" / "suite.json").write_text(json.dumps(suite_data))
+    edged = probes.load_probes(tmp_path / "weak" / "rec")
+    assert "| Frozen-MLP | – | – | 0.55 (N=16000)†* | 0.13 (N=1000) | 100.0 |" in probes.block_grid(edged)
     assert "| MixiT | 11.2 | 2.18 |" in probes.block_paper(rec)
     claims = probes.block_claims(rec)
     for rule in probes.RULES.values():

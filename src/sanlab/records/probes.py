@@ -326,7 +326,8 @@ def _cell_text(rec: ProbeRecord, task: str, arm: str) -> str:
         if measure == "count" and ((rec.suite.get("capacity") or {}).get(arm) or {}).get("lower_bound"):
             text = "≥" + text
         text += f" (N={cap['n']})" + ("" if point is None or point["bracketed"] else "†")
-        return text + ("*" if rec.at_edge(CAPACITY, arm) else "")
+        best = rec.cell(f"{CAPACITY}-n{cap['n']}", arm)  # the edge of the sweep at this reading's N
+        return text + ("*" if (best or {}).get("at_edge") else "")
     v = rec.value(task, arm)
     if v is None:
         return "–"
