@@ -67,8 +67,8 @@ def _list(console: object) -> int:
 
 
 def _merge(args: argparse.Namespace, console: Output) -> int:
-    from sanlab.probes.merge import merge
-    from sanlab.probes.suite import SUITE_TASKS, print_cells, print_table
+    from sanlab.probes.merge import merge  # lazy: torch (via the suite); `sanlab probe --help` runs without it
+    from sanlab.probes.suite import SUITE_TASKS, print_cells, print_table  # lazy: torch, as above
 
     if not args.suite:
         raise ConfigError("--merge joins suites: give it with --suite")

@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from sanlab.errors import ConfigError, DataError
 from sanlab.fileio import read_json
+from sanlab.probes.suite import assemble, write_results
 
 SUITE, SUITE_CSV = "suite.json", "suite.csv"
 RUN_FILES = ("config.json", "meta.json", "probe.json")  # what a record keeps of a run dir, too
@@ -75,8 +76,6 @@ def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
           log: Callable[[str], Any] = print) -> dict[str, Any]:
     """The merged results (module docstring), written to `out`; `DataError` / `ConfigError`
     (one line) for a source that is not a suite or a piece that does not fit."""
-    from sanlab.probes.suite import assemble, write_results
-
     pieces: list[tuple[Path, dict[str, Any]]] = []
     own = int((out / SUITE).is_file())  # DIR's own suite: its run files are there already
     if own:
