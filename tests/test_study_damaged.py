@@ -125,4 +125,4 @@ def test_a_record_with_a_damaged_line_still_checks(finished: Path, tmp_path: Pat
     store.write_bytes(store.read_bytes() + BAD + b"\n")
     capsys.readouterr()
     assert main(["record", "check", str(rec)]) == 0
-    assert "1 README(s) equal their results" in capsys.readouterr().out
+    assert "records: 1 record(s) whole, their README(s) equal their results" in capsys.readouterr().out

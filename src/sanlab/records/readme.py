@@ -115,5 +115,5 @@ def check(paths: list[Path], *, log: Callable[[str], Any] = print) -> int:
         if readme(r, check=True, log=log) or missing:
             bad.append(r)
     if not bad:
-        log(f"records: {len(records)} record(s) whole, README(s) equal their results")
+        log(f"records: {len(records)} record(s) whole, their README(s) equal their results")
     return 1 if bad else 0
