@@ -155,3 +155,14 @@ def test_a_list_of_bare_words_is_a_list_of_strings():
     assert apply_overrides(Config, {}, ["train.freeze=[]"]).train.freeze == []
     with pytest.raises(ConfigError, match="optim.lr=\\[a\\]"):
         apply_overrides(Config, {}, ["optim.lr=[a]"])
+
+
+def test_an_absurd_layer_count_is_refused_before_any_per_layer_list_is_built():
+    """`model.n_layers=10**30` once built a per-layer list during validation (24 GB, then
+    the OOM killer); it is a one-line error now, at once."""
+    from sanlab.config import MAX_LAYERS, apply_overrides
+
+    with pytest.raises(ConfigError, match=r"n_layers=1000000000000000000000000000000 is more than 100,000 layers"):
+        apply_overrides(Config, {}, ["model.n_layers=1000000000000000000000000000000"])
+    assert MAX_LAYERS == 100_000
+    assert apply_overrides(Config, {}, [f"model.n_layers={MAX_LAYERS}"]).model.n_layers == MAX_LAYERS

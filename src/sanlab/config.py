@@ -122,6 +122,7 @@ LAYOUTS: tuple[str, ...] = (
     "first", "last", "first_last",
 )
 STANDARD_MIXER = "softmax"
+MAX_LAYERS = 100_000  # a bound on the per-layer lists a config builds (a typo of 10**30 layers is refused)
 
 
 def standard_layers(layout: str, n_layers: int) -> list[bool]:
@@ -241,6 +242,8 @@ class ModelConfig(StrictModel):
         for key in ("d_model", "n_layers", "n_heads", "n_kv_heads", "vocab_size"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.n_layers > MAX_LAYERS:  # the checks below walk the layers one by one
+            raise ValueError(f"n_layers={self.n_layers} is more than {MAX_LAYERS:,} layers")
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
