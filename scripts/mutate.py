@@ -462,6 +462,9 @@ MUTANTS: tuple[Mutant, ...] = (
     M("records-grid-no-bracket-mark", "src/sanlab/records/probes.py",
       """("" if point is None or point["bracketed"] else "†")""", '""',
       (T + "test_records_kinds.py",), "the grid shows an unbracketed capacity maximum as if it were one"),
+    M("records-reference-by-spelling", "src/sanlab/records/probes.py",
+      'mine = {_override_key(o) for o in arm.get("overrides") or []}', 'mine = {(o, "") for o in arm.get("overrides") or []}',
+      (T + "test_records_kinds.py",), "an ablation's reference arm found by the overrides' spelling, not their values"),
     # ---- report: its data path
     M("report-pairs-any-completed", "src/sanlab/report/data.py",
       'if all((data.records.get(r) or {}).get("status") == "completed" for r in (ref, arm)):',

@@ -210,6 +210,17 @@ def test_probe_ablations_are_measured_against_the_arm_they_change(tmp_path: Path
         kinds.load(rec.dir)
 
 
+def test_an_ablations_reference_arm_reads_the_overrides_values_not_their_spelling() -> None:
+    """`train.freeze=[qk]` (what a shell leaves of `train.freeze=["qk"]` in a quoted
+    `--arm`) extends the Frozen-QK preset, not the standard arm, and is not a change."""
+    suite_arms = [{"name": a, "overrides": list(PRESETS[a])} for a in ("standard", "frozen_qk")]
+    for spelling in ("train.freeze=[qk]", 'train.freeze=["qk"]', "train.freeze=[ qk ]"):
+        arm = {"name": "fqk_4x", "overrides": ["model.ffn=true", spelling, "train.steps=12000"]}
+        assert probes.reference_arm(arm, suite_arms)["name"] == "frozen_qk", spelling
+    arm = {"name": "fmlp", "overrides": ["model.ffn=true", "train.freeze=[mlp]"]}
+    assert probes.reference_arm(arm, suite_arms)["name"] == "standard"  # another value: not Frozen-QK
+
+
 # --------------------------------------------------------------------------- variants
 
 VSPEC = {

@@ -17,7 +17,9 @@ of the arms is what the paper claims. The rules are `RULES`; docs/records.md wri
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -376,11 +378,25 @@ def block_claims(rec: ProbeRecord) -> str:
     return claims_table(claims(rec), note, RULES, RULES_PREAMBLE, __name__, paper="paper")
 
 
+def _override_key(item: str) -> tuple[str, str]:
+    """An override as (key, value) with the value in one spelling, so that the forms a
+    shell may leave (`train.freeze=[qk]`, `train.freeze=["qk"]`, `train.freeze=[ "qk" ]`)
+    compare equal."""
+    key, _, raw = item.partition("=")
+    raw = raw.strip()
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        bare = re.fullmatch(r"\[([^\[\]\"'{}]*)\]", raw)
+        value = [w.strip() for w in bare.group(1).split(",") if w.strip()] if bare else raw
+    return key.strip(), json.dumps(value, sort_keys=True)
+
+
 def reference_arm(arm: dict[str, Any], suite_arms: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The suite arm an ablation arm changes: the one whose overrides are a proper subset of
     the ablation's, with the most of them (None when no suite arm is)."""
-    mine = set(arm.get("overrides") or [])
-    subsets = [a for a in suite_arms if set(a.get("overrides") or []) < mine]
+    mine = {_override_key(o) for o in arm.get("overrides") or []}
+    subsets = [a for a in suite_arms if {_override_key(o) for o in a.get("overrides") or []} < mine]
     return max(subsets, key=lambda a: len(a.get("overrides") or []), default=None)
 
 
@@ -411,7 +427,8 @@ def ablations(rec: ProbeRecord) -> list[dict[str, Any]]:
                 if a is not None and b is not None:
                     diff = a[0] / a[1] - b[0] / b[1]
                     se = math.hypot(proportion_se(*a), proportion_se(*b))
-                changes = sorted(set(arm.get("overrides") or []) - set((ref or {}).get("overrides") or []))
+                theirs = {_override_key(o) for o in (ref or {}).get("overrides") or []}
+                changes = sorted(o for o in arm.get("overrides") or [] if _override_key(o) not in theirs)
                 rows.append({"file": name, "task": task, "arm": arm["name"], "reference": ref and ref["name"],
                              "changes": changes, "correct": a, "reference_correct": b,
                              "lr": cell.get("lr"), "reference_lr": (ref_cell or {}).get("lr"),
