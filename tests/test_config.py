@@ -162,6 +162,8 @@ def test_an_absurd_layer_count_is_refused_before_any_per_layer_list_is_built():
     the OOM killer); it is a one-line error now, at once."""
     from sanlab.config import MAX_LAYERS, apply_overrides
 
+    with pytest.raises(ConfigError, match="is more than 100,000 layers"):  # cheap to check without the bound too
+        apply_overrides(Config, {}, [f"model.n_layers={MAX_LAYERS + 1}"])
     with pytest.raises(ConfigError, match=r"n_layers=1000000000000000000000000000000 is more than 100,000 layers"):
         apply_overrides(Config, {}, ["model.n_layers=1000000000000000000000000000000"])
     assert MAX_LAYERS == 100_000

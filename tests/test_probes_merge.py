@@ -90,7 +90,9 @@ def test_merging_into_a_suite_keeps_its_own_cells_and_counts_points_without_run_
     ("other-arms", "its arms (standard) are not"),
     ("quick", "is --quick and"),
     ("missing", "no such directory"),
+    ("a-file", "not a directory"),
     ("not-a-suite", "no suite.json"),
+    ("outside", "run dir '../elsewhere' is not runs/RUN_ID"),
 ])
 def test_a_merge_that_does_not_fit_is_one_line_and_writes_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, message: str) -> None:
@@ -101,13 +103,16 @@ def test_a_merge_that_does_not_fit_is_one_line_and_writes_nothing(
         "other-arms": lambda: _piece(tmp_path / "c", ["dyck"], [], arms=ARMS[:1]),
         "quick": lambda: _piece(tmp_path / "c", ["dyck"], [], quick=True),
         "missing": lambda: tmp_path / "nowhere",
+        "a-file": lambda: (tmp_path / "f").write_text("x") and tmp_path / "f",
         "not-a-suite": lambda: (tmp_path / "c").mkdir() or tmp_path / "c",
+        "outside": lambda: _piece(tmp_path / "c", ["dyck"], [_cell("dyck/standard", "standard", 1, 8, "../elsewhere")],
+                                  runs=False),
     }[case]()
     out = tmp_path / "out"
     assert main(["probe", "--suite", "--merge", str(a), "--merge", str(other), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sanlab: error: ") and message in err and err.count("\n") == 1, err
-    assert not (out / "suite.json").exists()
+    assert not out.exists() or not any(out.iterdir())  # nothing copied, nothing written
 
 
 def test_merge_trains_nothing_so_it_refuses_training_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -551,6 +551,13 @@ def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tupl
 _VALUE_CONFIG = ConfigDict(allow_inf_nan=False)  # a bare field type parses as strictly as in its model
 
 
+def bare_words(raw: str) -> list[str] | None:
+    """`[qk, mlp]` as ["qk", "mlp"]: a list of unquoted words, which is what a shell leaves
+    of `["qk", "mlp"]` inside a quoted argument. None for anything else."""
+    m = re.fullmatch(r"\[([^\[\]\"'{}]*)\]", raw.strip())
+    return None if m is None else [w.strip() for w in m.group(1).split(",") if w.strip()]
+
+
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
     """Parse a command-line string for a field: first as-is (lax coercion), then as JSON,
     then as a TOML value (so `[0.5, nan]` means what it means in a file, and is refused)."""
@@ -570,9 +577,9 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
             candidates.append(parsed["v"])
     except (tomllib.TOMLDecodeError, RecursionError):
         pass
-    bare = re.fullmatch(r"\[([^\[\]\"'{}]*)\]", raw)
-    if bare:  # `[qk, mlp]`: a list of bare words, as a shell leaves `["qk"]` after taking its quotes
-        candidates.append([w.strip() for w in bare.group(1).split(",") if w.strip()])
+    words = bare_words(raw)
+    if words is not None:
+        candidates.append(words)
     last: ValidationError | None = None
     for c in candidates:
         try:

@@ -67,8 +67,8 @@ def _list(console: object) -> int:
 
 
 def _merge(args: argparse.Namespace, console: Output) -> int:
-    from sanlab.probes.merge import merge  # lazy: torch (via the suite); `sanlab probe --help` runs without it
-    from sanlab.probes.suite import SUITE_TASKS, print_cells, print_table  # lazy: torch, as above
+    from sanlab.probes.merge import merge  # lazy: numpy (via the suite's runner); `--help` runs without it
+    from sanlab.probes.suite import print_cells, print_table  # lazy: numpy, as above
 
     if not args.suite:
         raise ConfigError("--merge joins suites: give it with --suite")
@@ -78,7 +78,7 @@ def _merge(args: argparse.Namespace, console: Output) -> int:
     if extra:
         raise ConfigError(f"--merge trains nothing and takes the pieces as they are: drop {extra[0]}")
     check_out_dir(args.out)
-    res = merge(args.merge, args.out, SUITE_TASKS, log=lambda m: console.note(m))
+    res = merge(args.merge, args.out, log=lambda m: console.note(m))
     print_cells(res, console)
     print_table(res, console)
     console.close()
@@ -114,9 +114,10 @@ def run(args: argparse.Namespace) -> int:
     # lazy: torch, numpy; `sanlab probe --help` runs without them, `--list` without torch
     from sanlab.data.probes import TASKS
     from sanlab.probes.runner import Overrides, run_cells
-    from sanlab.probes.merge import carried, task_of
-    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, assemble, build_cells, print_cells, print_table,
-                                     results, write_data, write_results)
+    from sanlab.probes.layout import task_of
+    from sanlab.probes.merge import carried, join
+    from sanlab.probes.suite import (CAPACITY, SUITE_TASKS, build_cells, print_cells, print_table, results,
+                                     write_data, write_results)
 
     if args.merge:
         return _merge(args, console)
@@ -177,10 +178,8 @@ def run(args: argparse.Namespace) -> int:
         res = results(tasks, arms, cells, quick=args.quick, out=out, wall_s=time.time() - t0)
         if not kept:
             return res
-        every = [t for t in SUITE_TASKS if t in tasks or any(task_of(c) == t for c in kept)]
-        both = [*res["cells"], *kept]
-        return assemble(every, arm_dicts, [c for t in every for c in both if task_of(c) == t],
-                        quick=args.quick, wall_s=res["wall_s"])
+        return join([*tasks, *map(task_of, kept)], arm_dicts, [*res["cells"], *kept], quick=args.quick,
+                    wall_s=res["wall_s"])
 
     def save_so_far() -> None:
         write_results(gathered(), out, stem)

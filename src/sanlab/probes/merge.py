@@ -17,24 +17,21 @@ files its SRC lacks keeps the numbers its suite.json holds, and the merge says h
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from sanlab.errors import ConfigError, DataError
 from sanlab.fileio import read_json
-from sanlab.probes.suite import assemble, write_results
-
-SUITE, SUITE_CSV = "suite.json", "suite.csv"
-RUN_FILES = ("config.json", "meta.json", "probe.json")  # what a record keeps of a run dir, too
+from sanlab.probes.layout import RUN_FILES, SUITE, point_run_dirs, task_of
+from sanlab.probes.suite import SUITE_TASKS, assemble, write_results
 
 
 def _suite(d: Path) -> dict[str, Any]:
     path = d / SUITE
     if not d.is_dir():
-        raise DataError(f"--merge {d}: no such directory")
+        raise DataError(f"--merge {d}: " + ("not a directory" if d.exists() else "no such directory"))
     if not path.is_file():
         raise DataError(f"--merge {d}: no {SUITE} (a `sanlab probe --suite --out DIR` dir)")
     data = read_json(path)
@@ -44,21 +41,8 @@ def _suite(d: Path) -> dict[str, Any]:
     return data
 
 
-def _arms_key(suite: dict[str, Any]) -> list[tuple[str, tuple[str, ...]]]:
-    return [(a.get("name"), tuple(a.get("overrides") or ())) for a in suite["arms"]]
-
-
-def _run_dirs(data: dict[str, Any]) -> list[str]:
-    """Every sweep point's run dir (`runs/RUN_ID`) a results file names."""
-    out: dict[str, None] = {}
-    for cell in data.get("cells") or []:
-        for point in cell.get("points") or []:
-            rd = point.get("run_dir")
-            if isinstance(rd, str):
-                parts = Path(rd).parts
-                if len(parts) == 2 and parts[0] == "runs" and ".." not in parts:
-                    out[rd] = None
-    return list(out)
+def _arms_key(arms: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]]]:
+    return [(a.get("name"), tuple(a.get("overrides") or ())) for a in arms]
 
 
 def _copy(src: Path, dst: Path) -> bool:
@@ -72,10 +56,19 @@ def _copy(src: Path, dst: Path) -> bool:
     return True
 
 
-def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
-          log: Callable[[str], Any] = print) -> dict[str, Any]:
+def join(tasks: Iterable[str], arms: Sequence[dict[str, Any]], cells: Iterable[dict[str, Any]], *,
+         quick: bool, wall_s: float | None) -> dict[str, Any]:
+    """The results of `tasks` (in SPEC §2's column order) from cells gathered from several
+    places, each task's cells together."""
+    order = [t for t in SUITE_TASKS if t in set(tasks)]
+    cells = list(cells)
+    return assemble(order, arms, [c for t in order for c in cells if task_of(c) == t], quick=quick, wall_s=wall_s)
+
+
+def merge(sources: Sequence[Path], out: Path, log: Callable[[str], Any] = print) -> dict[str, Any]:
     """The merged results (module docstring), written to `out`; `DataError` / `ConfigError`
-    (one line) for a source that is not a suite or a piece that does not fit."""
+    (one line) for a source that is not a suite or a piece that does not fit. Everything is
+    checked before anything is copied or written."""
     pieces: list[tuple[Path, dict[str, Any]]] = []
     own = int((out / SUITE).is_file())  # DIR's own suite: its run files are there already
     if own:
@@ -87,10 +80,10 @@ def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
     first_dir, first = pieces[0]
     owner: dict[str, Path] = {}
     for d, suite in pieces:
-        if _arms_key(suite) != _arms_key(first):
-            raise ConfigError(f"{d / SUITE}: its arms ({', '.join(a for a, _ in _arms_key(suite))}) are not "
-                              f"{first_dir / SUITE}'s ({', '.join(a for a, _ in _arms_key(first))}); a merge "
-                              "joins pieces of one suite")
+        if _arms_key(suite["arms"]) != _arms_key(first["arms"]):
+            raise ConfigError(f"{d / SUITE}: its arms ({', '.join(a for a, _ in _arms_key(suite['arms']))}) are "
+                              f"not {first_dir / SUITE}'s ({', '.join(a for a, _ in _arms_key(first['arms']))}); "
+                              "a merge joins pieces of one suite")
         if bool(suite.get("quick")) != bool(first.get("quick")):
             raise ConfigError(f"{d / SUITE} is {'' if suite.get('quick') else 'not '}--quick and "
                               f"{first_dir / SUITE} is {'' if first.get('quick') else 'not '}; a merge "
@@ -99,42 +92,35 @@ def merge(sources: Sequence[Path], out: Path, suite_tasks: Sequence[str],
             if task in owner:
                 raise ConfigError(f"task {task!r} is in both {owner[task] / SUITE} and {d / SUITE}: "
                                   "merge pieces with different tasks")
+            if task not in SUITE_TASKS:
+                raise DataError(f"{d / SUITE}: unknown suite task {task!r}")
             owner[task] = d
-    unknown = [t for t in owner if t not in suite_tasks]
-    if unknown:
-        raise DataError(f"{owner[unknown[0]] / SUITE}: unknown suite task {unknown[0]!r}")
-    tasks = [t for t in suite_tasks if t in owner]
-    cells = [c for t in tasks for c in _cells_of(pieces, owner[t], t)]
-    walls = [s.get("wall_s") for _, s in pieces if isinstance(s.get("wall_s"), (int, float))]
-    res = assemble(tasks, first["arms"], cells, quick=bool(first.get("quick")), wall_s=sum(walls) if walls else None)
+    extra = [(d, sorted(d.glob("probe-*.json"))) for d, _ in pieces[own:]]  # their ablation files
+    try:
+        run_dirs = [(d, point_run_dirs(data)) for (d, suite), (_, files) in zip(pieces[own:], extra)
+                    for data in [suite, *(read_json(f) for f in files)]]
+    except ValueError as e:
+        raise DataError(f"--merge: {e}") from None
+    walls = [s["wall_s"] for _, s in pieces if isinstance(s.get("wall_s"), (int, float))]
+    res = join(owner, first["arms"], (c for d, s in pieces for c in s["cells"] if owner.get(task_of(c)) == d),
+               quick=bool(first.get("quick")), wall_s=sum(walls) if walls else None)
 
     copied = without = 0
-    for d, suite in pieces[own:]:
-        results_files = [suite] + [read_json(p) for p in sorted(d.glob("probe-*.json"))]
-        for name in sorted(p.name for p in d.glob("probe-*.json")):
-            copied += _copy(d / name, out / name)
-        run_dirs = dict.fromkeys(rd for data in results_files for rd in _run_dirs(data))
-        for rd in run_dirs:
-            if not any((d / rd / f).is_file() for f in RUN_FILES):
-                without += 1
-            for f in RUN_FILES:
-                copied += _copy(d / rd / f, out / rd / f)
+    for d, files in extra:
+        copied += sum(_copy(f, out / f.name) for f in files)
+    seen: set[tuple[Path, str]] = set()
+    for d, dirs in run_dirs:
+        for rd in dirs:
+            if (d, rd) in seen:
+                continue
+            seen.add((d, rd))
+            without += not any((d / rd / f).is_file() for f in RUN_FILES)
+            copied += sum(_copy(d / rd / f, out / rd / f) for f in RUN_FILES)
     json_path, _ = write_results(res, out, "suite")
-    log(f"merged {len(pieces)} suite(s): {', '.join(f'{t} ({owner[t]})' for t in tasks)} → {json_path}; "
+    log(f"merged {len(pieces)} suite(s): {', '.join(f'{t} ({owner[t]})' for t in res['tasks'])} → {json_path}; "
         f"{copied} file(s) copied" + (f"; {without} sweep point(s) without run files in their source "
                                       "(their numbers are the source's suite.json's)" if without else ""))
     return res
-
-
-def task_of(cell: dict[str, Any]) -> str:
-    """The suite column a cell belongs to (`capacity-nN/ARM` cells: capacity)."""
-    key = str(cell.get("key", ""))
-    return "capacity" if key.startswith("capacity-") else key.split("/")[0]
-
-
-def _cells_of(pieces: list[tuple[Path, dict[str, Any]]], d: Path, task: str) -> list[dict[str, Any]]:
-    suite = next(s for p, s in pieces if p == d)
-    return [json.loads(json.dumps(c)) for c in suite["cells"] if task_of(c) == task]
 
 
 def carried(out: Path, arms: Sequence[dict[str, Any]], quick: bool, tasks: Sequence[str],
@@ -151,15 +137,14 @@ def carried(out: Path, arms: Sequence[dict[str, Any]], quick: bool, tasks: Seque
     except DataError as e:
         log(f"replacing {path}: {e}")
         return []
-    if _arms_key(old) != [(a["name"], tuple(a["overrides"])) for a in arms] or bool(old.get("quick")) != quick:
-        log(f"replacing {path}: its arms ({', '.join(a for a, _ in _arms_key(old))}"
+    if _arms_key(old["arms"]) != _arms_key(arms) or bool(old.get("quick")) != quick:
+        log(f"replacing {path}: its arms ({', '.join(a for a, _ in _arms_key(old['arms']))}"
             f"{', --quick' if old.get('quick') else ''}) are not this suite's")
         return []
     keep = [t for t in old["tasks"] if t not in tasks]
-    cells = [c for t in keep for c in _cells_of([(out, old)], out, t)]
     if keep:
         log(f"{path} keeps {', '.join(keep)} from before (their cells as they were)")
-    return cells
+    return [c for c in old["cells"] if task_of(c) in keep]
 
 
-__all__ = ["carried", "merge", "task_of"]
+__all__ = ["carried", "join", "merge"]

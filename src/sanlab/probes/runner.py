@@ -32,6 +32,7 @@ from sanlab.config import Config, StrictModel, apply_overrides
 from sanlab.data.probes import ProbeData, TaskConfig, get_task, plan_probe_dir, task_config
 from sanlab.errors import ConfigError
 from sanlab.probes.arms import Arm, data_override
+from sanlab.probes.layout import DATA, JOBS, RUNS
 from sanlab.study.runner import Job, LocalRunner
 from sanlab.study.spec import RunnerSpec
 from sanlab.study.sweep import decide
@@ -255,9 +256,6 @@ class Cell:
         }
 
 
-DATA = "data"  # DIR/data/TASK-HASH: the probe data dirs
-RUNS = "runs"  # DIR/runs/RUN_ID: the run dirs
-JOBS = "jobs"  # DIR/jobs: the study runner's job, outcome, lock and log files
 
 
 def run_data_dir(data: ProbeData) -> str:

@@ -21,9 +21,9 @@ from sanlab.tables import Output, Table
 
 from sanlab.probes.arms import LABELS, Arm
 from sanlab.probes.capacity import capacity, trainable_from_meta
+from sanlab.probes.layout import CAPACITY, task_of
 from sanlab.probes.runner import Cell, Overrides, ProbeOptions, check_run_config, make_cell, task_settings
 
-CAPACITY = "capacity"  # the memorization-capacity sweep: a pseudo-task over task `memorize`
 # SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
 SUITE_TASKS: tuple[str, ...] = ("addition", "modadd", CAPACITY, "retrieval", "induction", "dyck", "sentiment")
 COLUMNS: dict[str, str] = {"addition": "Addition", "modadd": "Mod. add.", "memorize": "Memorize",
@@ -103,8 +103,7 @@ def assemble(tasks: Sequence[str], arms: Sequence[dict[str, Any]], summaries: Se
     unscored: dict[str, dict[str, Any]] = {a: {} for a in names}
     for a in names:
         for task in tasks:
-            mine = [s for s in summaries if s["arm"] == a and (
-                s["key"].startswith("capacity-") if task == CAPACITY else s["key"] == f"{task}/{a}")]
+            mine = [s for s in summaries if s["arm"] == a and task_of(s) == task]
             why = _unscored(mine)
             if why is not None:
                 unscored[a][task] = why

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from sanlab.probes.layout import RUN_FILES, RUNS, point_run_dirs
 from sanlab.records import axis, marker, matched, probes, variants
 from sanlab.records.common import RecordError, copy_file, read_json
 from sanlab.records.export import copy_study, study_entries, verify_study
@@ -51,24 +52,20 @@ def _probe_run_files(src: Path, files: list[str]) -> list[str]:
     for name in files:
         if not name.endswith(".json"):
             continue
-        data = read_json(src / name)
-        for cell in (data.get("cells") or []) if isinstance(data, dict) else []:
-            for point in cell.get("points") or []:
-                run_dir = point.get("run_dir")
-                if not isinstance(run_dir, str):
-                    continue
-                parts = Path(run_dir).parts
-                if len(parts) != 2 or parts[0] != probes.RUNS_DIR or ".." in parts:
-                    raise RecordError(f"{src / name}: run dir {run_dir!r} is not runs/RUN_ID")
-                for f in probes.RUN_FILES:
-                    if (src / run_dir / f).is_file():
-                        out[f"{run_dir}/{f}"] = None
+        try:
+            run_dirs = point_run_dirs(read_json(src / name))
+        except ValueError as e:
+            raise RecordError(f"{src / name}: {e}") from None
+        for run_dir in run_dirs:
+            for f in RUN_FILES:
+                if (src / run_dir / f).is_file():
+                    out[f"{run_dir}/{f}"] = None
     return list(out)
 
 
 def _probe_entries(src: Path) -> list[str]:
     files = _probe_files(src)
-    return files + ([probes.RUNS_DIR] if _probe_run_files(src, files) else [])
+    return files + ([RUNS] if _probe_run_files(src, files) else [])
 
 
 def _copy_probes(src: Path, out: Path, log: Callable[[str], Any]) -> list[str]:

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from sanlab.config import bare_words
 from sanlab.probes.capacity import capacity
+from sanlab.probes.layout import CAPACITY, SUITE, SUITE_CSV, task_of
 from sanlab.records.common import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -38,16 +39,9 @@ from sanlab.records.common import (
     read_json,
 )
 
-SUITE = "suite.json"
-SUITE_CSV = "suite.csv"
 # Single-task results (`sanlab probe TASK --out DIR` into the suite's dir): an ablation
 # when it holds an arm the suite does not have (e.g. MixiT with the old σ on addition).
 ABLATION_PREFIX, ABLATION_SUFFIX = "probe-", ".json"
-# What a record keeps of each sweep point's run dir (`runs/RUN_ID/`): its config, its meta
-# (status, versions, accounting, wall time) and its accuracies; not checkpoints or metrics.
-RUNS_DIR = "runs"
-RUN_FILES = ("config.json", "meta.json", "probe.json")
-CAPACITY = "capacity"
 COLUMNS = {"addition": "Addition", "modadd": "Mod. add.", CAPACITY: "Memorization bits/param",
            "retrieval": "Retrieval", "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment",
            "memorize": "Memorize"}
@@ -114,12 +108,8 @@ class ProbeRecord:
         return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
     def at_edge(self, task: str, arm: str) -> bool:
-        for c in self.suite.get("cells") or []:
-            key = str(c.get("key", ""))
-            name = "capacity" if key.startswith("capacity-") else key.split("/")[0]
-            if c.get("arm") == arm and name == task and c.get("at_edge"):
-                return True
-        return False
+        return any(c.get("arm") == arm and task_of(c) == task and c.get("at_edge")
+                   for c in self.suite.get("cells") or [])
 
 
 def load_probes(record_dir: Path) -> ProbeRecord:
@@ -387,8 +377,8 @@ def _override_key(item: str) -> tuple[str, str]:
     try:
         value: Any = json.loads(raw)
     except ValueError:
-        bare = re.fullmatch(r"\[([^\[\]\"'{}]*)\]", raw)
-        value = [w.strip() for w in bare.group(1).split(",") if w.strip()] if bare else raw
+        words = bare_words(raw)
+        value = raw if words is None else words
     return key.strip(), json.dumps(value, sort_keys=True)
 
 
