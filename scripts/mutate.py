@@ -534,6 +534,10 @@ MUTANTS: tuple[Mutant, ...] = (
       "sequence: Literal[\"data\", \"random\"] = \"data\"", "sequence: Literal[\"data\", \"random\"] = \"random\"",
       (T + "test_variants.py::test_fixed_seq_qk_takes_the_first_held_out_document",),
       "FixedSeqQK's sequence is random token ids again"),
+    M("fixedseq-embed-unscaled", "src/sanlab/model/mixers/fixed_seq_qk.py",
+      "return embed(tokens[None].to(device)) * scale", "return embed(tokens[None].to(device))",
+      (T + "test_variants.py::test_fixed_seq_qk_stream_is_what_the_model_computes_for_its_sequence",),
+      "FixedSeqQK's sequence enters the layers without the √d embedding scale real tokens get"),
     # ---- the mixers' specs and hooks (sanlab.model.mixers)
     M("spec-wk-shape-wrong", "src/sanlab/model/mixers/softmax.py",
       "\"wk.weight\": Param((Hkv * D, d), \"routing\", \"normal\"),",

@@ -18,7 +18,7 @@ from sanlab.config import ModelConfig, OptimConfig
 from sanlab.errors import EXIT_USAGE, ConfigError
 from sanlab.model import mixers
 from sanlab.model.hooks import capture, hook_names
-from sanlab.model.mixers._stream import StreamQK
+from sanlab.model.mixers._stream import StreamQK, fixed_stream
 from sanlab.model.mixers.approximate import taylor_attention, taylor_weights
 from sanlab.model.mixers.fixed_seq_qk import UNSET
 from sanlab.model.mixers.mixit import mixit_draw, mixit_matrices
@@ -679,6 +679,38 @@ def test_stream_qk_takes_v_from_the_real_hidden_state(mixer: str) -> None:
     assert (A2 - A).abs().max() > 1e-3
     torch.testing.assert_close(calls2[-1][0], real_u)
     torch.testing.assert_close(calls2[-1][1], _v_path(m, A2, real_u, m.wv.weight))
+
+
+def test_fixed_seq_qk_stream_is_what_the_model_computes_for_its_sequence() -> None:
+    """SPEC §3 FixedSeqQK: layer i's Q/K come from the hidden state the model computes at
+    layer i for the fixed sequence, as a plain model (Q and K from each layer's own input)
+    computes it; that sequence enters block 0 like every real token does, embedded and
+    scaled by √d. The same weights in a softmax model, run on the fixed sequence, give each
+    layer's recorded stream; beyond layer 0 (whose input is normalised, so a dropped scale
+    hides there) the residual carries the scale through."""
+    torch.manual_seed(0)
+    cfg = tiny("fixed_seq_qk", n_layers=3)
+    model = LM(cfg).double()
+    randomise(model)
+    plain = LM(tiny("softmax", n_layers=3)).double()
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(k.endswith("attn.tokens") for k in unexpected)
+    T = 16
+    seq = model.blocks[0].attn.tokens[:T][None]
+    inputs: dict[int, torch.Tensor] = {}
+    handles = [b.attn.register_forward_hook(lambda m, args, out, i=i: inputs.__setitem__(i, args[0]))
+               for i, b in enumerate(plain.blocks)]
+    try:
+        with torch.no_grad():
+            plain(seq)
+    finally:
+        for h in handles:
+            h.remove()
+    with torch.no_grad():
+        stream = fixed_stream(model, T, seq.device)
+    assert sorted(stream) == [0, 1, 2]
+    for i in range(3):
+        torch.testing.assert_close(stream[i], inputs[i], rtol=1e-12, atol=1e-12)
 
 
 def test_fixed_seq_qk_without_data_has_no_sequence() -> None:
