@@ -246,6 +246,11 @@ CASES |= {
     "resume state.json edited": ("train --out {editedstate_unfinished} --resume", "checksum mismatch of its own"),
     "sample config.json edited": ("sample {editedcfg} --prompt hi", "its model differs from the config latest was"),
     "analyze config.json edited": ("analyze {editedcfg} --skip spectra", "its model differs from the config"),
+    # data.seq_len edited to 16 (trained at 32): the model still runs at 16, so only the check stops it
+    "sample seq_len edited": ("sample {editedseq} --prompt hi", "its data.seq_len differs from the config latest"),
+    "eval seq_len edited": ("eval {editedseq} --tasks builtin", "its data.seq_len differs from the config latest"),
+    "analyze seq_len edited": ("analyze {editedseq} --skip spectra", "its data.seq_len differs from the config"),
+    "export seq_len edited": ("export {editedseq} --hf {root}/hf", "its data.seq_len differs from the config latest"),
     "resume config.json edited": ("train --out {editedcfg_unfinished} --resume",
                                   "written under another config than the run dir's config.json (train.z_loss"),
     "resume state.json not UTF-8": ("train --out {badstate_unfinished} --resume", "unreadable checkpoint state"),
@@ -452,6 +457,9 @@ def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
         f = _copy_run(run, root / name, status=status) / "config.json"
         cfg = json.loads(f.read_text())
         f.write_text(json.dumps({**cfg, key: {**cfg[key], **value}}))  # valid, and not what was trained
+    f = _copy_run(run, root / "editedseq") / "config.json"
+    cfg = json.loads(f.read_text())
+    f.write_text(json.dumps({**cfg, "data": {**cfg["data"], "seq_len": cfg["data"]["seq_len"] // 2}}))
     (_copy_run(run, root / "badcfg") / "config.json").write_bytes(b'{"model": "\xff"}')
     (_copy_run(run, root / "listcfg") / "config.json").write_text("[1, 2]")
     (_copy_run(run, root / "deepmeta") / "meta.json").write_text("[" * DEEP + "]" * DEEP)
@@ -479,7 +487,7 @@ def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
     (root / "deepstudy").mkdir()
     (root / "deepstudy" / "study.json").write_text("[" * DEEP + "]" * DEEP)
     names = ("badms", "nostate", "nostate_unfinished", "badstate", "badstate_unfinished", "nochecks", "badcfg",
-             "editedstate", "editedstate_unfinished", "editedcfg", "editedcfg_unfinished",
+             "editedstate", "editedstate_unfinished", "editedcfg", "editedcfg_unfinished", "editedseq",
              "listcfg", "deepmeta", "study", "dmgstudy", "badspec", "badstudy2", "deepstudy")
     return {**{n: str(root / n) for n in names}, "deep_list": "[" * DEEP + "]" * DEEP,
             "bad_prompt": b"\xff\xfe".decode("utf-8", "surrogateescape")}  # what Python makes of argv bytes
