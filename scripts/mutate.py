@@ -265,6 +265,11 @@ MUTANTS: tuple[Mutant, ...] = (
     M("window-not-given-to-sdpa", "src/sanlab/model/attention/dispatch.py",
       "attn_mask=ctx.allowed(window)", "attn_mask=ctx.allowed()",
       (T + "test_model.py::test_attend_within_a_window_on_every_backend",), "attend drops the window on SDPA"),
+    M("speed-write-to-a-gone-child", "src/sanlab/study/speed.py",
+      "    except BrokenPipeError:\n        return False\n    return True",
+      "    except ValueError:\n        return False\n    return True",
+      (T + "test_study_speed.py::test_a_measuring_process_gone_before_go_is_a_timing_error_not_a_broken_pipe",),
+      "a measuring process that failed before `go` ends the timing in a BrokenPipeError, not its error"),
     # ---- benchmarks
     M("bench-excess-inverted", "benchmarks/bench_arms.py",
       '(step_s[ref] / step_s[n]) / (flops[ref] / flops[n])', '(step_s[n] / step_s[ref]) / (flops[ref] / flops[n])',

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,39 @@ def test_timing_runs_side_by_side_as_the_workers_will(study_data_dir: Path) -> N
     assert got["processes"] == 2 and got["ready_s"] > 0
     assert set(got["shapes"]["k"]) == {"step_s", "eval_s", "setup_s", "save_s", "tokens_per_s"}
     with pytest.raises(RuntimeError, match="timing the arms failed"):
+        speed.measure({"k": {**cfg, "model": {**cfg["model"], "n_layers": "many"}}}, 1, steps=1, side_by_side=2)
+
+
+def test_a_measuring_process_gone_before_go_is_a_timing_error_not_a_broken_pipe(
+        study_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race the side-by-side timing had: a measuring process that failed (no ready
+    line) is alive when asked and gone when `go` is written to it. Here it is always gone
+    by then, and asking always answers "alive" (what the instant before the exit says)."""
+
+    class GoneBeforeGo(subprocess.Popen):  # type: ignore[type-arg]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            proc, stdout = self, self.stdout
+
+            class Out:
+                def readline(self) -> str:
+                    line = stdout.readline()
+                    if not line:
+                        proc.wait()  # exited for sure: its end of the pipe is closed
+                    return line
+
+                def __getattr__(self, name: str) -> object:
+                    return getattr(stdout, name)
+
+            self.stdout = Out()  # type: ignore[assignment]
+
+        def poll(self) -> int | None:
+            return None
+
+    monkeypatch.setattr(speed.subprocess, "Popen", GoneBeforeGo)
+    plan = plan_study(tiny_spec(study_data_dir))
+    cfg = json.loads(plan.runs[0].config.model_dump_json())
+    with pytest.raises(RuntimeError, match="timing the arms failed: .*int_parsing"):
         speed.measure({"k": {**cfg, "model": {**cfg["model"], "n_layers": "many"}}}, 1, steps=1, side_by_side=2)
 
 

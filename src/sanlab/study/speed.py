@@ -177,6 +177,19 @@ def _main() -> None:
     print(json.dumps(_child(request, go)), flush=True)
 
 
+def _send(proc: subprocess.Popen, line: str) -> bool:
+    """Write one line to a measuring process; False when it has already exited. Whether it
+    is alive cannot be asked first: it may exit between the question and the write (a
+    failed one does, at any instant), so the write itself is the test, and the failure is
+    reported from its exit status and stderr like every other."""
+    try:
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+    except BrokenPipeError:
+        return False
+    return True
+
+
 def measure(configs: Mapping[str, dict[str, Any]], threads: int | None, *, steps: int = 3,
             timeout: float = 600.0, side_by_side: int = 1) -> dict[str, Any]:
     """Time `configs` (shape key -> run config as JSON data) in child processes with
@@ -196,14 +209,10 @@ def measure(configs: Mapping[str, dict[str, Any]], threads: int | None, *, steps
             proc = subprocess.Popen([sys.executable, "-m", "sanlab.study.speed"], stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
             procs.append(proc)
-            proc.stdin.write(json.dumps(request) + "\n")
-            proc.stdin.flush()
-            if not proc.stdout.readline():  # its ready line (nothing: it failed)
-                break
+            if not _send(proc, json.dumps(request)) or not proc.stdout.readline():  # its ready line
+                break  # it failed: said below, from its exit status
         for proc in procs:
-            if proc.poll() is None:
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
+            _send(proc, "go")
         for proc in procs:
             out, err = proc.communicate(timeout=timeout)
             if proc.returncode != 0:
