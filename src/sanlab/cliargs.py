@@ -7,6 +7,9 @@ configs and overrides, `sanlab.paths` for output locations, this module for flag
   the wrong type) raises `ConfigError`, so it ends like every other user error, as one
   `sanlab: error: …` line with exit code 2; `section.key=value` overrides are accepted
   anywhere on the line, also after the flags (`sanlab study run SPEC --out DIR k=v`).
+  Every `type=Path` argument passes `sanlab.paths.check_in_path` as it is parsed: an
+  empty one (`--hf ''`, which `Path` would read as the current directory), a name too
+  long for the filesystem, a symlink loop or a dangling symlink is refused by name.
 - `finite_float`, `positive_int`, …: argparse `type=` callables that refuse NaN, ±inf,
   out-of-range numbers and non-numbers before any work starts.
 
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
 from sanlab.errors import ConfigError
+from sanlab.paths import check_in_path
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -28,6 +33,12 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         where = "" if self.prog == "sanlab" else f"{self.prog.removeprefix('sanlab ')}: "
         raise ConfigError(f"{where}{message} (see `{self.prog} --help`)")
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        if action.type is Path:
+            what = action.option_strings[0] if action.option_strings else str(action.metavar or action.dest)
+            check_in_path(arg_string, what)
+        return super()._get_value(action, arg_string)  # type: ignore[misc]
 
     def parse_known_args(self, args: Sequence[str] | None = None,
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:

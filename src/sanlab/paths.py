@@ -7,7 +7,16 @@ instead of an `OSError` traceback after minutes of work:
 
 - an existing file where a directory is wanted (or a directory where a file is);
 - a path under a file (`out.txt/run`);
-- a directory this process may not write in (permissions, a read-only filesystem).
+- a directory this process may not write in (permissions, a read-only filesystem, `/proc`);
+- a path the filesystem cannot hold: empty, a name over its NAME_MAX (with room for the
+  temp name a staged write puts beside it), the whole over its PATH_MAX (with room for
+  the files a command writes inside);
+- a symlink loop or a dangling symlink anywhere on the path;
+- for a command that writes the directory whole (`whole=True`: it is swapped in by a
+  rename), the current directory or one holding it.
+
+`check_in_path` is the same first step for a path that is read (empty, too long, a loop),
+so the reader's own "not found" answers the rest.
 
 The checks create nothing. `staged_dir` is how a command writes a whole directory
 atomically: it builds it beside the destination and swaps it in when it is complete.
@@ -64,9 +73,90 @@ def _check_parent(p: Path, what: str) -> None:
         raise ConfigError(f"{what} {p}: {why}")
 
 
-def check_out_dir(path: str | Path, what: str = "--out") -> Path:
-    """Refuse an output directory that cannot be created or written (see the module docstring)."""
+STAGING_ROOM = 24  # bytes a name needs beside it: `.NAME.export-PID` (see `staged_dir`, records.export)
+INSIDE_ROOM = 256  # bytes of path a command writes below its output dir (checkpoints/.tmp-…/model.safetensors)
+
+
+def _limit(anc: Path, name: str, default: int) -> int:
+    try:
+        return int(os.pathconf(anc, name))
+    except (OSError, ValueError):
+        return default
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 24 else name[:20] + "…"
+
+
+def check_path(path: str | Path, what: str, *, room: bool = True) -> Path:
+    """The checks every user path gets before it is used, read or written: not empty, each
+    name and the whole within the filesystem's limits (with `room`, leaving room for a temp
+    name beside the last one and for files inside), no symlink loop or dangling symlink on
+    the way. `ConfigError` (one line naming the path) otherwise."""
+    if isinstance(path, str) and not path:
+        raise ConfigError(f"{what}: an empty path (give a directory or file name)")
     p = Path(path)
+    full = os.path.abspath(p)
+    parts = Path(full).parts
+    anc = Path(parts[0])  # the deepest existing directory on the way, whose filesystem sets the limits
+    for part in parts[1:]:
+        if not os.path.isdir(anc / part):  # os.path's tests answer False for a name too long, never raise
+            break
+        anc = anc / part
+    name_max = _limit(anc, "PC_NAME_MAX", 255)
+    path_max = _limit(anc, "PC_PATH_MAX", 4096)
+    for i, part in enumerate(parts[1:], 1):
+        limit = name_max - (STAGING_ROOM if room and i == len(parts) - 1 else 0)
+        if len(os.fsencode(part)) > limit:
+            raise ConfigError(f"{what} {_short(str(p))}: the name {_short(part)!r} is {len(os.fsencode(part))} "
+                              f"bytes, over the {limit} bytes this filesystem allows"
+                              + (f" (its limit {name_max}, less room for a temp name beside it)"
+                                 if limit != name_max else ""))
+    limit = path_max - (INSIDE_ROOM if room else 0)
+    if len(os.fsencode(full)) > limit:
+        raise ConfigError(f"{what} {_short(str(p))}: the path is {len(os.fsencode(full))} bytes, over the {limit} "
+                          "bytes this filesystem allows" + (f" (its limit {path_max}, less room for the files inside)"
+                                                      if room else ""))
+    walked = Path(parts[0])
+    for part in parts[1:]:
+        walked = walked / part
+        if not os.path.islink(walked):
+            if not walked.exists():
+                break
+            continue
+        try:
+            os.stat(walked)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise ConfigError(f"{what} {p}: {walked} is a symlink loop") from None
+            if e.errno == errno.ENOENT:
+                raise ConfigError(f"{what} {p}: {walked} is a dangling symlink (to {os.readlink(walked)}, "
+                                  "which does not exist)") from None
+            raise ConfigError(f"{what} {p}: {walked} cannot be followed ({e.strerror or e})") from None
+    return p
+
+
+def check_in_path(path: str | Path, what: str) -> Path:
+    """`check_path` for a path that is only read."""
+    return check_path(path, what, room=False)
+
+
+def _check_not_cwd(p: Path, what: str) -> None:
+    """A directory written whole is swapped in by a rename, which the current directory
+    (or one holding it) cannot take."""
+    here = Path(os.getcwd()).resolve()
+    there = p.resolve()
+    if here == there or here.is_relative_to(there):
+        raise ConfigError(f"{what} {p}: is the current directory{'' if here == there else ' or holds it'}; "
+                          "this command writes its output dir whole, so name one of its own (e.g. a new subdir)")
+
+
+def check_out_dir(path: str | Path, what: str = "--out", *, whole: bool = False) -> Path:
+    """Refuse an output directory that cannot be created or written (see the module
+    docstring); `whole`: the command swaps the whole directory in (`staged_dir`)."""
+    p = check_path(path, what)
+    if whole:
+        _check_not_cwd(p, what)
     if p.exists() and not p.is_dir():
         raise ConfigError(f"{what} {p}: exists and is not a directory")
     if not p.exists():
@@ -77,8 +167,9 @@ def check_out_dir(path: str | Path, what: str = "--out") -> Path:
 
 
 def check_out_file(path: str | Path, what: str) -> Path:
-    """Refuse an output file that cannot be written: a directory, under a file, unwritable."""
-    p = Path(path)
+    """Refuse an output file that cannot be written: a directory, under a file, unwritable,
+    a path the filesystem cannot hold (`check_path`)."""
+    p = check_path(path, what)
     if p.is_dir():
         raise ConfigError(f"{what} {p}: is a directory, not a file")
     if p.exists():

@@ -139,7 +139,7 @@ def prepare(cfg: PrepareConfig, out: str | Path, *, force: bool = False,
         console = Output.to_console(console)
     if cfg.corpus == "synth" and cfg.tokens is None:
         raise ConfigError("tokens: the synth corpus is endless; give --tokens N")
-    check_out_dir(out)
+    check_out_dir(out, whole=True)  # written whole: swapped in by staged_dir
     _check_out(out, force)
     try:
         with staged_dir(out) as tmp:

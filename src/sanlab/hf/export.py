@@ -274,7 +274,7 @@ def dumps(data: dict[str, Any]) -> str:
 
 def check_out(out: Path, what: str = "--hf") -> None:
     """OUT must not exist, or be an empty directory; its parent must be writable."""
-    check_out_dir(out, what)
+    check_out_dir(out, what, whole=True)  # written whole: swapped in by staged_dir
     if out.is_dir() and any(out.iterdir()):
         raise ConfigError(f"{what} {out}: exists and is not empty (choose a new folder)")
 

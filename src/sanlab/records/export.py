@@ -222,7 +222,7 @@ def _files_under(path: Path) -> list[Path]:
 def check_destination(src: Path, dst: Path, kind: str, entries: list[str]) -> dict[str, Any] | None:
     """Refuse any RECORD_DIR export may not write into (module docstring); nothing is
     written. Returns the old marker when RECORD_DIR is already a record."""
-    check_out_dir(dst, "RECORD_DIR")  # a file, a path under a file, no permission
+    check_out_dir(dst, "RECORD_DIR", whole=True)  # a file, a path under a file, no permission, a bad name
     s, d = src.resolve(), dst.resolve()
     if d == s:
         raise RecordError(f"RECORD_DIR {dst}: is the source itself; export into a record dir of its own")
