@@ -152,11 +152,44 @@ def test_eval_builtin_writes_results_and_prints_the_table(run: Path, capsys: pyt
     out = capsys.readouterr().out
     for task in ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_cloze", "sanlab_kjv_ppl"):
         assert task in out
-    rec = json.loads((run / "eval" / "results-latest.json").read_text())
+    rec = json.loads((run / "eval" / "results-latest-limit4.json").read_text())
     acc = rec["tasks"]["sanlab_grounded_qa"]["metrics"]["acc"]
     assert 0 <= acc <= 1 and rec["tasks"]["sanlab_grounded_qa"]["n_samples"]["effective"] == 4
     assert rec["tasks"]["sanlab_kjv_ppl"]["metrics"]["bits_per_byte"] > 0
     assert rec["builtin"]["facts_seen"] > 0
+
+
+@needs_lm_eval
+def test_a_limited_eval_never_replaces_the_full_one(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """From another directory, with a relative run path: `--limit 3` leaves the full
+    evaluation's results-latest.json byte for byte, writes results-latest-limit3.json
+    marked limit 3, and the printed table says it is limited. Each task's truncation
+    count is its own: the KJV perplexity task (rolling windows, never truncated) has 0
+    while the QA tasks' long passages are cut."""
+    import shutil
+
+    copy = tmp_path / "runs" / "san"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    (copy / "eval").mkdir()
+    full = {"run": "runs/san", "checkpoint": "latest", "tasks": {"sanlab_cloze": {
+        "metrics": {"acc": 0.5, "acc_stderr": 0.01}, "n_samples": {"effective": 200}, "limit": None}}}
+    (copy / "eval" / "results-latest.json").write_text(json.dumps(full))
+    before = (copy / "eval" / "results-latest.json").read_bytes()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["eval", "../runs/san", "--tasks", "builtin", "--limit", "3"]) == 0
+    captured = capsys.readouterr()
+    assert (copy / "eval" / "results-latest.json").read_bytes() == before
+    rec = json.loads((copy / "eval" / "results-latest-limit3.json").read_text())
+    assert rec["limit"] == 3 and all(t["limit"] == 3 for t in rec["tasks"].values())
+    assert "LIMITED to the first 3 examples per task" in captured.out
+    assert "results-latest-limit3.json" in captured.out + captured.err
+    total = int(captured.out.split("warning: ../runs/san: ")[1].split(" requests longer")[0])
+    counts = {t: v["truncated_requests"] for t, v in rec["tasks"].items()}
+    assert counts["sanlab_kjv_ppl"] == 0 < total
+    assert sum(counts.values()) == total, counts
 
 
 @needs_lm_eval

@@ -15,6 +15,7 @@ encoded whole and the continuation is what follows the context's own tokens.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class SanlabLM(LM):
         self.batch_rows = max(1, _int(batch_size, "batch_size", 16))
         self.max_gen_toks = _int(max_gen_toks, "max_gen_toks", 128)
         self.truncated = 0  # requests whose context lost tokens on the left
+        self.truncated_by_task: Counter[str] = Counter()  # the same, by the request's task
 
     # ------------------------------------------------------------------ log-likelihood
 
@@ -75,13 +77,20 @@ class SanlabLM(LM):
         ctx = self.loaded.encode(context)
         return [BOS_ID] + ctx, whole[len(ctx):]
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+    def _score(self, pairs: list[tuple[list[int], list[int]]], tasks: list[str | None]) -> list[tuple[float, bool]]:
+        """Score the pairs; `tasks[i]` is the task pair i belongs to (its truncation's count)."""
         out = score(self.loaded.model, pairs, self.loaded.seq_len, self.batch_rows, self.loaded.autocast_dtype)
-        self.truncated += sum(s.truncated for s in out)
+        for s, task in zip(out, tasks):
+            if s.truncated:
+                self._count_truncated(task)
         return [(s.logprob, s.greedy) for s in out]
 
+    def _count_truncated(self, task: str | None) -> None:
+        self.truncated += 1
+        self.truncated_by_task[task or ""] += 1
+
     def loglikelihood(self, requests: list[Instance], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return self._score([self._pair(*r.args) for r in requests])
+        return self._score([self._pair(*r.args) for r in requests], [r.task_name for r in requests])
 
     def loglikelihood_rolling(self, requests: list[Instance], disable_tqdm: bool = False) -> list[float]:
         """log p(text) over disjoint windows of seq_len tokens, the first conditioned on
@@ -94,16 +103,16 @@ class SanlabLM(LM):
                 windows.append(make_disjoint_window(w))
                 owner.append(i)
         totals = [0.0] * len(requests)
-        for i, (ll, _) in zip(owner, self._score(windows)):
+        for i, (ll, _) in zip(owner, self._score(windows, [requests[i].task_name for i in owner])):
             totals[i] += ll
         return totals
 
     # ------------------------------------------------------------------ generation
 
     def generate_until(self, requests: list[Instance], disable_tqdm: bool = False) -> list[str]:
-        return [self._generate(*r.args) for r in requests]
+        return [self._generate(*r.args, task=r.task_name) for r in requests]
 
-    def _generate(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+    def _generate(self, context: str, gen_kwargs: dict[str, Any], task: str | None = None) -> str:
         kw = dict(gen_kwargs or {})
         until = kw.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
@@ -117,7 +126,7 @@ class SanlabLM(LM):
         keep = max(1, L - max_new)  # room for the answer inside the trained row length
         if len(ids) > keep:
             ids = ids[-keep:]
-            self.truncated += 1
+            self._count_truncated(task)
         new: list[int] = []
         text = ""
         dt = self.loaded.autocast_dtype

@@ -6,7 +6,9 @@ lm-eval task or group name (lambada_openai, sciq, arc_easy, piqa, hellaswag,
 winogrande, mmlu, … — downloaded by lm-eval as usual) and `builtin`, the offline tasks
 sanlab writes for each run (`sanlab.eval.builtin`). Each run's results go to
 `RUN_DIR/eval/results-<checkpoint>.json` (merged with earlier tasks, written
-atomically); a runs × tasks table is printed.
+atomically); a runs × tasks table is printed. A `--limit N` evaluation (a quick look at
+the first N examples) goes to its own `results-<checkpoint>-limit<N>.json`, marked
+`"limit": N`, so it never replaces a full evaluation's numbers, and the table says so.
 """
 
 from __future__ import annotations
@@ -188,15 +190,18 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     if model.truncated:
         say(f"sanlab: warning: {loaded.run.path}: {model.truncated} requests longer than seq_len="
             f"{loaded.seq_len} were truncated from the left")
-    out_file = eval_dir / f"results-{loaded.checkpoint}.json"
-    record = read_json(out_file) or {"run": str(loaded.run.path), "checkpoint": loaded.checkpoint, "tasks": {}}
+    out_file = results_file(eval_dir, loaded.checkpoint, args.limit)
+    record = read_json(out_file) or {"run": str(loaded.run.path), "checkpoint": loaded.checkpoint,
+                                     "limit": args.limit, "tasks": {}}
+    members = results.get("group_subtasks") or {}
     for task, res in results["results"].items():
         record["tasks"][task] = {
             "metrics": _metrics(res),
             "n_samples": (results.get("n-samples", {}).get(task) or {}),
             "version": results.get("versions", {}).get(task),
             "limit": args.limit,
-            "truncated_requests": model.truncated,
+            # this task's own requests (a group's: its members'), not the run's total
+            "truncated_requests": sum(model.truncated_by_task[t] for t in [task, *members.get(task, [])]),
         }
     record["lm_eval_version"] = getattr(lm_eval, "__version__", None)
     if builtin_record is not None:
@@ -208,6 +213,11 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     except OSError as e:
         raise SanlabError(f"{out_file}: cannot write the results ({e.strerror or e})") from None
     return record
+
+
+def results_file(eval_dir: Path, checkpoint: str, limit: int | None) -> Path:
+    """Where an evaluation's record goes: a limited one beside the full one, never over it."""
+    return eval_dir / (f"results-{checkpoint}.json" if limit is None else f"results-{checkpoint}-limit{limit}.json")
 
 
 def _shown(task: str, metrics: dict[str, float]) -> list[tuple[str, str]]:
@@ -239,7 +249,10 @@ def results_table(records: list[dict[str, Any]], tasks: list[str]) -> Any:
                 if head not in headers:
                     headers.append(head)
         cells.append(row)
-    table = Table(f"zero-shot, checkpoint {records[0]['checkpoint']}")
+    limit = records[0].get("limit")
+    table = Table(f"zero-shot, checkpoint {records[0]['checkpoint']}"
+                  + (f", LIMITED to the first {limit} examples per task (--limit; not a full evaluation)"
+                     if limit is not None else ""))
     table.column("run")
     for h in headers:
         table.column(h, "right")
@@ -268,6 +281,6 @@ def run(args: argparse.Namespace) -> int:
     records = [evaluate_run(p, tasks, needs_defaults, args, out, defaults) for p in args.runs]
     out.table(results_table(records, tasks))
     for rec in records:
-        out.note(f"results: {Path(rec['run']) / 'eval' / ('results-' + rec['checkpoint'] + '.json')}")
+        out.note(f"results: {results_file(Path(rec['run']) / 'eval', rec['checkpoint'], args.limit)}")
     out.close()
     return 0
