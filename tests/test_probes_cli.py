@@ -252,6 +252,18 @@ def test_capacity_is_the_best_point_of_the_sweep() -> None:
         capacity(points, 1, 1000)
 
 
+def test_capacity_on_a_tie_is_reported_at_the_smaller_n_in_any_order() -> None:
+    """docs/commands/probe.md: two N with the same bits report the smaller N (the maximum is
+    reached there already), whatever order the sweep's points come in (a merge, --tasks)."""
+    pts = [{"n": 256, "memorised": 200}, {"n": 1024, "memorised": 200}, {"n": 4096, "memorised": 150}]
+    for order in (pts, pts[::-1], [pts[1], pts[2], pts[0]]):
+        cap = capacity(order, alphabet=16, params=1000)
+        assert (cap["n"], cap["memorised"], cap["bits"]) == (256, 200, 800)
+        assert cap["chance"] == pytest.approx(256 / 16) and cap["lower_bound"] is False
+    zero = [{"n": 1024, "memorised": 256}, {"n": 64, "memorised": 16}]  # Fano: both at chance, 0 bits each
+    assert capacity(zero, 4, 100, measure="fano")["n"] == 64
+
+
 def test_fano_bits_are_the_symmetric_channel_information_and_give_chance_nothing() -> None:
     from sanlab.probes.capacity import fano_bits
 

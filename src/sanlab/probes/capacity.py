@@ -83,7 +83,8 @@ def capacity(points: Sequence[Mapping[str, Any]], alphabet: int, params: int,
     `measure`: "count" (memorised · log2(alphabet), chance included) or "fano" (the
     chance-free lower bound, `fano_bits`). Returns `{"bits_per_param", "n", "memorised",
     "bits", "params", "lower_bound", "chance", "measure"}` of the best point
-    (`bits_per_param` None when no point finished).
+    (`bits_per_param` None when no point finished). On a tie the smaller N is the best
+    point, whatever order the points come in: the maximum is already reached there.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}")
@@ -93,7 +94,7 @@ def capacity(points: Sequence[Mapping[str, Any]], alphabet: int, params: int,
         raise ValueError(f"the label alphabet must have at least 2 letters, got {alphabet}")
     best: dict[str, Any] = {"bits_per_param": None, "n": None, "memorised": None, "bits": None, "params": params,
                             "lower_bound": None, "chance": None, "measure": measure}
-    for p in points:
+    for p in sorted(points, key=lambda p: int(p["n"])):
         if p.get("memorised") is None:
             continue
         k, n = int(p["memorised"]), int(p["n"])
