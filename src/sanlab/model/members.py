@@ -1,0 +1,312 @@
+"""Many small models at once: M members of one architecture as one batched model.
+
+Members share an architecture and differ only in what training sees (LR, seed, data).
+Every weight carries a leading member dimension, named exactly as the solo `LM` names it
+(`blocks.0.attn.wq.weight` is (M, H·D, d) here, (H·D, d) there), so a member's weights are
+a slice: `member_state(m)` is a solo model's state dict.
+
+How each part runs (benchmarks/bench_members.py measured the choice):
+- the linear layers as batched matmuls (`torch.bmm` on (M, B·T, d)), under autocast as
+  the solo model's `F.linear`;
+- the embedding as one lookup in the (M·V, d) table, tokens offset by their member;
+- the kernels with per-member weights (the norms' gains, the QK-norm gains inside the
+  fused attention kernel, the residual gates) and the fused head + loss run once per
+  member inside one autograd node (`_PerMember`), by the same functions the solo model
+  calls: their arithmetic is the solo model's, operand for operand;
+- the RoPE tables, document positions and row starts are built once for all members,
+  the members folded into the batch (M·B rows), and sliced per member.
+
+`torch.func` (`stack_module_state` + `vmap`) was the other route: it does not run the
+project's kernels (hand-written `autograd.Function`s and ctypes calls on data pointers
+have no batching rule), so under vmap the model would fall back to the plain formulas,
+which the solo model does not run (numerics differ) and which are slower on the CPU.
+
+Supported: softmax attention in every layer (QK-norm on), the SAN (`state_mixer=none`)
+and the standard arm (`swiglu`), any norm and residual rule, no sandwich norm, no
+frozen weights (`members_unsupported` says why not otherwise).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sanlab.config import ModelConfig
+from sanlab.model import native
+from sanlab.model.attention import build_context
+from sanlab.model.attention.context import AttentionContext
+from sanlab.model.attention.dispatch import attend, fused_supported
+from sanlab.model.attention.fused import fused_mode, qkv_attention, qkv_attention_backward
+from sanlab.model.kernels import NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, silu_gate, upcast
+from sanlab.model.lm import LM
+from sanlab.model.loss import head_loss
+from sanlab.model.norms import _NativeRMSNorm, _RMSNorm, norm_rope
+
+
+def members_unsupported(cfg: ModelConfig, freeze: Sequence[str] = ()) -> str | None:
+    """Why `cfg` cannot train as members (None: it can)."""
+    layers = set(cfg.layer_mixers)
+    if layers != {"softmax"}:
+        return f"sequence mixers {sorted(layers)} (members run softmax attention only)"
+    if cfg.state_mixer not in ("none", "swiglu"):
+        return f"state mixer {cfg.state_mixer!r} (members run none or swiglu)"
+    if not cfg.qk_norm:
+        return "model.qk_norm=false"
+    if cfg.sandwich_norm:
+        return "model.sandwich_norm=true"
+    if cfg.head_dim % 2:
+        return "an odd head_dim"
+    if freeze:
+        return "train.freeze"
+    return None
+
+
+def same_architecture(a: ModelConfig, b: ModelConfig) -> bool:
+    """Whether two model configs build the same module (members must)."""
+    return a.model_dump() == b.model_dump()
+
+
+# --------------------------------------------------------------------------- one kernel per member
+
+
+class _SubCtx:
+    """Stands in for autograd's ctx when `_PerMember` calls a kernel's forward/backward."""
+
+    def __init__(self, needs_input_grad: tuple[bool, ...]) -> None:
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple[torch.Tensor, ...] = ()
+
+    def save_for_backward(self, *tensors: torch.Tensor) -> None:
+        self.saved_tensors = tensors
+
+    def mark_non_differentiable(self, *tensors: torch.Tensor) -> None:
+        pass
+
+
+class _PerMember(torch.autograd.Function):
+    """`fn` (an autograd.Function class, or anything with its static forward/backward) run
+    once per member in one autograd node: argument i is sliced `args[i][m]` where
+    `stacked[i]`, passed whole otherwise. The output is the members' outputs stacked;
+    a stacked input's gradient is the members' stacked, a shared one's their sum."""
+
+    @staticmethod
+    def forward(ctx, fn, stacked, *args):  # type: ignore[override]
+        M = next(a.shape[0] for a, s in zip(args, stacked) if s)
+        needs = tuple(ctx.needs_input_grad[2:])
+        ctx.fn, ctx.stacked, ctx.subs = fn, stacked, []
+        outs = []
+        for m in range(M):
+            sub = _SubCtx(needs)
+            outs.append(fn.forward(sub, *(a[m] if s else a for a, s in zip(args, stacked))))
+            ctx.subs.append(sub)
+        return torch.stack(outs)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        per = [ctx.fn.backward(sub, dy[m]) for m, sub in enumerate(ctx.subs)]
+        ctx.subs = []
+        grads: list[torch.Tensor | None] = []
+        for i, s in enumerate(ctx.stacked):
+            gs = [g[i] for g in per]
+            if gs[0] is None or not ctx.needs_input_grad[2 + i]:
+                grads.append(None)
+            else:
+                grads.append(torch.stack(gs) if s else torch.stack(gs).sum(0))
+        return (None, None, *grads)
+
+
+class _QKVAttention:
+    """The `sanlab::qkv_attention` op's forward/backward in `_PerMember`'s calling form
+    (y only: the rest is what its backward reads)."""
+
+    @staticmethod
+    def forward(ctx, qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN205
+        y, out, lse, rq, rk = qkv_attention(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode)
+        ctx.save_for_backward(qkv, gq, gk, cos, sin, starts, out, lse, rq, rk)
+        ctx.args = (eps, heads, kv_heads, mode)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # noqa: ANN001, ANN205
+        qkv, gq, gk, cos, sin, starts, out, lse, rq, rk = ctx.saved_tensors
+        dqkv, dgq, dgk = qkv_attention_backward(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, *ctx.args)
+        return dqkv, dgq, dgk, None, None, None, None, None, None, None
+
+
+def _rms_norm_fn(x32: torch.Tensor, out_dtype: torch.dtype) -> Any:
+    """The kernel `sanlab.model.norms.rms_norm` picks for one member's slice of x32."""
+    if (native.ready(x32) and x32.dtype == torch.float32 and x32.is_contiguous() and out_dtype in NATIVE_DTYPES):
+        return _NativeRMSNorm
+    return _RMSNorm
+
+
+def member_rms_norm(x: torch.Tensor, weight: torch.Tensor, zero_centered: bool, eps: float,
+                    feeds_matmul: bool) -> torch.Tensor:
+    """`RMSNorm.forward` per member: x (M, ..., d), weight (M, d)."""
+    dev = x.device.type
+    cast = feeds_matmul and torch.is_autocast_enabled(dev)
+    x32 = upcast(x)
+    out_dtype = torch.get_autocast_dtype(dev) if cast else x32.dtype
+    gain = weight.to(x32.dtype)
+    gain = 1.0 + gain if zero_centered else gain
+    return _PerMember.apply(_rms_norm_fn(x32[0], out_dtype), (True, True, False, False), x32.contiguous(),
+                            gain, eps, out_dtype)
+
+
+def member_residual(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """`sanlab.model.blocks.residual_update` per member: g (M, 1)."""
+    if mode == "gated":
+        native_ok = (native.ready(h) and x.dtype == g.dtype == torch.float32 and h.dtype in NATIVE_DTYPES
+                     and h.is_contiguous())
+        return _PerMember.apply(_NativeGatedResidual if native_ok else _GatedResidual, (True, True, True), x, h, g)
+    if mode == "rezero":
+        return x + g.to(h.dtype).view(-1, *([1] * (h.dim() - 1))) * h
+    if mode == "standard":
+        return x + h
+    return h
+
+
+def bmm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`F.linear` per member: x (M, ..., k), w (M, n, k) -> (M, ..., n)."""
+    M, k = x.shape[0], x.shape[-1]
+    return torch.bmm(x.reshape(M, -1, k), w.transpose(1, 2)).view(*x.shape[:-1], w.shape[1])
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class MemberLM(nn.Module):
+    """M members of `LM(cfg)` as one batched model (see the module docstring).
+
+    `MemberLM.stack(models)` builds it from solo models (each initialised as its solo run
+    would be); `member_state(m)` gives member m's weights back as a solo state dict.
+    """
+
+    def __init__(self, cfg: ModelConfig, shapes: dict[str, tuple[int, ...]], n_members: int) -> None:
+        super().__init__()
+        why = members_unsupported(cfg)
+        if why is not None:
+            raise ValueError(f"cannot train as members: {why}")
+        self.cfg, self.n_members = cfg, n_members
+        self.names = list(shapes)
+        self.weights = nn.ParameterList(nn.Parameter(torch.empty(n_members, *s)) for s in shapes.values())
+        self.by_name = dict(zip(self.names, self.weights))
+        self.embed_scale = math.sqrt(cfg.d_model)
+        self.zero_centered = cfg.norm == "zcrms"
+
+    @classmethod
+    def stack(cls, models: Sequence[LM]) -> MemberLM:
+        ref = models[0]
+        params = [dict(m.named_parameters()) for m in models]
+        member = cls(ref.cfg, {n: tuple(p.shape) for n, p in params[0].items()}, len(models))
+        with torch.no_grad():
+            for name, w in member.by_name.items():
+                torch.stack([p[name].detach() for p in params], out=w.data)
+        return member.to(next(ref.parameters()).device)
+
+    def member_state(self, m: int) -> dict[str, torch.Tensor]:
+        """Member m's weights, keyed as the solo `LM` keys them (views into the stacks)."""
+        return {n: w.detach()[m] for n, w in self.by_name.items()}
+
+    def param_roles(self) -> dict[str, str]:
+        """The solo model's roles, by the same names (the optimizer routing reads them)."""
+        return self._roles
+
+    def set_roles(self, roles: dict[str, str]) -> None:
+        self._roles = {n: roles[n] for n in self.names}
+
+    def _w(self, name: str) -> torch.Tensor:
+        return self.by_name[name]
+
+    def _norm(self, name: str, x: torch.Tensor, feeds_matmul: bool) -> torch.Tensor:
+        return member_rms_norm(x, self._w(name), self.zero_centered, self.cfg.norm_eps, feeds_matmul)
+
+    def _attention(self, i: int, u: torch.Tensor, ctx: AttentionContext, rows: int) -> torch.Tensor:
+        cfg, p = self.cfg, f"blocks.{i}.attn."
+        M, B, T, _ = u.shape
+        H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        qkv = bmm_linear(u, torch.cat([self._w(p + "wq.weight"), self._w(p + "wk.weight"),
+                                       self._w(p + "wv.weight")], dim=1))  # (M, B, T, (H + 2Hkv)D)
+        gq, gk = (self._w(p + n).to(torch.float32) for n in ("q_norm.weight", "k_norm.weight"))
+        if self.zero_centered:
+            gq, gk = 1.0 + gq, 1.0 + gk
+        qkv_rows = qkv.view(M * B, T, -1)
+        if fused_supported(ctx, D, qkv_rows):
+            # the members folded into the batch for the tables; one kernel call per member
+            starts = ctx.first_keys().view(M, B, T)
+            cos, sin = ctx.cos.contiguous().view(M, B, T, 1, D), ctx.sin.contiguous().view(M, B, T, 1, D)
+            y = _PerMember.apply(_QKVAttention, (True, True, True, True, True, True, False, False, False, False),
+                                 qkv, gq, gk, cos, sin, starts, cfg.norm_eps, H, Hkv, fused_mode(qkv))
+        else:
+            ys = []
+            for m in range(M):
+                q, k, v = qkv[m].split([H * D, Hkv * D, Hkv * D], dim=-1)
+                c, s = ctx.cos[m * B:(m + 1) * B], ctx.sin[m * B:(m + 1) * B]
+                half = D // 2
+                q = norm_rope(q.reshape(B, T, H, D), gq[m], cfg.norm_eps, c[..., :half], s[..., :half])
+                k = norm_rope(k.reshape(B, T, Hkv, D), gk[m], cfg.norm_eps, c[..., :half], s[..., :half])
+                sub = _member_context(ctx, m, B)
+                o = attend(q.transpose(1, 2), k.transpose(1, 2), v.reshape(B, T, Hkv, D).transpose(1, 2), sub)
+                ys.append(o.transpose(1, 2).reshape(B, T, H * D))
+            y = torch.stack(ys)
+        return bmm_linear(y, self._w(p + "wo.weight"))
+
+    def _ffn(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        p = f"blocks.{i}.ffn."
+        gate_up = bmm_linear(x, torch.cat([self._w(p + "w_gate.weight"), self._w(p + "w_up.weight")], dim=1))
+        return bmm_linear(silu_gate(gate_up), self._w(p + "w_down.weight"))
+
+    def hidden(self, tokens: torch.Tensor, segment_ids: torch.Tensor | None) -> torch.Tensor:
+        """tokens, segment_ids (M, B, T) -> the final normalised hidden states (M, B, T, d)."""
+        cfg = self.cfg
+        M, B, T = tokens.shape
+        V = cfg.vocab_size
+        rows = tokens.reshape(M * B, T)
+        ctx = build_context(cfg, rows, None if segment_ids is None else segment_ids.reshape(M * B, T))
+        offsets = (torch.arange(M, device=tokens.device) * V).view(M, 1, 1)
+        table = self._w("embed.weight")
+        x = F.embedding(tokens + offsets, table.view(M * V, -1)) * self.embed_scale  # (M, B, T, d)
+        for i in range(cfg.n_layers):
+            b = f"blocks.{i}."
+            h = self._attention(i, self._norm(b + "attn_norm.weight", x, True), ctx, B)
+            x = member_residual(cfg.residual, x, h, self.by_name.get(b + "attn_gate"))
+            if cfg.ffn:
+                h = self._ffn(i, self._norm(b + "ffn_norm.weight", x, True))
+                x = member_residual(cfg.residual, x, h, self.by_name.get(b + "ffn_gate"))
+        return self._norm("final_norm.weight", x, True)
+
+    def forward(self, tokens: torch.Tensor, segment_ids: torch.Tensor | None, targets: torch.Tensor,
+                loss_mask: torch.Tensor, z_loss: float = 1e-4) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training loss of each member, as `LM.forward(..., targets=...)` computes it:
+        (loss to optimise (M,), cross-entropy (M,)). Members are independent: the sum of
+        the losses has each member's own gradient."""
+        x = self.hidden(tokens, segment_ids)
+        table = self._w("embed.weight")
+        out = [head_loss(x[m], table[m], targets[m], loss_mask[m], z_loss) for m in range(self.n_members)]
+        return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
+
+
+def _member_context(ctx: AttentionContext, m: int, rows: int) -> AttentionContext:
+    """Member m's rows of a context built for all members folded into the batch."""
+    r = slice(m * rows, (m + 1) * rows)
+    return AttentionContext(segment_ids=ctx.segment_ids[r], positions=ctx.positions[r], cos=ctx.cos[r],
+                            sin=ctx.sin[r], backend=ctx.backend, single_document=ctx.single_document)
+
+
+def build_members(cfg: ModelConfig, seeds: Sequence[int], make: Callable[[int], LM] | None = None) -> MemberLM:
+    """The members of `cfg` initialised as their solo runs are (`torch.manual_seed(seed)`,
+    then `LM(cfg)`), stacked."""
+    models = []
+    for seed in seeds:
+        if make is not None:
+            models.append(make(seed))
+        else:
+            torch.manual_seed(seed)
+            models.append(LM(cfg))
+    member = MemberLM.stack(models)
+    member.set_roles(models[0].param_roles())
+    return member
