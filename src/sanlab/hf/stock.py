@@ -138,7 +138,11 @@ def convert(src: Any, family: str, seq_len: int) -> tuple[dict[str, Any], dict[s
         "vocab_size": m.vocab_size, "hidden_size": m.d_model, "intermediate_size": m.ffn_dim,
         "num_hidden_layers": m.n_layers, "num_attention_heads": m.n_heads, "num_key_value_heads": m.n_kv_heads,
         "head_dim": m.head_dim, "max_position_embeddings": seq_len, "rms_norm_eps": m.norm_eps,
-        "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": scaled, "use_cache": True,
+        # use_cache false: transformers reads restarting position_ids as packed documents (and
+        # masks across them) only without a cache, and a forward builds one when this is true,
+        # so `m(input_ids=x, position_ids=pos)` on a packed row would attend across documents.
+        # generate() still caches: generation_config.json says use_cache true.
+        "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": scaled, "use_cache": False,
         "bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID, "dtype": "float32",
         "initializer_range": m.init_std,
     }
