@@ -31,8 +31,8 @@ def configure(parser: argparse.ArgumentParser, *, intermixed: bool = False) -> N
     # train.steps=100`): argparse's plain parse cannot mix a `*` positional with options,
     # so the items take the remainder and `run` parses that remainder again, intermixed.
     parser.add_argument("items", nargs="*" if intermixed else argparse.REMAINDER, metavar="[TASK] [key=value]",
-                        help="the task (addition, modadd, memorize, capacity, retrieval, induction, dyck, "
-                             "sentiment), then overrides: model.* optim.* train.* task.* sweep.* capacity.* runner.*")
+                        help="the task (`sanlab probe --list` shows them), then overrides: model.* optim.* "
+                             "train.* task.* sweep.* capacity.* runner.*")
     parser.add_argument("--suite", action="store_true", help="run every task for every arm and print the grid")
     parser.add_argument("--tasks", metavar="T,U,…",
                         help="with --suite: these tasks only, comma-separated (default: every task; the "
@@ -57,8 +57,9 @@ def _list(console: object) -> int:
 
     print("tasks:")
     for name, t in TASKS.items():
-        print(f"  {name:<10} {t.description}")
-    print("  capacity   memorization capacity: task memorize swept over capacity.ns, bits/param")
+        print(f"  {name:<10} {t.description}" + ("" if t.suite else "   (not in --suite's columns)"))
+        for c in t.readings:
+            print(f"  {c.name:<10} {c.description}")
     print("arms:")
     for name, ov in PRESETS.items():
         why = unavailable(Arm(name, ov))

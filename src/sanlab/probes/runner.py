@@ -50,25 +50,10 @@ BASE_OVERRIDES: tuple[str, ...] = (
     "train.batch_rows=8", "train.eval_every=0", "train.milestones=[1.0]", "train.log_every=50",
 )
 
-# Per task: task settings and training length, full and --quick (prefix `task.` = task
-# config). The quick budgets are sized so `sanlab probe --suite --quick` (every preset
-# arm, a 3-point LR sweep per cell) fits about 15 minutes on a 2-core CPU.
-# Retrieval at the full size (m <= 16 pairs, 24 keys / values) needs a larger batch, not
-# more steps: at 8 rows a step the standard arm stayed at 21-27% test accuracy (3000 and
-# 12000 steps); at 64 rows it reaches 100% in 1000 steps (measured; docs/commands/probe.md).
-TASK_DEFAULTS: dict[str, dict[str, tuple[str, ...]]] = {
-    "addition": {"full": ("task.n_train=50000", "train.steps=3000"),
-                 "quick": ("task.n_train=20000", "train.steps=250")},
-    "modadd": {"full": ("task.p=113", "train.steps=3000"), "quick": ("task.p=31", "train.steps=250")},
-    "memorize": {"full": ("train.steps=3000",), "quick": ("train.steps=300",)},
-    "retrieval": {"full": ("task.n_train=50000", "task.m_max=16", "train.batch_rows=64", "train.steps=1000"),
-                  "quick": ("task.n_train=4000", "task.keys=16", "task.values=16", "train.steps=500")},
-    "induction": {"full": ("task.n_train=50000", "train.steps=3000"),
-                  "quick": ("task.n_train=20000", "train.steps=250")},
-    "dyck": {"full": ("task.n_train=10000", "train.steps=3000"), "quick": ("task.n_train=6000", "train.steps=250")},
-    "sentiment": {"full": ("task.n_train=50000", "train.steps=3000"),
-                  "quick": ("task.n_train=20000", "train.steps=250")},
-}
+# Each task's settings and training length, full and --quick, are the task's own (`full`,
+# `quick` of its file in sanlab.data.probes). The quick budgets are sized so `sanlab probe
+# --suite --quick` (every preset arm, a 3-point LR sweep per cell) fits about 15 minutes
+# on a 2-core CPU.
 # --quick also shrinks the sweep and the capacity grid (user overrides still win).
 # The quick capacity cell is one N on a d=16 model (about 8.5k trainable parameters for
 # the standard arm) so it is not trivially memorised; at 300 steps it is far from
@@ -171,7 +156,7 @@ class Overrides:
 
 def task_settings(task: str, quick: bool, user_task: Sequence[str]) -> tuple[TaskConfig, list[str]]:
     """The task config and the run overrides a task gets by default, user overrides on top."""
-    defaults = TASK_DEFAULTS[task]["quick" if quick else "full"]
+    defaults = get_task(task).defaults(quick)
     t_items = [d.split(".", 1)[1] for d in defaults if d.startswith("task.")]
     run_items = [d for d in defaults if not d.startswith("task.")]
     return task_config(task, [*t_items, *user_task]), run_items

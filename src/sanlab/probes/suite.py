@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from rich.console import Console
 
+from sanlab.data.probes import columns
 from sanlab.fileio import try_read_json_object
 from sanlab.tables import Output, Table
 
@@ -24,19 +25,23 @@ from sanlab.probes.capacity import capacity, trainable_from_meta
 from sanlab.probes.layout import CAPACITY, task_of
 from sanlab.probes.runner import Cell, Overrides, ProbeOptions, check_run_config, make_cell, task_settings
 
-# SPEC §2's columns, in its order; language modelling is `sanlab study`'s business.
-SUITE_TASKS: tuple[str, ...] = ("addition", "modadd", CAPACITY, "retrieval", "induction", "dyck", "sentiment")
-COLUMNS: dict[str, str] = {"addition": "Addition", "modadd": "Mod. add.", "memorize": "Memorize",
-                           CAPACITY: "Memorization bits/param", "retrieval": "Retrieval",
-                           "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment"}
-# SPEC §2 anchors: accuracy in %, capacity in bits/param; "≈ standard" where the paper says so.
-ANCHORS: dict[str, dict[str, float | str]] = {
-    "standard": {"retrieval": 100.0, CAPACITY: 2.98},
-    "frozen_qk": {"retrieval": 97.0, CAPACITY: 2.25},
-    "mixit": {"retrieval": 11.2, CAPACITY: 2.18, "addition": "≈ standard", "modadd": "≈ standard",
-              "dyck": "≈ standard", "sentiment": "≈ standard"},
-    "frozen_mlp": {CAPACITY: 1.13},
-}
+# SPEC §2's columns, in its order, with their headings and the paper's numbers: what each
+# task file declares (sanlab.data.probes); language modelling is `sanlab study`'s business.
+SUITE_TASKS: tuple[str, ...] = tuple(c.name for c in columns() if c.suite)
+COLUMNS: dict[str, str] = {c.name: c.label for c in columns()}
+
+
+def _anchors() -> dict[str, dict[str, float | str]]:
+    """SPEC §2 anchors per arm and column: accuracy in %, capacity in bits/param; "≈ standard"
+    where the paper says so."""
+    out: dict[str, dict[str, float | str]] = {}
+    for c in columns():
+        for arm, number in c.paper.items():
+            out.setdefault(arm, {})[c.name] = number
+    return out
+
+
+ANCHORS = _anchors()
 
 
 def build_cells(tasks: Sequence[str], arms: Sequence[Arm], ov: Overrides, opts: ProbeOptions,

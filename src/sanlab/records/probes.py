@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sanlab.config import bare_words
+from sanlab.data.probes import columns
 from sanlab.probes.capacity import capacity
 from sanlab.probes.layout import CAPACITY, SUITE, SUITE_CSV, task_of
 from sanlab.records.common import (
@@ -42,17 +43,16 @@ from sanlab.records.common import (
 # Single-task results (`sanlab probe TASK --out DIR` into the suite's dir): an ablation
 # when it holds an arm the suite does not have (e.g. MixiT with the old σ on addition).
 ABLATION_PREFIX, ABLATION_SUFFIX = "probe-", ".json"
-COLUMNS = {"addition": "Addition", "modadd": "Mod. add.", CAPACITY: "Memorization bits/param",
-           "retrieval": "Retrieval", "induction": "Induction", "dyck": "Dyck-1", "sentiment": "Sentiment",
-           "memorize": "Memorize"}
+COLUMNS = {c.name: c.label for c in columns()}  # each task file's heading (sanlab.data.probes)
 LABELS = {"standard": "Standard", "san": "SAN", "frozen_qk": "Frozen-QK", "frozen_mlp": "Frozen-MLP",
           "mixit": "MixiT"}
 
-# SPEC §2 anchors: retrieval accuracy (%), memorization capacity (bits per parameter),
-# and the tasks on which MixiT ≈ standard.
-PAPER_RETRIEVAL = {"standard": 100.0, "frozen_qk": 97.0, "mixit": 11.2}
-PAPER_CAPACITY = {"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13}
-MIXIT_MATCHES = ("addition", "modadd", "dyck", "sentiment")
+# SPEC §2 anchors, as the task files declare them: retrieval accuracy (%), memorization
+# capacity (bits per parameter), each in the paper's order; the tasks on which MixiT ≈ standard.
+_PAPER = {c.name: dict(c.paper) for c in columns()}
+PAPER_RETRIEVAL = _PAPER["retrieval"]
+PAPER_CAPACITY = _PAPER[CAPACITY]
+MIXIT_MATCHES = tuple(name for name, p in _PAPER.items() if p.get("mixit") == "≈ standard")
 # "≈" read as: MixiT's accuracy at most this many points below the standard arm's.
 EQUIVALENCE_PTS = 5.0
 Z = 2.0  # standard errors a difference must exceed

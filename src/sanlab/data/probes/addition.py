@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, draw_distinct, task_vocab
+from sanlab.data.probes.base import (Example, Generated, ProbeTask, TaskConfig, draw_distinct, register_task,
+                                    task_vocab)
 
 DIGITS = tuple(str(d) for d in range(10))
 
@@ -53,4 +54,7 @@ def generate(cfg: AdditionConfig) -> Generated:
     return Generated(task_vocab(DIGITS, ("+", "=")), {"train": tr, "val": va, "test": te})
 
 
-TASK = ProbeTask("addition", AdditionConfig, generate, "decimal addition, reversed digits")
+TASK = register_task(ProbeTask(
+    "addition", AdditionConfig, generate, "decimal addition, reversed digits", label="Addition",
+    full=("task.n_train=50000", "train.steps=3000"), quick=("task.n_train=20000", "train.steps=250"),
+    paper={"mixit": "≈ standard"}, position=10))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from pydantic import model_validator
@@ -82,14 +82,73 @@ class Generated:
 
 
 @dataclass(frozen=True)
+class Column:
+    """A column of the probe grid (SPEC §2) that is not a task's own accuracy: a reading
+    derived from a task's runs (memorization capacity, from the memorize task)."""
+
+    name: str
+    label: str  # the grid's heading
+    description: str = ""  # what `sanlab probe --list` says of it
+    paper: Mapping[str, float | str] = field(default_factory=dict)  # SPEC §2's number per arm
+    suite: bool = True  # one of `sanlab probe --suite`'s columns
+
+
+@dataclass(frozen=True)
 class ProbeTask:
-    """A registered task: its name, its typed config and its generator."""
+    """A registered task: everything the runner, the suite, the records and the CLI read
+    about it. `register_task(ProbeTask(...))` in a file of this package is the whole of a
+    new task: nobody lists it by hand.
+
+    `full` / `quick`: the overrides a run gets by default (`task.KEY=…` go to the task
+    config, `model.*` / `optim.*` / `train.*` to the run config; the user's win). They are
+    part of every run's config, so changing them changes the run ids of the task's runs.
+    `paper`: SPEC §2's number per arm (test accuracy in %), or "≈ standard" where the
+    paper says only that. `position`: where the task sits in lists and in the grid (SPEC
+    §2's column order). `suite`: whether `sanlab probe --suite` runs it (SPEC §2's table
+    has a column for it); `readings`: further columns read from its runs."""
 
     name: str
     config: type[TaskConfig]
     generate: Callable[[Any], Generated]
     description: str
     split_disjoint: bool = True  # False: val and test are the training set (memorization)
+    label: str = ""  # the grid's heading (default: the name)
+    full: tuple[str, ...] = ()
+    quick: tuple[str, ...] = ()
+    paper: Mapping[str, float | str] = field(default_factory=dict)
+    position: int = 1000
+    suite: bool = True
+    readings: tuple[Column, ...] = ()
+
+    def defaults(self, quick: bool) -> tuple[str, ...]:
+        return self.quick if quick else self.full
+
+
+# name -> task, filled by `register_task` as the package imports its files
+TASKS: dict[str, ProbeTask] = {}
+
+
+def register_task(task: ProbeTask) -> ProbeTask:
+    """Register `task` under its name (a task file's last line: `TASK = register_task(...)`)."""
+    other = TASKS.get(task.name)
+    if other is not None and other is not task:
+        raise ValueError(f"probe task {task.name!r} registered twice")
+    bad = [d for d in (*task.full, *task.quick)
+           if "=" not in d or d.split("=", 1)[0].split(".", 1)[0].strip() not in ("task", "model", "optim", "train")]
+    if bad:
+        raise ValueError(f"probe task {task.name!r}: default {bad[0]!r} is not a task.*/model.*/optim.*/train.* "
+                         "key=value")
+    TASKS[task.name] = task
+    return task
+
+
+def columns() -> list[Column]:
+    """Every column of the grid in SPEC §2's order: each task's accuracy, then its readings."""
+    out: list[Column] = []
+    for t in sorted(TASKS.values(), key=lambda t: (t.position, t.name)):
+        out.append(Column(t.name, t.label or t.name, t.description, t.paper, t.suite))
+        out += t.readings
+    return out
 
 
 def task_vocab(*groups: Iterable[str]) -> list[str]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, draw_distinct, task_vocab
+from sanlab.data.probes.base import (Example, Generated, ProbeTask, TaskConfig, draw_distinct, register_task,
+                                    task_vocab)
 
 
 class DyckConfig(TaskConfig):
@@ -78,4 +79,7 @@ def generate(cfg: DyckConfig) -> Generated:
     return Generated(task_vocab(("(", ")", "?", "yes", "no")), {"train": tr, "val": va, "test": te})
 
 
-TASK = ProbeTask("dyck", DyckConfig, generate, "Dyck-1: balanced or not")
+TASK = register_task(ProbeTask(
+    "dyck", DyckConfig, generate, "Dyck-1: balanced or not", label="Dyck-1",
+    full=("task.n_train=10000", "train.steps=3000"), quick=("task.n_train=6000", "train.steps=250"),
+    paper={"mixit": "≈ standard"}, position=60))

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, draw_distinct, task_vocab
+from sanlab.data.probes.base import (Example, Generated, ProbeTask, TaskConfig, draw_distinct, register_task,
+                                    task_vocab)
 
 
 class InductionConfig(TaskConfig):
@@ -63,4 +64,7 @@ def generate(cfg: InductionConfig) -> Generated:
     return Generated(task_vocab((f"n{i}" for i in range(cfg.nodes)), ("|",)), {"train": tr, "val": va, "test": te})
 
 
-TASK = ProbeTask("induction", InductionConfig, generate, "follow k pointers given in context")
+TASK = register_task(ProbeTask(
+    "induction", InductionConfig, generate, "follow k pointers given in context", label="Induction",
+    full=("task.n_train=50000", "train.steps=3000"), quick=("task.n_train=20000", "train.steps=250"),
+    position=50))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, task_vocab
+from sanlab.data.probes.base import Column, Example, Generated, ProbeTask, TaskConfig, register_task, task_vocab
 
 
 class MemorizeConfig(TaskConfig):
@@ -55,5 +55,12 @@ def generate(cfg: MemorizeConfig) -> Generated:
                      {"alphabet": cfg.alphabet, "keys": space})
 
 
-TASK = ProbeTask("memorize", MemorizeConfig, generate, "N random key -> label pairs (training-set accuracy)",
-                 split_disjoint=False)
+# The grid's memorization column is not this task's accuracy but its capacity: the task
+# run at each N of `capacity.ns` (`sanlab.probes.capacity`), in bits per trainable parameter.
+CAPACITY = Column("capacity", "Memorization bits/param",
+                  "memorization capacity: task memorize swept over capacity.ns, bits/param",
+                  paper={"standard": 2.98, "frozen_qk": 2.25, "mixit": 2.18, "frozen_mlp": 1.13})
+TASK = register_task(ProbeTask(
+    "memorize", MemorizeConfig, generate, "N random key -> label pairs (training-set accuracy)",
+    split_disjoint=False, label="Memorize", full=("train.steps=3000",), quick=("train.steps=300",),
+    position=30, suite=False, readings=(CAPACITY,)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, task_vocab
+from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, register_task, task_vocab
 
 
 class ModAddConfig(TaskConfig):
@@ -56,4 +56,7 @@ def generate(cfg: ModAddConfig) -> Generated:
     return Generated(vocab, splits, {"pairs": p * p})
 
 
-TASK = ProbeTask("modadd", ModAddConfig, generate, "modular addition mod p, 95/5 split")
+TASK = register_task(ProbeTask(
+    "modadd", ModAddConfig, generate, "modular addition mod p, 95/5 split", label="Mod. add.",
+    full=("task.p=113", "train.steps=3000"), quick=("task.p=31", "train.steps=250"),
+    paper={"mixit": "≈ standard"}, position=20))

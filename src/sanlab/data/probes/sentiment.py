@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import model_validator
 
-from sanlab.data.probes.base import Example, Generated, ProbeTask, TaskConfig, draw_distinct, task_vocab
+from sanlab.data.probes.base import (Example, Generated, ProbeTask, TaskConfig, draw_distinct, register_task,
+                                    task_vocab)
 
 POSITIVE = ("good", "great", "fun", "moving", "clever", "superb", "warm", "sharp", "lovely", "brilliant",
             "gripping", "charming")
@@ -77,4 +78,7 @@ def generate(cfg: SentimentConfig) -> Generated:
     return Generated(vocab, {"train": tr, "val": va, "test": te})
 
 
-TASK = ProbeTask("sentiment", SentimentConfig, generate, "lexicon sentiment with negation")
+TASK = register_task(ProbeTask(
+    "sentiment", SentimentConfig, generate, "lexicon sentiment with negation", label="Sentiment",
+    full=("task.n_train=50000", "train.steps=3000"), quick=("task.n_train=20000", "train.steps=250"),
+    paper={"mixit": "≈ standard"}, position=70))
