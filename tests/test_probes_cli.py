@@ -219,6 +219,33 @@ def test_a_suite_of_other_tasks_adds_its_columns_to_the_dirs_suite(tmp_path: Pat
     assert "o/suite.json: its arms (standard) are not this suite's" in printed.out + printed.err
 
 
+def test_a_suite_of_other_tasks_keeps_the_dirs_capacity_column(tmp_path: Path, in_process: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capacity column's cells are task `memorize` cells keyed `capacity-nN/ARM`:
+    `--suite --tasks dyck` into a suite's dir keeps them as they were, and the column's
+    number (max over N of memorised · log2 A / trainable params) is the one from before."""
+    monkeypatch.chdir(tmp_path)
+    small = [*TINY, "task.n_val=8", "task.n_test=8"]
+    assert main(["probe", "--suite", "--tasks", "capacity", "--arms", "standard", *small, "capacity.ns=[16]",
+                 "task.alphabet=4", "--out", "o"]) == 0
+    first = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert [(c["key"], c["task"]) for c in first["cells"]] == [("capacity-n16/standard", "memorize")]
+    shutil.rmtree(tmp_path / "o" / "runs")  # a record's lost run files: the cells cannot be gathered again
+    assert main(["probe", "--suite", "--tasks", "dyck", "--arms", "standard", *small, "task.n_train=40",
+                 "--out", "o"]) == 0
+    res = json.loads((tmp_path / "o" / "suite.json").read_text())
+    assert res["tasks"] == ["capacity", "dyck"]
+    assert res["cells"][0] == first["cells"][0]
+    cell = first["cells"][0]
+    expected = cell["test_correct"] * 2.0 / cell["trainable_params"]  # log2(4) bits a label
+    assert res["table"]["standard"]["capacity"] == pytest.approx(expected)
+    assert res["capacity"]["standard"]["points"] == [{"n": 16, "memorised": cell["test_correct"]}]
+    rows = [r.split(",") for r in (tmp_path / "o" / "suite.csv").read_text().splitlines()]
+    assert [r[2:4] for r in rows[1:]] == [["capacity", "bits_per_param"], ["capacity", "bits_per_param_fano"],
+                                          ["dyck", "test_accuracy_pct"]]
+    assert float(rows[1][4]) == pytest.approx(expected, rel=1e-5)
+
+
 # --------------------------------------------------------------------------- capacity arithmetic
 
 

@@ -88,6 +88,7 @@ def test_merging_into_a_suite_keeps_its_own_cells_and_counts_points_without_run_
 @pytest.mark.parametrize("case, message", [
     ("same-task", "task 'retrieval' is in both"),
     ("other-arms", "its arms (standard) are not"),
+    ("other-overrides", "its arm 'standard' has overrides [model.ffn=false], not [model.ffn=true]"),
     ("quick", "is --quick and"),
     ("missing", "no such directory"),
     ("a-file", "not a directory"),
@@ -101,6 +102,9 @@ def test_a_merge_that_does_not_fit_is_one_line_and_writes_nothing(
         "same-task": lambda: _piece(tmp_path / "c", ["retrieval"], [
             _cell("retrieval/standard", "standard", 1, 256, "runs/x")]),
         "other-arms": lambda: _piece(tmp_path / "c", ["dyck"], [], arms=ARMS[:1]),
+        # the same names, another suite: two different experiments joined as one
+        "other-overrides": lambda: _piece(tmp_path / "c", ["dyck"], [],
+                                          arms=[{**ARMS[0], "overrides": ["model.ffn=false"]}, ARMS[1]]),
         "quick": lambda: _piece(tmp_path / "c", ["dyck"], [], quick=True),
         "missing": lambda: tmp_path / "nowhere",
         "a-file": lambda: (tmp_path / "f").write_text("x") and tmp_path / "f",
