@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from sanlab.errors import ConfigError, DataError
 from sanlab.fileio import read_json
-from sanlab.probes.layout import RUN_FILES, SUITE, point_run_dirs, task_of
+from sanlab.probes.layout import RUN_FILES, SUITE, check_results, point_run_dirs, task_of
 from sanlab.probes.suite import SUITE_TASKS, assemble, write_results
 
 
@@ -35,10 +35,18 @@ def _suite(d: Path) -> dict[str, Any]:
     if not path.is_file():
         raise DataError(f"--merge {d}: no {SUITE} (a `sanlab probe --suite --out DIR` dir)")
     data = read_json(path)
-    if not (isinstance(data, dict) and isinstance(data.get("cells"), list) and isinstance(data.get("arms"), list)
-            and isinstance(data.get("tasks"), list)):
-        raise DataError(f"{path}: not a probe suite's results (`sanlab probe --suite` writes one)")
-    return data
+    try:
+        return check_results(data, suite=True)
+    except ValueError as e:
+        raise DataError(f"{path}: not a probe suite's results as `sanlab probe --suite` writes them ({e})") from None
+
+
+def _results(path: Path) -> dict[str, Any]:
+    """A piece's `probe-TASK.json` ablation file, checked as every results file is."""
+    try:
+        return check_results(read_json(path))
+    except ValueError as e:
+        raise DataError(f"{path}: not a probe's results as `sanlab probe TASK` writes them ({e})") from None
 
 
 def _arms_key(arms: Iterable[dict[str, Any]]) -> list[tuple[str, tuple[str, ...]]]:
@@ -103,8 +111,8 @@ def merge(sources: Sequence[Path], out: Path, log: Callable[[str], Any] = print)
     extra = [(d, sorted(d.glob("probe-*.json"))) for d, _ in pieces[own:]]  # their ablation files
     try:
         run_dirs = [(d, point_run_dirs(data)) for (d, suite), (_, files) in zip(pieces[own:], extra)
-                    for data in [suite, *(read_json(f) for f in files)]]
-    except ValueError as e:
+                    for data in [suite, *(_results(f) for f in files)]]
+    except ValueError as e:  # a run dir outside runs/
         raise DataError(f"--merge: {e}") from None
     walls = [s["wall_s"] for _, s in pieces if isinstance(s.get("wall_s"), (int, float))]
     res = join(owner, first["arms"], (c for d, s in pieces for c in s["cells"] if owner.get(task_of(c)) == d),

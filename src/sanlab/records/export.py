@@ -5,7 +5,9 @@ Where it may write, checked before anything is written (a one-line `RecordError`
 nothing touched otherwise):
 
 - a missing or empty RECORD_DIR, or one that is already a record (`record.json`) of the
-  same kind, whose own folders hold nothing but its own files (those `record.json` lists);
+  same kind, whose own folders hold nothing but its own files (those `record.json` lists),
+  each with the content hash its export wrote in `record.json` (a listed file that was
+  edited, or listed by a hand edit of the marker, is refused: never replaced);
 - never a dir with other files in it, the source itself (or a dir inside it, or one it is
   inside), a training run dir, a study dir, a path under a file, or a dir it may not write.
 
@@ -25,7 +27,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from sanlab.paths import check_out_dir, is_run_dir
+from sanlab.paths import check_out_dir, check_path, is_run_dir
 from sanlab.records import marker
 from sanlab.records.common import (
     DATA_FILES,
@@ -38,7 +40,7 @@ from sanlab.records.common import (
     read_json,
     write_text,
 )
-from sanlab.records.study import study_tables
+from sanlab.records.study import damaged_lines, damaged_text, study_tables
 from sanlab.study.store import STORE_NAME, ResultStore
 
 Log = Callable[[str], Any]
@@ -127,13 +129,17 @@ def copy_study(src: Path, out: Path, log: Log) -> list[str]:
         where = Path(str(rec.get("dir") or "data"))
         return where if where.is_absolute() else src / where
 
+    bad = damaged_lines(src)
+    if bad:  # a record is built from whole results only: its tables would silently lack these runs
+        torn = bad == [bad[-1]] and not (src / STORE_NAME).read_bytes().endswith(b"\n")
+        raise RecordError(f"{src / STORE_NAME}: {damaged_text(bad)} damaged"
+                          + (" (a torn last line: an append cut short by a kill)" if torn else "")
+                          + "; `sanlab study run` on the study moves it aside (and reruns what it lost), "
+                          "or remove it by hand; nothing was exported")
     write_text(dst / "study.json", json.dumps(_portable_spec(spec_raw), indent=2) + "\n")
     written.append(dst / "study.json")
     lines = []
-    for _, raw, rec in ResultStore(src).lines():
-        if rec is None:
-            lines.append(raw)  # kept as it is: the store skips it, the report counts it
-            continue
+    for rec in ResultStore(src).records():
         if "config" in rec:
             rec["config"] = _portable_config(rec["config"], rec.get("data") or "")
             point_of[str(rec.get("run_id"))] = rec.get("data") or ""
@@ -222,7 +228,7 @@ def _files_under(path: Path) -> list[Path]:
 def check_destination(src: Path, dst: Path, kind: str, entries: list[str]) -> dict[str, Any] | None:
     """Refuse any RECORD_DIR export may not write into (module docstring); nothing is
     written. Returns the old marker when RECORD_DIR is already a record."""
-    check_out_dir(dst, "RECORD_DIR", whole=True)  # a file, a path under a file, no permission, a bad name
+    check_path(dst, "RECORD_DIR")  # a bad name, a symlink loop: before anything resolves it
     s, d = src.resolve(), dst.resolve()
     if d == s:
         raise RecordError(f"RECORD_DIR {dst}: is the source itself; export into a record dir of its own")
@@ -230,6 +236,7 @@ def check_destination(src: Path, dst: Path, kind: str, entries: list[str]) -> di
         raise RecordError(f"RECORD_DIR {dst}: is inside the source {src}; export it somewhere else")
     if s.is_relative_to(d):
         raise RecordError(f"RECORD_DIR {dst}: holds the source {src}; export into a dir outside it")
+    check_out_dir(dst, "RECORD_DIR", whole=True)  # a file, a path under a file, no permission, the cwd
     if not dst.exists() or not any(dst.iterdir()):
         return None
     if marker.is_record(dst):
@@ -237,6 +244,17 @@ def check_destination(src: Path, dst: Path, kind: str, entries: list[str]) -> di
         if old["kind"] != kind:
             raise RecordError(f"RECORD_DIR {dst}: is a {old['kind']} record; this source makes a {kind} record")
         own = set(old["files"])
+        hashes = old.get("sha256") or {}
+        for f in sorted(own):  # only what this record's export wrote, unchanged since, may be replaced
+            p = dst / f
+            if not (p.exists() or p.is_symlink()):
+                continue
+            if not p.is_file() or p.is_symlink() or hashes.get(f) != marker.file_hash(p):
+                why = ("is not a plain file" if not p.is_file() or p.is_symlink() else
+                       f"has no content hash in {MARKER}" if f not in hashes else
+                       "differs from what the record's export wrote")
+                raise RecordError(f"RECORD_DIR {dst}: {f} {why}, so it is not provably the export's own; "
+                                  "move it out (or restore it) first, nothing was exported")
         tops = set(entries) | {Path(f).parts[0] for f in own}
         for top in sorted(tops):
             for f in _files_under(dst / top) if (dst / top).exists() else []:
@@ -309,7 +327,7 @@ def export(source: str | Path, record_dir: str | Path, *, verify: bool = True, l
         files = kind.copy(src, staged, log)
         if verify and kind.verify is not None:
             kind.verify(src, staged)
-        (staged / MARKER).write_text(marker.text(kind.name, files))
+        (staged / MARKER).write_text(marker.text(kind.name, files, {f: marker.file_hash(staged / f) for f in files}))
         _install(staged, dst, entries, old)
     finally:
         if staged.exists():

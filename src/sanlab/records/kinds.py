@@ -39,8 +39,7 @@ def _probe_files(src: Path) -> list[str]:
     """suite.json, suite.csv and the ablations' `probe-TASK.json` beside them."""
     files = [n for n in (probes.SUITE, probes.SUITE_CSV) if (src / n).is_file()]
     if probes.SUITE in files:
-        suite = read_json(src / probes.SUITE)
-        files += probes.ablation_files(src, suite if isinstance(suite, dict) else {})
+        files += probes.ablation_files(src, probes.results_file(src / probes.SUITE, "`sanlab probe --suite` writes one"))
     return files
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable
 from sanlab.config import bare_words
 from sanlab.data.probes import columns
 from sanlab.probes.capacity import capacity
-from sanlab.probes.layout import CAPACITY, SUITE, SUITE_CSV, task_of
+from sanlab.probes.layout import CAPACITY, SUITE, SUITE_CSV, check_results, task_of
 from sanlab.records.common import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -116,14 +116,22 @@ def load_probes(record_dir: Path) -> ProbeRecord:
     path = record_dir / SUITE
     if not path.is_file():
         raise RecordError(f"{record_dir}: a probes record without {SUITE}")
-    suite = read_json(path)
-    if not isinstance(suite, dict) or not isinstance(suite.get("table"), dict) or not suite.get("arms"):
+    suite = results_file(path, "`sanlab probe --suite` writes one")
+    if not isinstance(suite.get("table"), dict) or not suite.get("arms"):
         raise RecordError(f"{path}: not a probe suite (`sanlab probe --suite` writes one)")
     ablations = {}
     for name in ablation_files(record_dir, suite):
-        data = read_json(record_dir / name)
-        ablations[name] = data
+        ablations[name] = results_file(record_dir / name, "`sanlab probe TASK` writes one")
     return ProbeRecord(record_dir, suite, ablations=ablations)
+
+
+def results_file(path: Path, writer: str) -> dict[str, Any]:
+    """A probe's results file, read and checked against what its writer gives
+    (`sanlab.probes.layout.check_results`); `RecordError` naming the key otherwise."""
+    try:
+        return check_results(read_json(path))
+    except ValueError as e:
+        raise RecordError(f"{path}: not a probe's results as {writer} ({e})") from None
 
 
 def ablation_files(src: Path, suite: dict[str, Any]) -> list[str]:
@@ -131,9 +139,7 @@ def ablation_files(src: Path, suite: dict[str, Any]) -> list[str]:
     names = {a.get("name") for a in suite.get("arms") or []}
     out = []
     for path in sorted(src.glob(f"{ABLATION_PREFIX}*{ABLATION_SUFFIX}")):
-        data = read_json(path)
-        if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
-            raise RecordError(f"{path}: not a probe's results (`sanlab probe TASK` writes one)")
+        data = results_file(path, "`sanlab probe TASK` writes one")
         if any(a.get("name") not in names for a in data.get("arms") or []):
             out.append(path.name)
     return out

@@ -14,6 +14,28 @@ from sanlab.records.common import MARKER, README, RecordError, write_text
 from sanlab.records.kinds import Loaded, load
 
 BLOCK = re.compile(r"<!-- records:BEGIN (\S+) -->\n(.*?)<!-- records:END \1 -->", re.S)
+BEGIN = re.compile(r"<!-- records:BEGIN (\S+) -->")
+END = re.compile(r"<!-- records:END (\S+) -->")
+
+
+def _check_markers(text: str, path: Path) -> list[str]:
+    """The names of the README's blocks, each a BEGIN line and its END once; `RecordError`
+    naming the first marker without its partner (a block that is not one is never
+    skipped: its stale text would pass `check`)."""
+    seen = [m.group(1) for m in BLOCK.finditer(text)]
+    for name in dict.fromkeys(BEGIN.findall(text)):
+        if name not in seen:
+            raise RecordError(f"{path}: `<!-- records:BEGIN {name} -->` has no `<!-- records:END {name} -->` "
+                              "after it on a line of its own; restore the marker")
+    for name in END.findall(text):
+        if name not in seen:
+            raise RecordError(f"{path}: `<!-- records:END {name} -->` has no BEGIN before it; restore the marker")
+    twice = next((n for n in seen if seen.count(n) > 1), None)
+    if twice is not None:
+        raise RecordError(f"{path}: block {twice!r} is there twice; keep one")
+    if len(BEGIN.findall(text)) != len(seen) or len(END.findall(text)) != len(seen):
+        raise RecordError(f"{path}: a records marker is inside another block; restore the markers")
+    return seen
 
 
 def skeleton(rec: Loaded) -> str:
@@ -30,7 +52,7 @@ def skeleton(rec: Loaded) -> str:
 def render(text: str, rec: Loaded) -> tuple[str, list[str]]:
     """(the README with every block replaced, names of the blocks whose text changed)."""
     blocks = rec.kind.blocks
-    seen = [m.group(1) for m in BLOCK.finditer(text)]
+    seen = _check_markers(text, rec.dir / README)
     unknown = [n for n in seen if n not in blocks]
     if unknown:
         raise RecordError(f"README block {unknown[0]!r} is not one of a {rec.kind.name} record's: "

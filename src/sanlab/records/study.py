@@ -40,6 +40,17 @@ from sanlab.records.common import (
 )
 from sanlab.study import noise
 from sanlab.study.results import table_json
+from sanlab.study.store import ResultStore
+
+
+def damaged_lines(study_dir: Path) -> list[int]:
+    """Line numbers of the study's results store that are not records (torn, not UTF-8 JSON,
+    not an object, fields of the wrong type): `sanlab.study.store.ResultStore.damaged`."""
+    return ResultStore(study_dir).damaged()
+
+
+def damaged_text(bad: list[int]) -> str:
+    return f"line {bad[0]} is" if len(bad) == 1 else f"lines {', '.join(map(str, bad[:5]))}{' …' if len(bad) > 5 else ''} are"
 
 
 def study_tables(study_dir: Path) -> dict[str, Any]:
@@ -152,6 +163,10 @@ def load_study(record_dir: Path, kind: str) -> StudyRecord:
         raise RecordError(f"{study / 'study.json'}: not a study spec")
     if not (study / "results.jsonl").is_file():
         raise RecordError(f"{study}: no results store (results.jsonl)")
+    bad = damaged_lines(study)
+    if bad:  # the tables would be computed without them: a wrong README, never a regenerated one
+        raise RecordError(f"{study / 'results.jsonl'}: the record's results are damaged ({damaged_text(bad)} not a "
+                          "JSON record of the store's fields); restore the file (e.g. from git), nothing was changed")
     try:
         tables = study_tables(study)
     except SanlabError as e:
