@@ -17,6 +17,7 @@ import pytest
 
 from sanlab.cli import main
 from sanlab.errors import EXIT_USAGE
+from sanlab.study.spec import load_spec
 from sanlab.train.checkpoint import state_digest
 from sanlab.train.trainer import train
 from test_train_loop import TINY, tiny_config
@@ -151,6 +152,16 @@ CASES: dict[str, tuple[str, str]] = {
     "study table nonexistent": ("study table {root}/nowhere", "is not a study dir"),
     "study spec missing": ("study plan {root}/missing.toml", "config file not found"),
     "study bad action": ("study frobnicate", "invalid choice: 'frobnicate'"),
+    "study lock_at with the sweep off": ("study plan {root}/axis_spec.toml sweep.lock_at=400 sweep.enabled=false",
+                                         "sweep.enabled = false"),
+    "study table --json with --format": ("study table {root}/badstudy --json --format md", "--json and --format md"),
+    "study status --json with --format": ("study status {root}/badstudy --json --format csv", "--json and --format"),
+    "match --json with --format": ("match --preset base --json --format text", "--json and --format text"),
+    "study run another spec into a study dir": ("study run {spec} sweep.tokens=1K --out {root}/madestudy",
+                                                "sweep.tokens differ"),
+    "study run another spec, --extend": ("study run {spec} sweep.tokens=1K --out {root}/madestudy --extend",
+                                         "sweep.tokens differ"),
+    "study run more seeds without --extend": ("study run {spec} seeds=[1,2] --out {root}/madestudy", "add --extend"),
     # ---- match
     "match tolerance nan": ("match --preset base --tolerance nan", "--tolerance: must be a finite number"),
     "match tolerance negative": ("match --preset base --tolerance -1", "--tolerance: must be >= 0"),
@@ -398,6 +409,11 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
     (root / "spec.toml").write_text(SPEC.format(data=data))
     (root / "nodata_spec.toml").write_text(SPEC.format(data=root / "nowhere"))
     (root / "arm_inf.toml").write_text(SPEC.format(data=data) + '[[arms]]\nname = "hot"\nmodel = { init_std = inf }\n')
+    (root / "axis_spec.toml").write_text(SPEC.format(data=data).replace(f'dir = "{data}"', 'corpus = "synth"\ntokens = 20000\n'
+                                                                      'axis = {"synth.facts" = [400, 1600]}'))
+    (root / "madestudy").mkdir()  # a study dir made from {spec}: another spec must not take it over
+    (root / "madestudy" / "study.json").write_text(
+        json.dumps(load_spec(root / "spec.toml").model_dump(mode="json", exclude_unset=True)))
     _manifest_edit(data, root / "lie-rows", lambda m: m["splits"]["train"].update(rows=m["splits"]["train"]["rows"] + 5))
     _manifest_edit(data, root / "lie-bytes",
                    lambda m: m["splits"]["train"]["shards"][0]["files"]["docs"].update(bytes=12))

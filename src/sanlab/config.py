@@ -539,7 +539,10 @@ def _resolve_path(cls: type[BaseModel], path: list[str], full: str) -> list[tupl
             if field is None:
                 raise ConfigError(f"override {full}: unknown key {'.'.join(path[: i + 1])}")
             default = None if field.is_required() else field.get_default(call_default_factory=True)
-            current = field.annotation
+            # With its metadata: `tokens: Tokens` keeps Tokens' parser only there (pydantic
+            # moves a field's own Annotated[...] into `metadata`), so `sweep.tokens=30K`
+            # reads as the same text does in a file.
+            current = field.rebuild_annotation()
         elif (value_type := _dict_value_type(current)) is not None:
             default, current = None, value_type
         else:
@@ -558,6 +561,17 @@ def bare_words(raw: str) -> list[str] | None:
     return None if m is None else [w.strip() for w in m.group(1).split(",") if w.strip()]
 
 
+def _toml_value(raw: str) -> list[Any]:
+    """`raw` as the one value of a TOML assignment, when it is one of JSON's kinds; else []."""
+    try:
+        parsed = tomllib.loads(f"v = {raw}")
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return []
+    value = parsed.get("v")
+    plain = isinstance(value, (bool, int, float, str, list, dict)) and set(parsed) == {"v"}
+    return [value] if plain and not (isinstance(value, float) and not math.isfinite(value)) else []
+
+
 def _parse_value(annotation: Any, raw: str, key: str) -> Any:
     """Parse a command-line string for a field: first as-is (lax coercion), then as JSON,
     then as a TOML value (so `[0.5, nan]` means what it means in a file, and is refused)."""
@@ -566,6 +580,8 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
     candidates: list[Any] = []
     if raw.lower() in ("none", "null"):
         candidates.append(None)
+    if annotation is Any:  # any text is valid as a string: read it as a file's value first (400 is a number)
+        candidates += _toml_value(raw)
     candidates.append(raw)
     try:
         candidates.append(json.loads(raw))
@@ -614,8 +630,11 @@ def apply_overrides(
         node = merged
         for part, (_, default) in zip(path[:-1], steps[:-1]):
             if not isinstance(node.get(part), dict):
-                # Start from the field's default so one override keeps its siblings.
-                node[part] = _plain(default) if isinstance(default, (BaseModel, dict)) else {}
+                # Start from the field's default so one override keeps its siblings; of a
+                # model only what that default sets, so its other keys stay unset
+                # (`optim.weight_decay=0.5` must not set the optim.name a study refuses).
+                node[part] = (_plain(default.model_dump(mode="json", exclude_unset=True))
+                              if isinstance(default, BaseModel) else _plain(default) if isinstance(default, dict) else {})
             node = node[part]
         node[path[-1]] = value.model_dump() if isinstance(value, BaseModel) else value
         given[tuple(path)] = node[path[-1]]

@@ -37,6 +37,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterable, Literal, Sequence
 
+from sanlab.errors import ConfigError
+
 FORMATS = ("text", "md", "csv", "json")
 Justify = Literal["left", "right", "center"]
 DEFAULT_WIDTH = 80  # off a terminal, without COLUMNS
@@ -81,11 +83,27 @@ class Table:
         return out
 
 
+class _FormatAction(argparse.Action):
+    """Stores the format and that it was given, so `--json` can refuse it (`refuse_json_and_format`)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.format_given = True
+
+
 def add_format_flag(parser: argparse.ArgumentParser) -> None:
     """`--format text|md|csv|json`: how the command's tables are printed (see the module doc)."""
-    parser.add_argument("--format", choices=FORMATS, default="text", dest="format",
+    parser.add_argument("--format", choices=FORMATS, default="text", dest="format", action=_FormatAction,
                         help="how to print the tables: text (default; off a terminal never cut or "
-                             "wrapped, COLUMNS honoured), md, csv or json")
+                             "wrapped, COLUMNS honoured), md, csv or json; not with --json")
+
+
+def refuse_json_and_format(args: argparse.Namespace) -> None:
+    """A command's `--json` prints its data and `--format` its tables: one rule for all,
+    given together they contradict each other, and neither wins silently."""
+    if getattr(args, "json", False) and getattr(args, "format_given", False):
+        raise ConfigError(f"--json and --format {args.format}: give one (--json prints the data, "
+                          "--format how the tables are printed)")
 
 
 def columns_env() -> int | None:

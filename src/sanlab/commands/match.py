@@ -11,7 +11,7 @@ from sanlab.cliargs import non_negative_float, positive_int
 from sanlab.config import Config, ModelConfig, apply_overrides, load_toml
 from sanlab.errors import ConfigError
 from sanlab.matching import POLICIES, TARGETS, Arm, match
-from sanlab.tables import Output, Table, add_format_flag
+from sanlab.tables import Output, Table, add_format_flag, refuse_json_and_format
 
 _EPILOG = """\
 The reference is a sanlab run config: a TOML file with [model] and [data] sections
@@ -144,6 +144,7 @@ def _print_tables(arms: list[Arm], seq_len: int, policy: str, causal_half: bool,
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_json_and_format(args)
     reference, seq_len = _reference(args)
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not targets:

@@ -13,18 +13,17 @@ from typing import Any
 
 from sanlab.config import format_tokens
 from sanlab.errors import EXIT_OK, ConfigError
-from sanlab.fileio import try_read_json_object
 from sanlab.matching import model_label
 from sanlab.paths import check_out_dir, is_run_dir
 from sanlab.report.cli import REPORT_DIR, make_report
 from sanlab.study.orchestrate import Study, check, load_saved_spec
 from sanlab.study.plan import build_arms, data_points, plan_study
-from sanlab.study.results import table_json
+from sanlab.study.results import run_rows, table_json
 from sanlab.study.speed import arm_speeds, local_threads
 from sanlab.study.spec import load_spec
 from sanlab.study.store import ResultStore
 from sanlab.study.table import locks_by_point, print_tables
-from sanlab.tables import Output, Table, add_format_flag
+from sanlab.tables import Output, Table, add_format_flag, refuse_json_and_format
 
 _EPILOG = """\
 examples:
@@ -54,6 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     r.add_argument("spec", help="study spec (TOML)")
     r.add_argument("overrides", nargs="*", metavar="key=value")
     r.add_argument("--out", required=True, help="the study dir (rerun to resume)")
+    r.add_argument("--extend", action="store_true",
+                   help="let the spec add arms, seeds or final budgets to the dir's study "
+                        "(never change a run it has); without it another spec is refused")
     r.add_argument("--report", action="store_true",
                    help="then analyse the final pairs and write the report (as `sanlab report DIR --analyze`)")
     s = sub.add_parser("status", help="progress of a study dir")
@@ -146,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
                           "not a study dir; give the study a directory of its own")
     spec = load_spec(args.spec, args.overrides)
-    rc = Study(spec, out).run()
+    rc = Study(spec, out, extend=args.extend).run()
     if args.report:
         html, _ = make_report(out, analyze=True)
         print(html)
@@ -157,17 +159,7 @@ def _status(args: argparse.Namespace) -> int:
     spec = load_saved_spec(args.dir)
     store = ResultStore(args.dir)
     _note_damaged(store)
-    records = store.runs()
-    arms_plan = plan_study(spec, args.dir, records)
-    plan = plan_study(spec, args.dir, records,
-                      point_locks=locks_by_point(spec, arms_plan.arms, records, set(records)))
-    rows = []
-    for r in plan.runs:
-        rec = records.get(r.run_id)
-        status = rec["status"] if rec else _live_status(Path(args.dir) / "runs" / r.run_id)
-        val = ((rec or {}).get("final") or {}).get("val_loss")
-        rows.append({"run_id": r.run_id, "phase": r.phase, "status": status, "val_loss": val,
-                     "wall_s": (rec or {}).get("wall_s"), "note": r.note})
+    rows = [{k: v for k, v in row.items() if k != "in_store"} for row in run_rows(spec, args.dir, store.runs())]
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["status"]] = counts.get(row["status"], 0) + 1
@@ -200,12 +192,6 @@ def _note_damaged(store: Any) -> None:
               "`sanlab study run` moves them to results.jsonl.torn", file=sys.stderr)
 
 
-def _live_status(run_dir: Path) -> str:
-    """A run not in the store yet: `running` / `interrupted` from its meta.json, else `pending`."""
-    meta = try_read_json_object(run_dir / "meta.json")
-    return "pending" if meta is None else str(meta.get("status", "pending"))
-
-
 def _table(args: argparse.Namespace) -> int:
     store = ResultStore(args.dir)
     if args.json:
@@ -221,4 +207,5 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    refuse_json_and_format(args)
     return {"plan": _plan, "run": _run, "status": _status, "table": _table}[args.action](args)

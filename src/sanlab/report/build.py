@@ -103,11 +103,18 @@ def _tok(n: Any) -> str:
 def header(data: StudyData) -> Section:
     s = Section("Study")
     counts: dict[str, int] = {}
-    for r in data.records.values():
-        counts[r.get("status", "?")] = counts.get(r.get("status", "?"), 0) + 1
+    # As `study status` counts them (its rows: the store's status, else the run dir's own).
+    rows = data.statuses if data.statuses is not None else [{"status": r.get("status", "?"), "in_store": True}
+                                                            for r in data.records.values()]
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    counts.pop("pending", None)
     status = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no run finished yet"
+    outside = sum(not row["in_store"] and row["status"] != "pending" for row in rows)
     s.blocks.append(Block("text", f"Study **{data.name}** in `{data.dir}`: {len(data.records)} runs "
-                                  f"in the results store ({status})."))
+                                  f"in the results store ({status})." if not outside else
+                                  f"Study **{data.name}** in `{data.dir}`: {status}; {outside} of these runs are "
+                                  "only in their run dirs, not in the results store (`sanlab study run` records them)."))
     if data.corrupt_lines:
         s.blocks.append(Block("warning", f"results.jsonl: {len(data.corrupt_lines)} corrupt line(s) skipped "
                                          f"(line {', '.join(map(str, data.corrupt_lines[:10]))})"))

@@ -34,7 +34,8 @@ from sanlab.analysis.output import write_outputs
 from sanlab.cliargs import ArgumentParser
 from sanlab.errors import DataError, SanlabError
 from sanlab.paths import check_out_dir
-from sanlab.study.results import table_json
+from sanlab.study.orchestrate import load_saved_spec
+from sanlab.study.results import run_rows, table_json
 from sanlab.study.store import ResultStore
 
 SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
@@ -65,6 +66,7 @@ class StudyData:
     metas: dict[str, dict[str, Any]]
     analyses: list[dict[str, Any]]  # each analysis.json, with "_path" added
     live: set[str] = field(default_factory=set)  # run ids with curves but no store record yet
+    statuses: list[dict[str, Any]] | None = None  # `study status`'s rows (None: the plan cannot be built)
     analysis_errors: list[str] = field(default_factory=list)  # `--analyze` groups that failed
 
     def arm_of(self, run_id: str) -> str:
@@ -176,6 +178,8 @@ def load(study_dir: str | Path) -> StudyData:
             data.curves[run_dir.name] = curve
             data.live.add(run_dir.name)
     data.analyses = load_analyses(d)
+    if err is None:  # the tables were computed, so the spec and its plan are sound
+        data.statuses = run_rows(load_saved_spec(d), d, records)
     return data
 
 

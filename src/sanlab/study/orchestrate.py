@@ -32,7 +32,7 @@ from typing import Any
 from rich.console import Console
 
 from sanlab.config import apply_overrides, validate
-from sanlab.errors import DataError
+from sanlab.errors import ConfigError, DataError
 from sanlab.fileio import read_json
 from sanlab.study.plan import (
     FINAL_STATUSES,
@@ -73,6 +73,68 @@ def load_saved_spec(study_dir: str | Path) -> StudySpec:
     if not isinstance(data, dict):
         raise DataError(f"{path}: not a study spec")
     return validate(StudySpec, data, source=str(path))
+
+
+# Keys that only say where and how fast runs execute: a rerun may change them freely.
+FREE_KEYS = ("runner",)
+# Keys `--extend` may grow (every old value kept, new ones added): each new value only
+# adds runs; every other key defines the existing runs and never changes.
+EXTENDABLE = ("seeds", "final.tokens", "arms", "matching.arms", "noise.seeds")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flat(v, key) if isinstance(v, dict) and key not in EXTENDABLE else {key: v})
+    return out
+
+
+def _resolved(spec: StudySpec) -> dict[str, Any]:
+    """The spec as flat dotted keys, with the values left to defaults resolved (the sweep's
+    seed, the noise pair's optimizer, budget and seeds): what the runs are made from."""
+    d = spec.model_dump(mode="json")
+    d["sweep"]["seed"] = spec.sweep_seed
+    d["noise"].update(optimizer=spec.noise_optimizer, tokens=spec.noise_tokens, seeds=spec.noise_seeds)
+    return _flat(d)
+
+
+def spec_changes(old: StudySpec, new: StudySpec) -> tuple[list[str], list[str]]:
+    """(keys that change what existing runs are, keys that only add runs) from the study a
+    dir was run with (`old`) to `new`: dotted keys in the spec's order; a key whose value
+    was implied (e.g. noise.tokens: the largest final budget) says how it moved."""
+    a, b = _resolved(old), _resolved(new)
+    changed, grown = [], []
+    for key in dict.fromkeys([*a, *b]):
+        was, now = a.get(key), b.get(key)
+        if key.split(".")[0] in FREE_KEYS or was == now:
+            continue
+        if key in EXTENDABLE and isinstance(was, list) and isinstance(now, list) and all(x in now for x in was):
+            grown.append(key)
+        elif key in ("sweep.seed", "noise.optimizer", "noise.tokens"):
+            changed.append(f"{key} ({was} -> {now}; set {key} = {json.dumps(was)} to keep it)")
+        else:
+            changed.append(key)
+    return changed, grown
+
+
+def check_same_study(spec: StudySpec, study_dir: Path, *, extend: bool = False) -> None:
+    """A study dir runs the study it was made with: another spec (or other overrides) is
+    refused, naming the keys, before anything is written. With `extend` the new spec may
+    add arms, seeds and budgets (`EXTENDABLE`), never change a run that exists."""
+    if not (study_dir / SPEC_FILE).exists():
+        return
+    old = load_saved_spec(study_dir)
+    changed, grown = spec_changes(old, spec)
+    if changed:
+        raise ConfigError(f"{study_dir} holds study '{old.name}' run with another definition of its runs: "
+                          f"{', '.join(changed)} differ from its {SPEC_FILE}; rerun with the spec it was made "
+                          "with, or give another --out (--extend adds arms, seeds or budgets only)")
+    if grown and not extend:
+        raise ConfigError(f"{study_dir} holds study '{old.name}' with fewer {', '.join(grown)} than this spec; "
+                          "add --extend to extend it, or give another --out")
 
 
 def prepare_config(spec: StudySpec, point: DataPoint | None = None) -> Any:
@@ -172,8 +234,9 @@ class Study:
 
     def __init__(self, spec: StudySpec, study_dir: str | Path, *, console: Console | None = None,
                  train_fn: str = DEFAULT_TRAIN_FN,
-                 runner: LocalRunner | SlurmRunner | None = None) -> None:
+                 runner: LocalRunner | SlurmRunner | None = None, extend: bool = False) -> None:
         self.spec = spec
+        self.extend = extend  # the spec may add arms, seeds and budgets to the dir's study
         self.dir = Path(study_dir)
         self.console = console or Output().console
         self.train_fn = train_fn
@@ -295,6 +358,7 @@ class Study:
 
     def run(self) -> int:
         """The whole study; returns 0 when every run finished (completed or diverged)."""
+        check_same_study(self.spec, self.dir, extend=self.extend)
         self.check()
         note = self.store.repair()
         if note:

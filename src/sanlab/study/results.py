@@ -14,9 +14,9 @@ from typing import Any, Mapping
 
 from sanlab.study import noise
 from sanlab.study.orchestrate import load_saved_spec
-from sanlab.study.plan import StudyArm, build_arms, data_points, noise_arm, run_id
+from sanlab.study.plan import StudyArm, build_arms, data_points, noise_arm, plan_study, run_id
 from sanlab.study.spec import StudySpec
-from sanlab.study.store import ResultStore
+from sanlab.study.store import ResultStore, live_status
 from sanlab.study.table import (
     Gap,
     all_gaps,
@@ -33,6 +33,23 @@ from sanlab.study.table import (
     throughput,
     verdict,
 )
+
+
+def run_rows(spec: StudySpec, study_dir: str | Path, records: Mapping[str, dict]) -> list[dict[str, Any]]:
+    """Every run of the study's plan with its status: the store's, else what its run dir's
+    meta.json says (`pending` without one). `study status` lists them and the report
+    counts them, so the two always agree."""
+    arms_plan = plan_study(spec, study_dir, records)
+    plan = plan_study(spec, study_dir, records,
+                      point_locks=locks_by_point(spec, arms_plan.arms, records, set(records)))
+    rows = []
+    for r in plan.runs:
+        rec = records.get(r.run_id)
+        rows.append({"run_id": r.run_id, "phase": r.phase, "in_store": rec is not None,
+                     "status": rec["status"] if rec else live_status(Path(study_dir) / "runs" / r.run_id),
+                     "val_loss": ((rec or {}).get("final") or {}).get("val_loss"),
+                     "wall_s": (rec or {}).get("wall_s"), "note": r.note})
+    return rows
 
 
 def table_json(study_dir: str | Path) -> dict[str, Any]:

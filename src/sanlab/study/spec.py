@@ -381,6 +381,9 @@ class StudySpec(StrictModel):
         if lock_at is not None:
             if not self.data.axis:
                 raise ValueError("sweep.lock_at needs a data axis (data.axis)")
+            if not self.sweep.enabled:
+                raise ValueError("sweep.lock_at says where to sweep, but sweep.enabled = false: "
+                                 "unset one of them")
             if repr(lock_at) not in {repr(v) for v in self.data.axis_values}:
                 raise ValueError(f"sweep.lock_at={lock_at!r} is not one of data.axis.{self.data.axis_key}'s values")
         if not self.matching.arms and not self.arms:

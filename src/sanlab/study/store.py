@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from sanlab.fileio import parse_line, read_jsonl
+from sanlab.fileio import parse_line, read_jsonl, try_read_json_object
 
 STORE_NAME = "results.jsonl"
 
@@ -90,6 +90,13 @@ def read_record(raw: bytes) -> dict[str, Any] | None:
     return rec
 
 
+
+
+def live_status(run_dir: Path) -> str:
+    """A run the store does not hold: `running`, `interrupted`, `completed` … as its own
+    meta.json says, else `pending`. `study status` and `report` count such runs alike."""
+    meta = try_read_json_object(run_dir / "meta.json")
+    return "pending" if meta is None else str(meta.get("status", "pending"))
 
 
 class ResultStore:
