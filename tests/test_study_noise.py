@@ -49,7 +49,10 @@ def test_independent_studies_add_floor_and_spread_in_quadrature() -> None:
     ({1: -0.0040, 2: -0.0060}, {1: 0.002, 2: -0.003}, "iso_param ahead, 1× floor"),  # 0.0050 > 0.00495
     ({1: -0.0052, 2: -0.0054}, {1: 0.002, 2: -0.003}, "iso_param ahead, 1× floor"),  # 0.0053 > 0.00354 + 0.00014
     ({1: 0.0300}, {1: 0.01}, "san ahead, 3× floor"),
-    ({1: -0.0300}, {}, "iso_param ahead (no floor yet)"),
+    # No floor: one seed pair is no noise estimate at all; with more, the seed spread alone.
+    ({1: -0.0300}, {}, "no noise estimate"),
+    ({1: -0.0300, 2: -0.0310}, {}, "iso_param ahead beyond the seed spread (no floor yet)"),
+    ({1: -0.0300, 2: 0.0100}, {}, "within the seed spread (no floor yet)"),  # |−0.01| <= sd 0.028
 ])
 def test_the_gap_tables_verdict_is_the_rule(deltas: dict[int, float], floor: dict[int, float], expected: str) -> None:
     g = Gap("iso_param", "iso-param", "x", "muon", 1000, "san", per_seed=deltas)

@@ -185,13 +185,23 @@ def _f(v: float | None, fmt: str = "{:+.4f}") -> str:
     return MISSING if v is None else fmt.format(v)
 
 
+NO_NOISE = "no noise estimate"
+
+
 def verdict(g: Gap, floor: Gap | None) -> str:
+    """The gap read by the noise rule (`sanlab.study.noise`). Before there is a floor, the
+    seed-to-seed spread is the only estimate of the noise: with one seed pair there is
+    none, and the sign of the gap says nothing about which arm is ahead."""
     if g.mean is None:
         return MISSING
     favours = g.arm if g.mean < 0 else g.reference
     size = None if floor is None else noise.floor_size(floor.per_seed.values())
     if size is None:
-        return f"{favours} ahead (no floor yet)"
+        if len(g.per_seed) < 2:
+            return NO_NOISE
+        if noise.sign(g.per_seed.values(), 0.0) == 0:
+            return "within the seed spread (no floor yet)"
+        return f"{favours} ahead beyond the seed spread (no floor yet)"
     if noise.sign(g.per_seed.values(), size) == 0:
         return "within noise"
     return f"{favours} ahead, {abs(g.mean) / max(size, 1e-12):.0f}× floor"
@@ -292,7 +302,7 @@ def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
             if c is None or c["mean"] is None:
                 cells_.append(MISSING)
                 continue
-            beyond = "" if c["verdict"] in ("within noise", MISSING) or "no floor" in c["verdict"] else "*"
+            beyond = "*" if "× floor" in c["verdict"] else ""  # beyond this value's noise floor
             cells_.append(_f(c["mean"]) + ("" if c["spread"] is None else f" ± {c['spread']:.4f}") + beyond)
         table.add_row(f"{row['arm']} ({row['role']})", row["optimizer"], format_tokens(row["tokens"]), *cells_)
     return table
