@@ -117,14 +117,21 @@ def test_mismatched_tokenizers(tmp_path: Path, capsys: pytest.CaptureFixture, tr
 
     data2 = tmp_path / "data2"
     shutil.copytree(trained["data"], data2)
-    tok = json.loads((data2 / "tokenizer.json").read_text())
-    tok["added_tokens"] = list(reversed(tok.get("added_tokens", []))) + [{"id": 9999}]
-    (data2 / "tokenizer.json").write_text(json.dumps(tok))
+    swap_two_tokens(data2)
     other_tok = write_run(
         tmp_path / "t", ModelConfig(d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=512), data_dir=data2
     )
     err = _error(capsys, ["analyze", str(trained["san"]), "--vs", str(other_tok), "--skip", "spectra"])
-    assert "tokenizers differ" in err and "tokenizer.json" in err
+    assert "tokenizers differ (the vocabulary)" in err and "tokenizer.json" in err
+
+
+def swap_two_tokens(data: Path) -> None:
+    """Give two ordinary tokens each other's ids: a tokenizer that encodes text differently."""
+    tok = json.loads((data / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    a, b = (t for t, i in vocab.items() if i in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (data / "tokenizer.json").write_text(json.dumps(tok))
 
 
 def test_bad_arguments(trained: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
@@ -148,9 +155,9 @@ def test_same_run_twice_and_foreign_data(trained: dict[str, Path], capsys: pytes
     assert "given twice" in _error(capsys, ["analyze", str(trained["san"]), "--vs", str(trained["san"])])
     data2 = tmp_path / "data2"
     shutil.copytree(trained["data"], data2)
-    (data2 / "tokenizer.json").write_text((data2 / "tokenizer.json").read_text() + " ")
+    swap_two_tokens(data2)
     err = _error(capsys, ["analyze", str(trained["san"]), "--data", str(data2), "--skip", "spectra"])
-    assert "tokenizers differ: evaluation data" in err
+    assert f"tokenizers differ (the vocabulary): data {data2}" in err and f"pass --data {trained['data']}" in err
 
 
 def test_diverged_run_is_recorded_not_a_crash(trained: dict[str, Path], tmp_path: Path) -> None:

@@ -347,6 +347,30 @@ CASES |= {
     "ffn contradiction (match)": ("match --preset tiny ffn=true state_mixer=none", "ffn=true contradicts"),
     "ffn contradiction in an arm": ("study plan {root}/ffn_arm.toml", "arms.0.model: ffn=true contradicts"),
 }
+# Round 4 (issues 46 and 49), written with paths relative to the world (the cwd of every case)
+OUTSIDE = "../../badms/checkpoints/latest"  # another run's valid checkpoint, reached from run/checkpoints/
+OTHER_TOKENIZER = "tokenizers differ (the vocabulary): data otherdata vs"
+CASES |= {
+    # ---- a checkpoint name is one directory of the run's checkpoints/, never a path
+    "export checkpoint of another run": (f"export run --hf o --checkpoint {OUTSIDE}",
+                                         f"--checkpoint '{OUTSIDE}': not a checkpoint name"),
+    "export checkpoint absolute path": ("export run --hf o --checkpoint {root}/badms/checkpoints/latest",
+                                        "not a checkpoint name"),
+    "sample checkpoint of another run": (f"sample run --prompt hi --checkpoint {OUTSIDE}", "not a checkpoint name"),
+    "eval checkpoint of another run": (f"eval run --tasks builtin --checkpoint {OUTSIDE}", "not a checkpoint name"),
+    "analyze checkpoint of another run": (f"analyze run --skip spectra --checkpoint {OUTSIDE}",
+                                          "not a checkpoint name"),
+    "export checkpoint ..": ("export run --hf o --checkpoint ..", "not a checkpoint name"),
+    # ---- --data with another corpus's tokenizer: refused alike everywhere (what it encodes, not its bytes)
+    "export --data another tokenizer": ("export run --hf o --data otherdata", OTHER_TOKENIZER),
+    "sample --data another tokenizer": ("sample run --prompt hi --data otherdata", OTHER_TOKENIZER),
+    "eval --data another tokenizer": ("eval run --tasks builtin --data otherdata", OTHER_TOKENIZER),
+    "analyze --data another tokenizer": ("analyze run --skip spectra --data otherdata", OTHER_TOKENIZER),
+    # ---- import validates the config as train does
+    "import seq_len 10**12": ("import --hf hf-seq-huge --out imported", "seq_len must lie in [1, 65534]"),
+    "import seq_len 1e12": ("import --hf hf-seq-float --out imported", "seq_len must be a positive integer"),
+    "import seq_len true": ("import --hf hf-seq-true --out imported", "seq_len must be an integer, got true"),
+}
 # Damaged but readable: the command answers (exit 0) and names the damage in one line on
 # stderr; nothing is changed (the store is repaired only by `study run`, which owns it).
 READABLE: dict[str, tuple[str, str]] = {
@@ -427,7 +451,7 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             "spec": str(root / "spec.toml"),
             "base": f"data.dir={data} {TINY_ARGS} train.steps=2 train.eval_every=0",
             "nodata": f"{TINY_ARGS} train.steps=2 train.eval_every=0",
-            **_round3_world(root, data, run)}
+            **_round3_world(root, data, run), **_round4_world(root, data, run)}
 
 
 DEEP = 100_000
@@ -507,6 +531,23 @@ def _round3_world(root: Path, data: Path, run: Path) -> dict[str, str]:
              "listcfg", "deepmeta", "study", "dmgstudy", "badspec", "badstudy2", "deepstudy")
     return {**{n: str(root / n) for n in names}, "deep_list": "[" * DEEP + "]" * DEEP,
             "bad_prompt": b"\xff\xfe".decode("utf-8", "surrogateescape")}  # what Python makes of argv bytes
+
+
+def _round4_world(root: Path, data: Path, run: Path) -> dict[str, str]:
+    """A corpus whose tokenizer gives two tokens each other's ids, and exports of `run`
+    whose config.json says seq_len 10**12, 1e12 and true."""
+    from test_analysis_cli import swap_two_tokens
+
+    shutil.copytree(data, root / "otherdata")
+    swap_two_tokens(root / "otherdata")
+    assert main(["export", str(run), "--hf", str(root / "hfsrc")]) == 0
+    for name, value in (("hf-seq-huge", "1000000000000"), ("hf-seq-float", "1e12"), ("hf-seq-true", "true")):
+        shutil.copytree(root / "hfsrc", root / name)
+        f = root / name / "config.json"
+        text = f.read_text()
+        assert text.count('"seq_len": 32,') == 1
+        f.write_text(text.replace('"seq_len": 32,', f'"seq_len": {value},'))
+    return {}
 
 
 class _TaskIndex:

@@ -123,6 +123,7 @@ LAYOUTS: tuple[str, ...] = (
 )
 STANDARD_MIXER = "softmax"
 MAX_LAYERS = 100_000  # a bound on the per-layer lists a config builds (a typo of 10**30 layers is refused)
+MAX_SEQ_LEN = 65_534  # the longest row `sanlab prepare` writes (segment ids are uint16)
 
 
 def standard_layers(layout: str, n_layers: int) -> list[bool]:
@@ -311,10 +312,17 @@ class DataConfig(StrictModel):
     seq_len: int = 256
     """Tokens per training row (T); must equal the prepared data's seq_len."""
 
+    @field_validator("seq_len", mode="before")
+    @classmethod
+    def _not_a_flag(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # pydantic would read `true` as 1
+            raise ValueError(f"seq_len must be an integer, got {str(value).lower()}")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
-        if self.seq_len <= 0:
-            raise ValueError(f"seq_len must be positive, got {self.seq_len}")
+        if not 0 < self.seq_len <= MAX_SEQ_LEN:
+            raise ValueError(f"seq_len must lie in [1, {MAX_SEQ_LEN}], got {self.seq_len}")
         return self
 
 
@@ -409,8 +417,8 @@ class TrainConfig(StrictModel):
     milestones: list[float] = [0.0, 0.25, 0.5, 0.75, 1.0]
     """Fractions of training at which a milestone checkpoint is kept (the spectra analysis reads them)."""
     spike_factor: float | None = None  # loss > factor * running mean => diverged
-    compile: bool = False
-    """Train through torch.compile."""
+    compile: bool | Literal["auto"] = "auto"
+    """Train through torch.compile. auto: on CUDA, off on the CPU (recorded resolved in config.json); a compile that fails falls back to eager with a one-line warning (meta.json's device.compile says what ran)."""
     tensorboard: bool = False
     """Also log to TensorBoard in RUN_DIR (needs the log extra)."""
     wandb: bool = False

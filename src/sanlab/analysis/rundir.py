@@ -7,7 +7,6 @@ recorded final metrics, and `config.data.dir` where the held-out documents live.
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +15,10 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from tokenizers import Tokenizer
 
 from sanlab.config import Config, validate
+from sanlab.data.tokenizer import TOKENIZER_FILE, encoding_difference, load_tokenizer
 from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.fileio import read_json_object
 from sanlab.model.lm import LM
@@ -28,7 +29,12 @@ _MILESTONE = re.compile(r"^milestone-(\d{3})$")
 
 
 def checkpoint_name(name: str) -> str:
-    """Accept `latest`, `milestone-050` or a bare percentage `50` for the same checkpoint."""
+    """Accept `latest`, `milestone-050` or a bare percentage `50` for the same checkpoint.
+    A name is one directory inside the run's `checkpoints/`: a path (`../../run2/…`, an
+    absolute one) would read another run's weights under this run's name."""
+    if name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(f"--checkpoint {name!r}: not a checkpoint name (latest, milestone-050 or 50; "
+                          "a checkpoint of another run is read from that run's dir)")
     return f"milestone-{int(name):03d}" if name.isdigit() else name
 
 
@@ -139,50 +145,67 @@ class RunDir:
 
     def data_dir(self, override: str | Path | None = None) -> Path:
         """The prepared data dir of the run: `override`, else config.data.dir as written
-        (relative paths tried from the working directory, then from the run dir)."""
+        (relative paths tried from the working directory, the run dir, then each dir
+        above it). An `override` must encode text as the run's own data does, where that
+        can be found (`check_data_tokenizer`): every command taking `--data` reads it here."""
         if override is not None:
             p = Path(override)
             if not p.is_dir():
                 raise DataError(f"data dir not found: {p}")
+            try:
+                own = self.data_dir()
+            except DataError:
+                own = None  # moved or never recorded: nothing to compare against
+            check_data_tokenizer(self, own, p)
             return p
         raw = self.config.data.dir
         if raw is None:
             raise DataError(f"{self.path}: config.json has no data.dir; pass --data DIR")
-        for p in (Path(raw), self.path / raw):
+        # `sanlab train` stores an absolute path; a run dir written before holds the path
+        # relative to where it was trained, most often a directory above the run dir
+        above = [d / raw for d in self.path.absolute().parents]
+        for p in (Path(raw), self.path / raw, *above):
             if p.is_dir():
                 return p
         raise DataError(f"{self.path}: data dir {raw!r} not found; pass --data DIR")
 
 
-def tokenizer_hash(data_dir: Path | None) -> str | None:
-    """sha256 of the data dir's `tokenizer.json`, or None where there is none to compare."""
-    if data_dir is None or not (data_dir / "tokenizer.json").is_file():
+def _tokenizer(data_dir: Path | None) -> Tokenizer | None:
+    """The data dir's tokenizer, or None where there is none to compare."""
+    if data_dir is None or not (data_dir / TOKENIZER_FILE).is_file():
         return None
-    return hashlib.sha256((data_dir / "tokenizer.json").read_bytes()).hexdigest()
+    return load_tokenizer(data_dir)
 
 
 def check_same_tokenizer(a: RunDir, a_data: Path | None, b: RunDir, b_data: Path | None) -> None:
     """Raise a one-line error when two runs do not share a tokenizer.
 
     Per-token losses of two runs are only comparable on the same token ids: the
-    vocabulary sizes must agree, and so must the tokenizer files where both have one.
+    vocabulary sizes must agree, and so must what the tokenizers encode where both have
+    one (vocabulary, merges, special ids; not the files' bytes: an export's or import's
+    copy adds a post-processor and reorders keys).
     """
     va, vb = a.config.model.vocab_size, b.config.model.vocab_size
     if va != vb:
         raise DataError(f"tokenizers differ: {a.path} has vocab {va}, {b.path} has vocab {vb}")
-    ha, hb = tokenizer_hash(a_data), tokenizer_hash(b_data)
-    if ha is not None and hb is not None and ha != hb:
+    ta, tb = _tokenizer(a_data), _tokenizer(b_data)
+    why = encoding_difference(ta, tb) if ta is not None and tb is not None else None
+    if why:
         raise DataError(
-            f"tokenizers differ: {a_data}/tokenizer.json (run {a.path}) vs "
+            f"tokenizers differ ({why}): {a_data}/tokenizer.json (run {a.path}) vs "
             f"{b_data}/tokenizer.json (run {b.path}); per-token losses are not comparable"
         )
 
 
 def check_data_tokenizer(run: RunDir, run_data: Path | None, data_dir: Path) -> None:
-    """Raise a one-line error when the evaluation data was tokenized differently from a run's own data."""
-    own, other = tokenizer_hash(run_data), tokenizer_hash(data_dir)
-    if own is not None and other is not None and own != other:
+    """Raise a one-line error when `data_dir` (a `--data` given to analyze, eval, sample or
+    export) encodes text differently from the data the run was trained on: its ids would
+    mean other tokens to the model. Compared by what the tokenizers encode, as above."""
+    own, other = _tokenizer(run_data), _tokenizer(data_dir)
+    why = encoding_difference(own, other) if own is not None and other is not None else None
+    if why:
         raise DataError(
-            f"tokenizers differ: evaluation data {data_dir} vs {run_data} that run {run.path} was "
-            "trained on; per-token losses would be meaningless"
+            f"tokenizers differ ({why}): data {data_dir} vs {run_data} that run {run.path} was "
+            f"trained on; pass --data {run_data}, or prepare this corpus with the run's tokenizer "
+            f"(sanlab prepare … tokenizer={run_data})"
         )

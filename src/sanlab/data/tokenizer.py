@@ -63,6 +63,33 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
+# The parts of tokenizer.json that decide the ids of a text: the rest (the post-processor
+# an export adds for BOS, padding, truncation, key order, whitespace) never changes an id.
+ENCODING_PARTS = ("model", "normalizer", "pre_tokenizer", "added_tokens", "decoder")
+
+
+def encoding_of(tok: Tokenizer) -> dict[str, object]:
+    """What `tok` encodes and decodes by: vocabulary, merges, special ids, pre-tokenizer."""
+    whole = json.loads(tok.to_str())
+    return {k: whole.get(k) for k in ENCODING_PARTS}
+
+
+def encoding_difference(a: Tokenizer, b: Tokenizer) -> str | None:
+    """The first part in which two tokenizers encode differently (e.g. "the merges"), or
+    None where every text gets the same ids from both."""
+    ea, eb = encoding_of(a), encoding_of(b)
+    if ea == eb:
+        return None
+    ma, mb = ea.get("model") or {}, eb.get("model") or {}
+    if isinstance(ma, dict) and isinstance(mb, dict):
+        for key, what in (("vocab", "the vocabulary"), ("merges", "the merges")):
+            if ma.get(key) != mb.get(key):
+                return what
+    if ea["added_tokens"] != eb["added_tokens"]:
+        return "the special tokens"
+    return next(f"the {k.replace('_', '-')}" for k in ENCODING_PARTS if ea[k] != eb[k])
+
+
 def save_tokenizer(tok: Tokenizer, directory: str | Path) -> Path:
     path = Path(directory) / TOKENIZER_FILE
     # tokenizers writes JSON with map iteration order; re-dump with sorted keys for byte-stable files.

@@ -78,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
     seq_len = config.get("seq_len")
     if not isinstance(seq_len, int) or seq_len <= 0:
         raise ConfigError(f"{folder / 'config.json'}: seq_len must be a positive integer, got {seq_len!r}")
+    # the run's config as `train` validates it (seq_len: not a boolean, at most a prepared row)
+    cfg = validate(Config, {"model": model_cfg.model_dump(), "data": {"seq_len": seq_len}},
+                   source=f"{folder / 'config.json'}")
     load_tokenizer(folder)  # the ids SPEC §1.5 fixes, or a one-line error
     model = LM(model_cfg)
     try:
@@ -89,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
     with staged_dir(out) as tmp:
         (tmp / "tokenizer").mkdir()
         shutil.copy(folder / "tokenizer.json", tmp / "tokenizer" / "tokenizer.json")
-        cfg = Config(model=model_cfg)
-        cfg.data.seq_len = seq_len
         cfg.data.dir = str((out / "tokenizer").resolve())
         write_json(tmp / "config.json", cfg.model_dump())
         write_json(tmp / "meta.json", {"status": "imported", "imported_from": str(folder.resolve()),

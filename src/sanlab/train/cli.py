@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = apply_overrides(Config, data, overrides, source=str(stored))
     else:
         cfg = load_config(path, overrides)
+    cfg.data.dir = _absolute_data_dir(cfg.data.dir, rundir.read_json(stored))
     if args.nproc > 1 and not dist.in_torchrun():
         make_plan(cfg, args.nproc)  # batch / length errors here, once, not from every rank
         argv = ["train", *args.items, "--out", str(args.out)]
@@ -82,6 +83,20 @@ def run(args: argparse.Namespace) -> int:
             return dist.exit_worker(EXIT_OK)
         print(final_line(meta, args.out))
         return dist.exit_worker(_EXIT.get(meta["status"], EXIT_OK))
+
+
+def _absolute_data_dir(data_dir: str | None, stored: dict | None) -> str | None:
+    """`data.dir` as an absolute path, so the run dir's config.json names the data from any
+    working directory (`sample`, `eval`, `export` run elsewhere). A run dir written before
+    (`stored`: its config.json) keeps its relative spelling where that names the same dir,
+    so rerunning or resuming it is not a changed config."""
+    if data_dir is None or os.path.isabs(data_dir):
+        return data_dir
+    old = (stored or {}).get("data")
+    old = old.get("dir") if isinstance(old, dict) else None
+    if isinstance(old, str) and os.path.abspath(old) == os.path.abspath(data_dir):
+        return old
+    return os.path.abspath(data_dir)
 
 
 def _num(value: object) -> str:
