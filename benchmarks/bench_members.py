@@ -1,0 +1,429 @@
+"""A sweep trained as members of one batched model against the same sweep as solo runs.
+
+    .venv/bin/python benchmarks/bench_members.py [--shapes demo,probe,facts] [--members 1,2,4,8,16]
+
+For each shape and member count M, the same M runs (one arm's sweep points: same
+architecture, different LR and seed) are trained, forward + backward + clip + optimizer,
+on rows of the shape's batch, as:
+
+- `solo`: M solo `LM`s stepped one after another in one process (all threads);
+- `runner`: today's best runner setting on this machine, `runner.workers=2,
+  runner.threads=1`: two processes side by side, each stepping half of the solo runs
+  (M = 1: the one run with all threads);
+- `members`: one `MemberLM` of M members with `MemberOptim` (`sanlab.train.members`) in
+  one process (all threads);
+- `members x2`: two processes side by side, each with M/2 members and one thread;
+- `vmap` (`--vmap`, SAN shapes): the `torch.func` route, `stack_module_state` + `vmap` of
+  `grad` over a functional model. It cannot run sanlab's own model: the project's kernels are
+  hand-written `autograd.Function`s (no `setup_context`, ctypes calls on data pointers) and
+  torch.func refuses them (the error is printed). So it is timed on the same architecture
+  written in plain formulas (RMS norm, RoPE, SDPA, cross-entropy), against that plain model
+  stepped solo (`vmap solo`), with one AdamW over the stacked weights.
+
+In-process modes alternate step by step in one child process; the two-process modes run
+after them, the order reversed every round. The tables give tokens/s in total and per
+member, the ratio against `runner` measured in the same run, the % of a bf16 matmul peak
+measured in the same run (training FLOPs from `sanlab.accounting`), and each process's
+peak RSS. The load average is printed: the CPU here is shared.
+
+The route chosen: native batched modules (`sanlab.model.members`). They run the project's
+kernels unchanged on each member's slice, so a member's losses equal its solo run's (bit for
+bit on the test shapes), where the vmap route needs plain formulas the solo model does not
+run (different numerics, and slower on the CPU: see the `vmap` rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import resource
+import time
+from typing import Any
+
+SHAPES = {
+    # the demo (examples/quick.toml): SAN 5L d64, T128, vocab 1024, batch 16, and its partners
+    "demo": dict(d=64, layers=5, heads=4, kv_heads=2, vocab=1024, seq_len=128, batch=16, docs=1,
+                 partners=("iso_param", "iso_flop", "iso_depth")),
+    # the probe model (sanlab.probes.runner): the standard arm, d64 2 layers, rows of 256, batch 8, packed
+    "probe": dict(d=64, layers=2, heads=4, kv_heads=2, vocab=256, seq_len=256, batch=8, docs=8, ffn=True,
+                  partners=()),
+    # the facts-axis record: SAN 5L d32, T128, vocab 1024, batch 16, and its iso-param partner
+    "facts": dict(d=32, layers=5, heads=4, kv_heads=2, vocab=1024, seq_len=128, batch=16, docs=1,
+                  partners=("iso_param",)),
+}
+
+
+def arm_configs(shape: str) -> dict[str, Any]:
+    from sanlab.config import ModelConfig
+    from sanlab.matching import match
+
+    s = SHAPES[shape]
+    ref = ModelConfig(d_model=s["d"], n_layers=s["layers"], n_heads=s["heads"], n_kv_heads=s["kv_heads"],
+                      vocab_size=s["vocab"], ffn=s.get("ffn", False))
+    out = {"standard" if s.get("ffn") else "san": ref}
+    if s["partners"]:
+        arms = match(ref, s["seq_len"], targets=tuple({"iso_param": "params", "iso_flop": "flops",
+                                                      "iso_depth": "depth"}[p] for p in s["partners"]),
+                     policy="nearest")
+        out |= {p: a.config for p, a in zip(s["partners"], arms)}
+    return out
+
+
+def _batch(shape: str, M: int, seed: int) -> dict[str, Any]:
+    import torch
+
+    s = SHAPES[shape]
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randint(0, s["vocab"], (M, s["batch"], s["seq_len"] + 1), generator=g)
+    seg = (torch.arange(s["seq_len"]) // (s["seq_len"] // s["docs"])).expand(M, s["batch"], -1).contiguous()
+    return {"inputs": rows[..., :-1].contiguous(), "targets": rows[..., 1:].contiguous(), "segment_ids": seg,
+            "loss_mask": torch.ones(M, s["batch"], s["seq_len"], dtype=torch.bool)}
+
+
+class Solo:
+    """M solo runs stepped one after another, as M trainer processes would step them."""
+
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+        import torch
+
+        from sanlab.config import OptimConfig
+        from sanlab.model.lm import LM
+        from sanlab.train.optim import build_optimizers
+
+        self.runs = []
+        for m in range(M):
+            torch.manual_seed(m)
+            model = LM(cfg)
+            self.runs.append((model, build_optimizers(model, OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)))))
+        self.b, self.bf16 = _batch(shape, M, 0), bf16
+
+    def step(self) -> None:
+        import torch
+
+        from sanlab.train.optim import clip_grad_norm
+
+        for m, (model, opt) in enumerate(self.runs):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                loss, _ = model(self.b["inputs"][m], self.b["segment_ids"][m], self.b["targets"][m],
+                                self.b["loss_mask"][m], 1e-4)
+            loss.backward()
+            clip_grad_norm(opt.params(), 1.0)
+            opt.step()
+            opt.zero_grad()
+
+
+class Members:
+    """The same runs as one `MemberLM` with `MemberOptim`, as `train_members` steps them."""
+
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+        import torch
+
+        from sanlab.config import OptimConfig
+        from sanlab.model.members import build_members
+        from sanlab.train.members import MemberOptim
+        from sanlab.train.optim import route
+
+        self.model = build_members(cfg, list(range(M)))
+        cfgs = [OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)) for m in range(M)]
+        self.opt = MemberOptim(self.model, cfgs, torch.bfloat16)
+        from sanlab.model.lm import LM
+
+        self.opt.groups = {g: [n for n, _ in v] for g, v in route(LM(cfg)).items() if g != "frozen"}
+        self.names = self.opt.params_order()
+        self.M, self.b, self.bf16 = M, _batch(shape, M, 0), bf16
+
+    def step(self) -> None:
+        import torch
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            loss, _ = self.model(self.b["inputs"], self.b["segment_ids"], self.b["targets"], self.b["loss_mask"],
+                                 1e-4)
+        loss.sum().backward()
+        for m in range(self.M):  # the per-member clip, as the trainer does it
+            grads = [self.model.by_name[n].grad[m] for n in self.names]
+            total = torch.nn.utils.get_total_norm(grads)
+            torch._foreach_mul_(grads, torch.clamp(1.0 / (total + 1e-6), max=1.0))
+        self.opt.step(list(range(self.M)), {m: 1.0 for m in range(self.M)})
+        for p in self.model.parameters():
+            p.grad = None
+
+
+# ---- the torch.func route, on the architecture in plain formulas
+
+
+def _plain_params(cfg: Any, seed: int) -> dict[str, Any]:
+    import torch
+
+    from sanlab.model.lm import LM
+
+    torch.manual_seed(seed)
+    return {n: p.detach().clone() for n, p in LM(cfg).named_parameters()}
+
+
+def _plain_loss(cfg: Any, p: dict[str, Any], tokens: Any, targets: Any) -> Any:
+    """The SAN (or standard arm) in plain formulas: what torch.func can batch. Single
+    document rows (causal SDPA)."""
+    import torch
+    import torch.nn.functional as F
+
+    def norm(x: Any, w: Any) -> Any:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * (1 + w)
+
+    B, T = tokens.shape
+    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    inv = 1.0 / cfg.rope_theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    ang = torch.arange(T, dtype=torch.float32)[:, None] * inv
+    cos, sin = ang.cos(), ang.sin()
+
+    def rope(x: Any) -> Any:
+        x1, x2 = x[..., :D // 2], x[..., D // 2:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+    x = F.embedding(tokens, p["embed.weight"]) * math.sqrt(cfg.d_model)
+    for i in range(cfg.n_layers):
+        b = f"blocks.{i}."
+        u = norm(x, p[b + "attn_norm.weight"])
+        q = (u @ p[b + "attn.wq.weight"].T).view(B, T, H, D).transpose(1, 2)
+        k = (u @ p[b + "attn.wk.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
+        v = (u @ p[b + "attn.wv.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
+        q, k = rope(norm(q, p[b + "attn.q_norm.weight"])), rope(norm(k, p[b + "attn.k_norm.weight"]))
+        k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+        y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=True)
+        x = x + torch.sigmoid(p[b + "attn_gate"]) * (y.transpose(1, 2).reshape(B, T, H * D) @ p[b + "attn.wo.weight"].T)
+        if cfg.ffn:
+            u = norm(x, p[b + "ffn_norm.weight"])
+            gate, up = u @ p[b + "ffn.w_gate.weight"].T, u @ p[b + "ffn.w_up.weight"].T
+            x = x + torch.sigmoid(p[b + "ffn_gate"]) * ((F.silu(gate) * up) @ p[b + "ffn.w_down.weight"].T)
+    x = norm(x, p["final_norm.weight"])
+    logits = (x @ p["embed.weight"].T).float()
+    return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(-1))
+
+
+class VmapMembers:
+    """`stack_module_state`'s layout (stacked weights) stepped by `vmap(grad(loss))` and one AdamW."""
+
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+        import torch
+        from torch.func import grad, vmap
+
+        self.cfg, self.bf16 = cfg, bf16
+        per = [_plain_params(cfg, m) for m in range(M)]
+        self.params = {n: torch.stack([p[n] for p in per]).requires_grad_(False) for n in per[0]}
+        self.opt = torch.optim.AdamW(list(self.params.values()), lr=1e-3, fused=True)
+        b = _batch(shape, M, 0)
+        self.tokens, self.targets = b["inputs"], b["targets"]
+        self.fn = vmap(grad(lambda p, t, y: _plain_loss(cfg, p, t, y)))
+
+    def step(self) -> None:
+        import torch
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            grads = self.fn(self.params, self.tokens, self.targets)
+        for n, p in self.params.items():
+            p.grad = grads[n]
+        self.opt.step()
+
+
+class VmapSolo(VmapMembers):
+    """The plain-formula model of `VmapMembers`, M runs stepped one after another."""
+
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+        import torch
+        from torch.func import grad
+
+        self.cfg, self.bf16 = cfg, bf16
+        self.runs = []
+        b = _batch(shape, M, 0)
+        for m in range(M):
+            p = _plain_params(cfg, m)
+            self.runs.append((p, torch.optim.AdamW(list(p.values()), lr=1e-3, fused=True),
+                              b["inputs"][m], b["targets"][m]))
+        self.fn = grad(lambda p, t, y: _plain_loss(cfg, p, t, y))
+
+    def step(self) -> None:
+        import torch
+
+        for p, opt, t, y in self.runs:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+                grads = self.fn(p, t, y)
+            for n, w in p.items():
+                w.grad = grads[n]
+            opt.step()
+
+
+def vmap_error(cfg: Any) -> str:
+    """What torch.func says to vmap over sanlab's own model."""
+    import copy
+
+    import torch
+    from torch.func import functional_call, grad, stack_module_state, vmap
+
+    from sanlab.model.lm import LM
+
+    models = [LM(cfg) for _ in range(2)]
+    params, buffers = stack_module_state(models)
+    base = copy.deepcopy(models[0]).to("meta")
+    tok = torch.zeros(2, 2, 16, dtype=torch.long)
+    mask = torch.ones(2, 2, 16, dtype=torch.bool)
+    try:
+        vmap(grad(lambda p, b, t, m: functional_call(base, (p, b), (t, None, t, m))[0]))(params, buffers, tok, mask)
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:150]}"
+    return "ran"
+
+
+KINDS = {"solo": Solo, "members": Members, "vmap": VmapMembers, "vmap solo": VmapSolo}
+
+
+def _child(job: dict[str, Any], queue: Any, barrier: Any) -> None:
+    """Build the job's steppers, warm up, then time them step by step, alternating."""
+    import warnings
+
+    import torch
+
+    from sanlab.train.host import tune_cpu_allocator
+
+    # (vmap's fallback for SDPA warns on every call: its cost is what the vmap rows show)
+    warnings.filterwarnings("ignore", message="There is a performance drop")
+    tune_cpu_allocator()
+    torch.set_num_threads(job["threads"])
+    cfg = arm_configs(job["shape"])[job["arm"]]
+    steppers = {k: KINDS[k](cfg, job["shape"], job["M"], job["bf16"]) for k in job["kinds"]}
+    for s in steppers.values():
+        s.step()
+    if barrier is not None:
+        barrier.wait()
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    t_all = time.perf_counter()
+    order = list(steppers)
+    for i in range(job["steps"]):
+        for k in order if i % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            steppers[k].step()
+            times[k].append(time.perf_counter() - t0)
+    queue.put({"times": times, "wall": time.perf_counter() - t_all,
+               "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def run_job(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run the jobs as processes side by side (started together after their warmup)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    barrier = ctx.Barrier(len(jobs)) if len(jobs) > 1 else None
+    procs = [ctx.Process(target=_child, args=(j, queue, barrier)) for j in jobs]
+    for p in procs:
+        p.start()
+    out = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return out
+
+
+def matmul_peak(threads: int) -> float:
+    """bf16 matmul FLOP/s on this machine now (best of a few 1024³ products)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(1024, 1024, dtype=torch.bfloat16), torch.randn(1024, 1024, dtype=torch.bfloat16)
+    best = math.inf
+    for _ in range(8):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 1024**3 / best
+
+
+def median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+def measure(shape: str, arm: str, M: int, a: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """tokens/s in total for each mode, median over the timed steps."""
+    s = SHAPES[shape]
+    tokens = M * s["batch"] * s["seq_len"]
+    kinds = ["solo", "members"] + (["vmap", "vmap solo"] if a.vmap and arm == "san" and shape == "demo" else [])
+    base = dict(shape=shape, arm=arm, bf16=a.precision == "bf16", steps=a.steps)
+    res: dict[str, dict[str, float]] = {}
+    for r in range(a.rounds):
+        phases = ["inproc", "runner", "members x2"]
+        for phase in phases if r % 2 == 0 else phases[::-1]:
+            if phase == "inproc":
+                out = run_job([dict(base, M=M, threads=2, kinds=kinds)])[0]
+                for k, ts in out["times"].items():
+                    res.setdefault(k, {"tps": [], "rss": []})
+                    res[k]["tps"].append(tokens / median(ts))
+                    res[k]["rss"].append(out["rss_mib"])
+                continue
+            if M == 1:
+                continue
+            kind = "solo" if phase == "runner" else "members"
+            outs = run_job([dict(base, M=M // 2, threads=1, kinds=[kind]),
+                            dict(base, M=M - M // 2, threads=1, kinds=[kind])])
+            tps = sum((M // 2 if i == 0 else M - M // 2) * s["batch"] * s["seq_len"] / median(o["times"][kind])
+                      for i, o in enumerate(outs))
+            res.setdefault(phase, {"tps": [], "rss": []})
+            res[phase]["tps"].append(tps)
+            res[phase]["rss"].append(max(o["rss_mib"] for o in outs))
+    if M == 1:
+        res["runner"] = res["solo"]
+    return {k: {"tps": median(v["tps"]), "rss": max(v["rss"])} for k, v in res.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="demo,probe,facts")
+    p.add_argument("--members", default="1,2,4,8,16")
+    p.add_argument("--partner-members", default="8", help="member counts for the partner arms")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per mode (after one warmup step)")
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
+    a = p.parse_args(argv)
+    from sanlab.accounting import accounting_summary
+
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.precision}; "
+          f"{a.steps} timed steps x {a.rounds} round(s)")
+    if a.vmap:
+        print("vmap over sanlab's LM:", vmap_error(arm_configs("demo")["san"]))
+    peak = run_peak()
+    print(f"bf16 matmul peak (2 threads, 1024^3): {peak / 1e9:.0f} GFLOP/s")
+    for shape in a.shapes.split(","):
+        s = SHAPES[shape]
+        for arm, cfg in arm_configs(shape).items():
+            counts = a.members if arm in ("san", "standard") else a.partner_members
+            print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
+                  f"batch {s['batch']} vocab {cfg.vocab_size}")
+            flops = accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
+            print(f"{'M':>3} {'mode':<11} {'tok/s total':>12} {'per member':>11} {'vs runner':>10} "
+                  f"{'% peak':>7} {'RSS MiB':>8}")
+            for M in (int(x) for x in counts.split(",")):
+                res = measure(shape, arm, M, a)
+                ref = res["runner"]["tps"]
+                for k, v in res.items():
+                    if k == "runner" and M == 1:
+                        continue
+                    print(f"{M:>3} {k:<11} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} {v['tps'] / ref:>9.2f}x "
+                          f"{100 * v['tps'] * flops / peak:>6.1f}% {v['rss']:>8.0f}", flush=True)
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    return 0
+
+
+def _peak_child(queue: Any) -> None:
+    queue.put(matmul_peak(2))
+
+
+def run_peak() -> float:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    pr = ctx.Process(target=_peak_child, args=(q,))
+    pr.start()
+    v = q.get()
+    pr.join()
+    return v
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
