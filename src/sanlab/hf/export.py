@@ -233,8 +233,15 @@ def decodes_with_cache(src: Source) -> bool:
 
 
 def provenance(src: Source) -> dict[str, Any]:
-    """Where the weights come from: run id, checkpoint, step, git commit, versions."""
+    """Where the weights come from: run id, checkpoint, step, git commit, versions, the
+    training data (corpus, prepare seed, tokens) and final losses. An imported run passes
+    on what its import kept (`source`), so corpus and losses survive import → re-export."""
     meta = src.run.meta
+    source = meta.get("source") if isinstance(meta.get("source"), dict) else {}
+    try:
+        data = card.data_provenance(src.run.data_dir())
+    except DataError:
+        data = {}
     return {
         "run_id": src.run.name,
         "checkpoint": src.checkpoint,
@@ -243,6 +250,9 @@ def provenance(src: Source) -> dict[str, Any]:
         "git": meta.get("git"),
         "versions": meta.get("versions"),
         "data_dir": src.cfg.data.dir,
+        "data": data or source.get("data") or {},
+        "final": meta.get("final") or source.get("final") or {},
+        **({"imported_from": source} if source else {}),
     }
 
 
