@@ -36,8 +36,11 @@ def world(tmp_path: Path, train_data_dir: Path, monkeypatch: pytest.MonkeyPatch)
     run = make_run(tmp_path / "runs" / "san", tmp_path / "data", ffn=True)
     (run / "eval").mkdir()
     task = {"metrics": {"acc": 0.295, "acc_stderr": 0.0323}, "n_samples": {"effective": 200}, "limit": None}
+    # a task a --limit run wrote into this file before limited runs had their own file
+    legacy = {"metrics": {"acc": 0.8}, "n_samples": {"effective": 10}, "limit": 10}
     (run / "eval" / "results-latest.json").write_text(json.dumps(
-        {"run": "runs/san", "checkpoint": "latest", "tasks": {"sanlab_grounded_qa": task}}))
+        {"run": "runs/san", "checkpoint": "latest", "tasks": {"sanlab_grounded_qa": task,
+                                                              "sanlab_closed_book_qa": legacy}}))
     (run / "eval" / "results-latest-limit5.json").write_text(json.dumps(
         {"run": "runs/san", "checkpoint": "latest", "limit": 5,
          "tasks": {"sanlab_cloze": {"metrics": {"acc": 0.9}, "limit": 5}}}))
@@ -54,7 +57,8 @@ def test_the_card_has_hub_front_matter_limitations_and_the_runs_eval(world: Path
     assert index["name"] == "san"
     assert [(r["dataset"]["name"], r["metrics"][0]["type"], r["metrics"][0]["value"]) for r in index["results"]] \
         == [("sanlab_grounded_qa", "acc", 0.295)]  # the full evaluation only, never the --limit one
-    assert "| sanlab_grounded_qa | acc | 0.2950 ± 0.0323 | 200 |" in text and "sanlab_cloze" not in text
+    assert "| sanlab_grounded_qa | acc | 0.2950 ± 0.0323 | 200 |" in text
+    assert "sanlab_cloze" not in text and "sanlab_closed_book_qa" not in text
     assert "## Limitations" in text
     assert "SPEC" not in text and "§" not in text
 
