@@ -60,3 +60,25 @@ def test_a_one_seed_gap_without_a_floor_has_no_noise_estimate(study_data_dir: Pa
     gaps = out.split("vs noise floor\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(gaps) == 1 and gaps[0].startswith("iso_depth") and gaps[0].endswith(",no noise estimate"), out
     assert " ahead" not in "\n".join(gaps)
+
+
+def _claims_block(readme: str) -> str:
+    return readme.split("<!-- records:BEGIN claims -->", 1)[1].split("<!-- records:END claims -->", 1)[0]
+
+
+def test_the_region_identity_is_a_check_apart_from_the_claims(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity holds by construction: the README keeps it, in a table of its own
+    ("holds"), and no row of the claims table, so no count of reproduced claims, has it."""
+    shutil.copytree(ROOT / "records" / "2026-12-01-synth", tmp_path / "records" / "synth")
+    monkeypatch.chdir(tmp_path)
+    readme = Path("records/synth/README.md")
+    readme.write_text(readme.read_text().replace(_claims_block(readme.read_text()), "\nstale\n"))
+    assert main(["record", "readme", "records/synth"]) == 0
+    block = _claims_block(readme.read_text())
+    claims, checks = block.split("Checks of the analysis", 1)
+    claim_rows = [r for r in claims.splitlines() if r.startswith("| ") and not r.startswith("| claim |")]
+    assert len(claim_rows) == 5 and not any("region Δs" in r for r in claim_rows)
+    assert [r.rsplit("| **", 1)[1] for r in claim_rows if "**reproduced**" in r] == ["reproduced** |"] * 3
+    (check,) = [r for r in checks.splitlines() if r.startswith("| token-weighted region Δs")]
+    assert check.endswith("| **holds** |")
+    assert "- region identity (a check of the analysis, exact by construction): holds when" in checks

@@ -167,7 +167,7 @@ def load(rec_dir: Path) -> Any:
 
 def verdicts(rec_dir: Path) -> dict[str, str]:
     rec = load(rec_dir)
-    return {c.claim.split(":")[0].split(" (")[0]: c.verdict for c in matched.claims(rec, matched.load_compare(rec))}
+    return {c.claim.split(":")[0].split(" (")[0]: c.verdict for c in matched.claims(rec)}
 
 
 ORDER = "ordering of the gaps"
@@ -185,7 +185,7 @@ REAL = "the real-text gap is larger than the embedded corpus's"
 def test_claims_reproduced_when_the_planted_numbers_show_them(tmp_path: Path) -> None:
     v = verdicts(make_record(tmp_path))
     assert v == {ORDER: "reproduced", SHRINK: "reproduced", QUERY: "reproduced", EXER: "reproduced",
-                 IDENT: "reproduced", CRYST: "reproduced"}
+                 IDENT: "holds", CRYST: "reproduced"}
 
 
 def test_swapping_two_arms_losses_flips_the_ordering(tmp_path: Path) -> None:
@@ -259,7 +259,7 @@ def test_exercise_claim_recall_vs_context(tmp_path: Path) -> None:
 
 def test_identity_and_crystallisation_verdicts(tmp_path: Path) -> None:
     v = verdicts(make_record(tmp_path / "a", rel_error=0.03, crys={**CRYS, "V": 0.25}))
-    assert v[IDENT] == "not reproduced"
+    assert v[IDENT] == "does not hold"  # a check, not a claim: its own words
     assert v[CRYST] == "not reproduced"  # V settles with Q/K in every run
     v = verdicts(make_record(tmp_path / "b", crys={t: None for t in CRYS}))
     assert v[CRYST] == "inconclusive"  # nothing settles: nothing decided
@@ -342,7 +342,7 @@ def test_readme_write_then_check_then_edit_fails_then_regenerate_passes(tmp_path
     assert sanlab_main(["record", "readme", str(rec)]) == 0
     text = (rec / "README.md").read_text()
     assert "Hand-written prose stays." in text and "More prose." in text
-    assert "−0.1000 ± 0.0014" in text and "old" not in text
+    assert "−0.1000 ± 0.0014" in text and "\nold\n" not in text
     assert sanlab_main(["record", "check", str(rec)]) == 0
     (rec / "README.md").write_text(text.replace("−0.1000 ± 0.0014", "−0.1001 ± 0.0014", 1))
     capsys.readouterr()

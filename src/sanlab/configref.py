@@ -12,8 +12,9 @@ none of these is still listed.
 
     python -m sanlab.configref > config.md
 
-The mixer tables of docs/variants.md and docs/architecture.md are generated here too,
-from the mixer registry (`sanlab.model.mixers`), between `<!-- sanlab:NAME -->` and
+The mixer tables of docs/variants.md and docs/architecture.md (from the mixer registry,
+`sanlab.model.mixers`) and the verdict rules of docs/records.md (from each record kind's
+claim units) are generated here too, between `<!-- sanlab:NAME -->` and
 `<!-- /sanlab:NAME -->` markers; tests/test_docs.py fails while a committed table
 differs from what the registry gives, and
 
@@ -48,6 +49,10 @@ from sanlab.errors import ConfigError, SanlabError
 from sanlab.data.probes import TASKS
 from sanlab.model.mixers import MIXERS, STATE_MIXERS, MixerSpec, mixer_class, state_mixer_class
 from sanlab.probes.runner import ProbeOptions
+from sanlab.records import axis as records_axis
+from sanlab.records import matched as records_matched
+from sanlab.records import probes as records_probes
+from sanlab.records import variants as records_variants
 from sanlab.study.spec import StudySpec
 
 
@@ -323,6 +328,9 @@ def render_mixer_files() -> str:
 GENERATED: dict[str, dict[str, Any]] = {
     "docs/variants.md": {"mixers": render_mixer_table},
     "docs/architecture.md": {"mixer-files": render_mixer_files},
+    # each record kind's verdict rules, from its claim units (`sanlab.records.common.ClaimSet`)
+    "docs/records.md": {f"claims-{kind.__name__.rsplit('.', 1)[1]}": kind.CLAIMS.markdown
+                        for kind in (records_axis, records_matched, records_variants, records_probes)},
 }
 
 

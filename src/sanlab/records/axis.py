@@ -30,8 +30,8 @@ from sanlab.records.common import (
     REPRODUCED,
     SIGN_NOTE,
     Claim,
+    ClaimSet,
     arm_label,
-    claims_table,
     finite,
     fmt,
     fmt_ms,
@@ -47,25 +47,6 @@ ZERO_SHOT = {"grounded": "sanlab_grounded_qa", "closed-book": "sanlab_closed_boo
              "unseen": "sanlab_closed_book_unseen"}
 AIM = 0.1  # nats: the smallest world's context-grounded loss should come within this of its floor
 
-RULES = {
-    "recall": "recall Δ grows: per seed pair, the recall types' token-weighted Δ at the largest world minus at "
-              "the smallest; reproduced when it is below 0 (the standard arm's lead on recall widens as the "
-              "facts per parameter grow), not reproduced when above 0, else inconclusive.",
-    "context": "context-grounded Δ ≈ 0 or favouring the SAN: reproduced when at no world size the "
-               "context-grounded types' token-weighted Δ is below 0; not reproduced when at some size it is; "
-               "inconclusive without analysed pairs at every size.",
-    "contrast": "recall vs context-grounded at the largest world: per seed pair, recall Δ − context-grounded Δ; "
-                "reproduced when below 0, not reproduced when above 0, else inconclusive.",
-    "query": "query share grows: per seed pair, the change of (query Δ − aggregate Δ) from the smallest to the "
-             "largest world, and (query Δ − aggregate Δ) at the largest world; reproduced when both are below 0 "
-             "(the deficit concentrates on query tokens as the world grows, and is concentrated there at the "
-             "largest world), not reproduced when either is above 0, else inconclusive.",
-    "zeroshot": "zero-shot QA: over every world size and seed pair, the mean accuracy difference (arm − SAN) "
-                "against twice its standard error (lm-eval's per-task stderr of both runs in quadrature, "
-                "divided by √pairs); reproduced when closed-book QA favours the standard arm beyond it and "
-                "grounded QA does not; not reproduced when closed-book QA favours the SAN beyond it or grounded "
-                "QA favours the standard arm beyond it; else inconclusive.",
-}
 RULES_PREAMBLE = matched.RULES_PREAMBLE + (" Between two values of the data axis (two worlds trained apart, on the "
                                            "same seeds), F is both values' F added in quadrature.")
 
@@ -255,20 +236,32 @@ def verdict_zero_shot(closed: tuple[float, float, int] | None, grounded: tuple[f
 # --------------------------------------------------------------------------- claims
 
 
-def claims(ax: AxisRecord) -> list[Claim]:
-    out = []
+CLAIMS = ClaimSet(__name__, RULES_PREAMBLE)
+
+
+@CLAIMS.claim(
+    "recall", "Recall Δ grows with facts per parameter",
+    "recall Δ grows: per seed pair, the recall types' token-weighted Δ at the largest world minus at the smallest; "
+    "reproduced when it is below 0 (the standard arm's lead on recall widens as the facts per parameter grow), not "
+    "reproduced when above 0, else inconclusive.")
+def claim_recall(ax: AxisRecord) -> Claim:
     ends = _across(ax, "recall")
     name = "recall Δ grows with facts per parameter (the standard arm's recall lead widens)"
     paper = "the small iso-param gap that remains is parametric recall: recall-heavy types favour the FFN"
     if ends is None:
-        out.append(Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE,
-                         "recall"))
-    else:
-        d, floor, lo, hi = ends
-        out.append(Claim(name, paper, f"recall Δ {_series_text(ax, 'recall')}; largest − smallest {fmt_ms(d)}; "
-                                      f"F (quadrature) {fmt(floor, '{:.4f}')}",
-                         _sign_verdict(d, floor, -1), "recall"))
+        return Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE)
+    d, floor, lo, hi = ends
+    return Claim(name, paper, f"recall Δ {_series_text(ax, 'recall')}; largest − smallest {fmt_ms(d)}; "
+                              f"F (quadrature) {fmt(floor, '{:.4f}')}",
+                 _sign_verdict(d, floor, -1))
 
+
+@CLAIMS.claim(
+    "context", "Context-grounded Δ ≈ 0 or favouring the SAN",
+    "context-grounded Δ ≈ 0 or favouring the SAN: reproduced when at no world size the context-grounded types' "
+    "token-weighted Δ is below 0; not reproduced when at some size it is; inconclusive without analysed pairs at "
+    "every size.")
+def claim_context(ax: AxisRecord) -> Claim:
     signs, missing = [], False
     for slug in ax.slugs:
         v = list(kind_series(ax, slug).get("context", {}).values())
@@ -277,54 +270,81 @@ def claims(ax: AxisRecord) -> list[Claim]:
             continue
         signs.append(noise.sign(v, ax.at(slug).floor_size))
     verdict = (NOT_REPRODUCED if -1 in signs else INCONCLUSIVE if missing or not signs else REPRODUCED)
-    out.append(Claim("context-grounded Δ ≈ 0 or favouring the SAN at every world size",
-                     "context-grounded types (rag, editing, math) favour the SAN (Δ > 0 here)",
-                     f"context-grounded Δ {_series_text(ax, 'context')}; per size vs its F: "
-                     + ", ".join({1: "SAN ahead", -1: "standard ahead", 0: "within noise"}[s] for s in signs),
-                     verdict, "context"))
+    return Claim("context-grounded Δ ≈ 0 or favouring the SAN at every world size",
+                 "context-grounded types (rag, editing, math) favour the SAN (Δ > 0 here)",
+                 f"context-grounded Δ {_series_text(ax, 'context')}; per size vs its F: "
+                 + ", ".join({1: "SAN ahead", -1: "standard ahead", 0: "within noise"}[s] for s in signs),
+                 verdict)
 
-    if ax.slugs:
-        hi = ax.slugs[-1]
-        s = kind_series(ax, hi)
-        r, c = s.get("recall", {}), s.get("context", {})
-        both = paired(r, c)
-        diff = [r[k] - c[k] for k in both]
-        out.append(Claim(f"recall types favour the standard arm more than context-grounded types "
-                         f"({ax.label(hi)})", "recall-heavy types favour FFN, context-grounded types the SAN",
-                         f"recall {fmt_ms(list(r.values()))}, context-grounded {fmt_ms(list(c.values()))}; "
-                         f"recall − context {fmt_ms(diff)}; F {fmt(ax.at(hi).floor_size, '{:.4f}')}"
-                         if diff else "no analysed pairs",
-                         _sign_verdict(diff, ax.at(hi).floor_size, -1) if diff else INCONCLUSIVE, "contrast"))
 
+@CLAIMS.claim(
+    "contrast", "Recall types favour the standard arm more than context-grounded types (largest world)",
+    "recall vs context-grounded at the largest world: per seed pair, recall Δ − context-grounded Δ; reproduced when "
+    "below 0, not reproduced when above 0, else inconclusive.")
+def claim_contrast(ax: AxisRecord) -> Claim | None:
+    if not ax.slugs:
+        return None
+    hi = ax.slugs[-1]
+    s = kind_series(ax, hi)
+    r, c = s.get("recall", {}), s.get("context", {})
+    both = paired(r, c)
+    diff = [r[k] - c[k] for k in both]
+    return Claim(f"recall types favour the standard arm more than context-grounded types "
+                 f"({ax.label(hi)})", "recall-heavy types favour FFN, context-grounded types the SAN",
+                 f"recall {fmt_ms(list(r.values()))}, context-grounded {fmt_ms(list(c.values()))}; "
+                 f"recall − context {fmt_ms(diff)}; F {fmt(ax.at(hi).floor_size, '{:.4f}')}"
+                 if diff else "no analysed pairs",
+                 _sign_verdict(diff, ax.at(hi).floor_size, -1) if diff else INCONCLUSIVE)
+
+
+@CLAIMS.claim(
+    "query", "The query share of the deficit grows",
+    "query share grows: per seed pair, the change of (query Δ − aggregate Δ) from the smallest to the largest world, "
+    "and (query Δ − aggregate Δ) at the largest world; reproduced when both are below 0 (the deficit concentrates "
+    "on query tokens as the world grows, and is concentrated there at the largest world), not reproduced when "
+    "either is above 0, else inconclusive.")
+def claim_query(ax: AxisRecord) -> Claim:
     ends = _across(ax, "query_minus_aggregate")
     name = "the query share of the deficit grows with facts per parameter"
     paper = "Δ query −0.052 vs trace −0.008 (31B); at 105B only the query deficit survives (−0.038)"
     if ends is None:
-        out.append(Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE,
-                         "query"))
-    else:
-        d, floor, lo, hi = ends
-        shares = _series_text(ax, "query_share", "{:.3f}")
-        top = list(kind_series(ax, ax.slugs[-1]).get("query_minus_aggregate", {}).values())
-        f_top = ax.at(ax.slugs[-1]).floor_size
-        s1, s2 = noise.sign(d, floor), noise.sign(top, f_top)
-        verdict = (REPRODUCED if s1 == -1 and s2 == -1 else NOT_REPRODUCED if 1 in (s1, s2) else INCONCLUSIVE)
-        out.append(Claim(name, paper, f"query Δ − aggregate Δ {_series_text(ax, 'query_minus_aggregate')}; "
-                                      f"largest − smallest {fmt_ms(d)}; F (quadrature) {fmt(floor, '{:.4f}')}, "
-                                      f"F at the largest {fmt(f_top, '{:.4f}')}; "
-                                      f"query's share of the aggregate Δ {shares}",
-                         verdict, "query"))
+        return Claim(name, paper, "needs analysed pairs at the smallest and the largest world", INCONCLUSIVE)
+    d, floor, lo, hi = ends
+    shares = _series_text(ax, "query_share", "{:.3f}")
+    top = list(kind_series(ax, ax.slugs[-1]).get("query_minus_aggregate", {}).values())
+    f_top = ax.at(ax.slugs[-1]).floor_size
+    s1, s2 = noise.sign(d, floor), noise.sign(top, f_top)
+    verdict = (REPRODUCED if s1 == -1 and s2 == -1 else NOT_REPRODUCED if 1 in (s1, s2) else INCONCLUSIVE)
+    return Claim(name, paper, f"query Δ − aggregate Δ {_series_text(ax, 'query_minus_aggregate')}; "
+                              f"largest − smallest {fmt_ms(d)}; F (quadrature) {fmt(floor, '{:.4f}')}, "
+                              f"F at the largest {fmt(f_top, '{:.4f}')}; "
+                              f"query's share of the aggregate Δ {shares}",
+                 verdict)
 
+
+@CLAIMS.claim(
+    "zeroshot", "Zero-shot: closed-book QA favours the standard arm, grounded QA does not",
+    "zero-shot QA: over every world size and seed pair, the mean accuracy difference (arm − SAN) against twice its "
+    "standard error (lm-eval's per-task stderr of both runs in quadrature, divided by √pairs); reproduced when "
+    "closed-book QA favours the standard arm beyond it and grounded QA does not; not reproduced when closed-book QA "
+    "favours the SAN beyond it or grounded QA favours the standard arm beyond it; else inconclusive.")
+def claim_zero_shot(ax: AxisRecord) -> Claim:
     closed, grounded = _pooled(ax, "closed-book"), _pooled(ax, "grounded")
 
     def txt(p: tuple[float, float, int] | None) -> str:
         return "–" if p is None else f"{p[0]:+.3f} ± {p[1]:.3f} (se, {p[2]} pairs)".replace("-", "−")
 
-    out.append(Claim("zero-shot: closed-book QA favours the standard arm, grounded QA does not",
-                     "context-grounded tasks (sciq) favour the SAN; recall tasks (lambada) favour FFN",
-                     f"Δacc (arm − SAN) closed-book {txt(closed)}, grounded {txt(grounded)}",
-                     verdict_zero_shot(closed, grounded), "zeroshot"))
-    return out
+    return Claim("zero-shot: closed-book QA favours the standard arm, grounded QA does not",
+                 "context-grounded tasks (sciq) favour the SAN; recall tasks (lambada) favour FFN",
+                 f"Δacc (arm − SAN) closed-book {txt(closed)}, grounded {txt(grounded)}",
+                 verdict_zero_shot(closed, grounded))
+
+
+RULES = CLAIMS.rules
+
+
+def claims(ax: AxisRecord) -> list[Claim]:
+    return CLAIMS.rows(ax)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -453,7 +473,7 @@ def block_zero_shot(ax: AxisRecord) -> str:
 
 
 def block_claims(ax: AxisRecord) -> str:
-    return claims_table(claims(ax), SIGN_NOTE, RULES, RULES_PREAMBLE, __name__)
+    return CLAIMS.table(claims(ax), SIGN_NOTE)
 
 
 BLOCKS: dict[str, Callable[[AxisRecord], str]] = {
@@ -468,4 +488,4 @@ BLOCKS: dict[str, Callable[[AxisRecord], str]] = {
     "zero-shot": block_zero_shot,
 }
 
-__all__ = ["AxisRecord", "BLOCKS", "RULES", "claims", "kind_series", "load_axis", "REGIONS"]
+__all__ = ["AxisRecord", "BLOCKS", "CLAIMS", "RULES", "claims", "kind_series", "load_axis", "REGIONS"]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, TypeVar
 
 from sanlab import fileio
 from sanlab.config import format_tokens
@@ -47,18 +47,97 @@ ROUTING, CONTENT = ("Q", "K"), ("V", "O", "down")
 IDENTITY_TOL = 0.02
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+# A check of the analysis (true by construction when the code is right) is not a claim of
+# the paper: it holds or not, and is never counted with the claims.
+HOLDS, DOES_NOT_HOLD, NOT_CHECKED = "holds", "does not hold", "not checked"
 
 
 @dataclass
 class Claim:
     """One row of a claims block: a claim of a paper, its number, what the record measured,
-    and the verdict by the rule named `rule` (the kind's `RULES[rule]`)."""
+    and the verdict by the rule of the unit that made it (`ClaimSet`): `rule` is the unit's
+    key, `check` whether it is a check of the analysis rather than a claim."""
 
     claim: str
     paper: str
     measured: str
     verdict: str
     rule: str = ""
+    check: bool = False
+
+
+RowFn = TypeVar("RowFn", bound=Callable[..., "Claim | None"])
+
+
+@dataclass(frozen=True)
+class ClaimUnit:
+    """One claim as a record reads it: its key, the name docs/records.md gives it, its rule
+    (the text the README prints under the claims table and the docs render), and `row`, the
+    function that reads its inputs from the record and returns the row with its verdict by
+    that rule (None: the claim does not apply to this record)."""
+
+    key: str
+    title: str
+    rule: str
+    row: Callable[..., Claim | None]
+    check: bool = False  # a check of the analysis: listed apart, not a claim
+    note: str = ""  # the docs' words beyond the rule (an example, a caveat)
+
+
+class ClaimSet:
+    """A kind's claims, in the order its README lists them. Adding a claim is one edit: a
+    function under the decorator, its rule beside it.
+
+        CLAIMS = ClaimSet(__name__, PREAMBLE)
+
+        @CLAIMS.claim("ordering", "Ordering", "ordering: per seed pair, …; reproduced when …")
+        def ordering(rec: StudyRecord) -> Claim:
+            ...
+            return Claim(name, paper, measured, verdict)
+
+    The README's claims block (`table`) and docs/records.md's rules (`markdown`, written by
+    `python -m sanlab.configref --write-docs`) both come from the units."""
+
+    def __init__(self, where: str, preamble: str) -> None:
+        self.where, self.preamble = where, preamble
+        self.units: list[ClaimUnit] = []
+
+    def claim(self, key: str, title: str, rule: str, *, check: bool = False, note: str = "") -> Callable[[RowFn], RowFn]:
+        def wrap(fn: RowFn) -> RowFn:
+            if any(u.key == key for u in self.units):
+                raise ValueError(f"{self.where}: claim {key!r} declared twice")
+            self.units.append(ClaimUnit(key, title, rule, fn, check, note))
+            return fn
+
+        return wrap
+
+    @property
+    def rules(self) -> dict[str, str]:
+        return {u.key: u.rule for u in self.units}
+
+    def rows(self, *inputs: Any) -> list[Claim]:
+        """Every unit's row on `inputs` (the record), in order; each row carries its unit's key."""
+        out = []
+        for u in self.units:
+            row = u.row(*inputs)
+            if row is not None:
+                out.append(replace(row, rule=u.key, check=u.check))
+        return out
+
+    def table(self, rows: list[Claim], note: str, paper: str = "paper (our sign)") -> str:
+        return claims_table(rows, note, self.rules, self.preamble, self.where, paper)
+
+    def markdown(self) -> str:
+        """The rules as docs/records.md lists them: the claims, then the checks."""
+        def item(u: ClaimUnit) -> str:
+            # the rule's own label ("ordering: …", as the README lists it) gives way to the title
+            return f"- **{u.title}**: {u.rule.split(': ', 1)[-1]}" + (f" {u.note}" if u.note else "")
+
+        out = [item(u) for u in self.units if not u.check]
+        checks = [item(u) for u in self.units if u.check]
+        if checks:
+            out += ["", "Checks of the analysis (not claims; never counted among them):", "", *checks]
+        return "\n".join(out)
 
 
 def ordering_verdict(signs: Iterable[int]) -> str:
@@ -173,9 +252,16 @@ SIGN_NOTE = ("Δ = arm − SAN validation loss (nats); Δ < 0: the standard arm 
 
 def claims_table(rows: list[Claim], note: str, rules: dict[str, str], preamble: str, where: str,
                  paper: str = "paper (our sign)") -> str:
-    """A claims block: the table, then the rules of the claims it holds (each once)."""
+    """A claims block: the claims' table, the checks' table (checks of the analysis, apart so
+    that no count of the claims includes them), then the rules of the rows (each once)."""
+    claims, checks = [c for c in rows if not c.check], [c for c in rows if c.check]
     out = [note, md_table(["claim", paper, "measured", "verdict"],
-                          [[c.claim, c.paper, c.measured, f"**{c.verdict}**"] for c in rows])]
+                          [[c.claim, c.paper, c.measured, f"**{c.verdict}**"] for c in claims])]
+    if checks:
+        out += ["Checks of the analysis (exact by construction, so not claims of the paper and not counted "
+                "among them):",
+                md_table(["check", "expected", "measured", "result"],
+                         [[c.claim, c.paper, c.measured, f"**{c.verdict}**"] for c in checks])]
     keys = list(dict.fromkeys(c.rule for c in rows if c.rule in rules))
     out.append(f"Verdict rules (`{where}`): {preamble}\n\n" + "\n".join(f"- {rules[k]}" for k in keys))
     return "\n\n".join(out)

@@ -12,7 +12,8 @@ arms counts when it exceeds twice its standard error, with each proportion taken
 The claims compare arms with each other in the paper's order, not the numbers with the
 paper's: the suite's tasks are smaller than the paper's (fewer keys and values, shorter
 sums, another p), so their absolute accuracies are not the paper's, while the ordering
-of the arms is what the paper claims. The rules are `RULES`; docs/records.md writes them out.
+of the arms is what the paper claims. Each claim is a unit of `CLAIMS`
+(rule, inputs, verdict), which docs/records.md renders.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from sanlab.records.common import (
     NOT_REPRODUCED,
     REPRODUCED,
     Claim,
+    ClaimSet,
     RecordError,
-    claims_table,
     fmt,
     md_table,
     ordering_verdict,
@@ -57,23 +58,6 @@ MIXIT_MATCHES = tuple(name for name, p in _PAPER.items() if p.get("mixit") == "�
 EQUIVALENCE_PTS = 5.0
 Z = 2.0  # standard errors a difference must exceed
 
-RULES = {
-    "retrieval": "retrieval: the arms in the paper's order (standard > Frozen-QK > MixiT), each step an "
-                 "accuracy difference; reproduced when every step is above 0 beyond noise, not reproduced "
-                 "when a step is reversed beyond noise, else inconclusive (also with an arm missing).",
-    "capacity": "capacity: the same, in bits per trainable parameter (standard > Frozen-QK > MixiT > "
-                "Frozen-MLP); decided only when every arm's maximum over N is bracketed: its best N memorised "
-                "fewer than all N pairs and a larger N gave no more bits (else a larger N could give more, "
-                "and the claim is inconclusive). Bits = memorised labels × log2 A, the paper's count: a label "
-                "right by chance (1 in A) counts too, N·log2(A)/A bits that grow with N.",
-    "capacity_fano": "capacity, chance removed: the same rule on Fano's lower bound on the labels' information, "
-                     "N·(log2 A − H₂(a) − (1 − a)·log2(A − 1)) bits at accuracy a (0 at chance), its se by the "
-                     "delta method.",
-    "mixit": f"MixiT ≈ standard: per task, the standard arm's accuracy minus MixiT's; reproduced when on every "
-             f"task it is below {EQUIVALENCE_PTS:g} points beyond noise (≤ {EQUIVALENCE_PTS:g} − 2·se), not "
-             f"reproduced when on some task it is above {EQUIVALENCE_PTS:g} points beyond noise, else "
-             "inconclusive.",
-}
 RULES_PREAMBLE = ("Noise (one run per cell, no seeds): a difference of two proportions k₁/n₁ − k₂/n₂ counts when "
                   "it exceeds 2 standard errors, sqrt(p₁(1 − p₁)/(n₁ + 2) + p₂(1 − p₂)/(n₂ + 2)) with "
                   "p = (k + 1)/(n + 2).")
@@ -248,12 +232,19 @@ def capacity_claim(rec: ProbeRecord, measure: str) -> Claim:
             signs.append(difference_sign(a["value"] - b["value"], math.hypot(a["se"], b["se"])))
         verdict = ordering_verdict(signs)
     return Claim(f"{CAPACITY_CLAIM}; {CAPACITY_READING[measure]}", "2.98 / 2.25 / 2.18 / 1.13 bits per parameter",
-                 measured or "–", verdict, "capacity" if measure == "count" else f"capacity_{measure}")
+                 measured or "–", verdict)
 
 
 
-def claims(rec: ProbeRecord) -> list[Claim]:
-    out = []
+CLAIMS = ClaimSet(__name__, RULES_PREAMBLE)
+
+
+@CLAIMS.claim(
+    "retrieval", "Retrieval (standard 100 > Frozen-QK 97.0 > MixiT 11.2)",
+    "retrieval: the arms in the paper's order (standard > Frozen-QK > MixiT), each step an accuracy difference; "
+    "reproduced when every step is above 0 beyond noise, not reproduced when a step is reversed beyond noise, else "
+    "inconclusive (also with an arm missing).")
+def claim_retrieval(rec: ProbeRecord) -> Claim:
     order = [a for a in PAPER_RETRIEVAL if rec.cell("retrieval", a) is not None]
     steps = [accuracy_step(rec, "retrieval", hi, lo) for hi, lo in zip(order, order[1:])]
     measured = ", ".join(f"{rec.label(a)} {fmt(rec.value('retrieval', a), '{:.1f}')}" for a in order)
@@ -263,11 +254,37 @@ def claims(rec: ProbeRecord) -> list[Claim]:
     else:
         verdict = ordering_verdict(s for s, _ in steps)
         measured += "; steps " + ", ".join(fmt(d, "{:+.1f}") for _, d in steps) + " points"
-    out.append(Claim("retrieval: standard > Frozen-QK > MixiT (attention retrieves, even with frozen Q/K)",
-                     "test accuracy 100 / 97.0 / 11.2 %", measured or "–", verdict, "retrieval"))
+    return Claim("retrieval: standard > Frozen-QK > MixiT (attention retrieves, even with frozen Q/K)",
+                 "test accuracy 100 / 97.0 / 11.2 %", measured or "–", verdict)
 
-    out += [capacity_claim(rec, "count"), capacity_claim(rec, "fano")]
 
+@CLAIMS.claim(
+    "capacity", "Capacity (standard 2.98 > Frozen-QK 2.25 > MixiT 2.18 > Frozen-MLP 1.13 bits per trainable "
+    "parameter)",
+    "capacity: the same, in bits per trainable parameter (standard > Frozen-QK > MixiT > Frozen-MLP); decided only "
+    "when every arm's maximum over N is bracketed: its best N memorised fewer than all N pairs and a larger N gave "
+    "no more bits (else a larger N could give more, and the claim is inconclusive). Bits = memorised labels × log2 "
+    "A, the paper's count: a label right by chance (1 in A) counts too, N·log2(A)/A bits that grow with N.",
+    note="A sweep with one N is inconclusive.")
+def claim_capacity(rec: ProbeRecord) -> Claim:
+    return capacity_claim(rec, "count")
+
+
+@CLAIMS.claim(
+    "capacity_fano", "Capacity, chance removed",
+    "capacity, chance removed: the same rule on Fano's lower bound on the labels' information, "
+    "N·(log2 A − H₂(a) − (1 − a)·log2(A − 1)) bits at accuracy a (0 at chance), its se by the delta method.")
+def claim_capacity_fano(rec: ProbeRecord) -> Claim:
+    return capacity_claim(rec, "fano")
+
+
+@CLAIMS.claim(
+    "mixit", "MixiT ≈ standard on addition, modular addition, Dyck and sentiment",
+    f"MixiT ≈ standard: per task, the standard arm's accuracy minus MixiT's; reproduced when on every task it is "
+    f"below {EQUIVALENCE_PTS:g} points beyond noise (≤ {EQUIVALENCE_PTS:g} − 2·se), not reproduced when on some "
+    f"task it is above {EQUIVALENCE_PTS:g} points beyond noise, else inconclusive.",
+    note="A small test split cannot show it: with 24 test examples 2 standard errors are about 11 points.")
+def claim_mixit(rec: ProbeRecord) -> Claim:
     per, signs, missing = [], [], []
     for task in MIXIT_MATCHES:
         a, b = accuracy(rec, task, "standard"), accuracy(rec, task, "mixit")
@@ -291,9 +308,17 @@ def claims(rec: ProbeRecord) -> list[Claim]:
     else:
         verdict = INCONCLUSIVE
     measured = "MixiT vs standard: " + "; ".join(per) + (f" (missing: {', '.join(missing)})" if missing else "")
-    out.append(Claim("MixiT ≈ standard on addition, modular addition, Dyck and sentiment",
-                     "≈ standard (random fixed mixing suffices for these tasks)", measured, verdict, "mixit"))
-    return out
+    return Claim("MixiT ≈ standard on addition, modular addition, Dyck and sentiment",
+                 "≈ standard (random fixed mixing suffices for these tasks)", measured, verdict)
+
+
+RULES = CLAIMS.rules
+
+
+def claims(rec: ProbeRecord) -> list[Claim]:
+    return CLAIMS.rows(rec)
+
+
 
 
 # --------------------------------------------------------------------------- blocks
@@ -371,7 +396,7 @@ def block_paper(rec: ProbeRecord) -> str:
 def block_claims(rec: ProbeRecord) -> str:
     note = ("Accuracy in %, capacity in bits per trainable parameter. The suite's tasks are smaller than the "
             "paper's: the claims compare the arms in the paper's order, not the numbers with the paper's.")
-    return claims_table(claims(rec), note, RULES, RULES_PREAMBLE, __name__, paper="paper")
+    return CLAIMS.table(claims(rec), note, paper="paper")
 
 
 def _override_key(item: str) -> tuple[str, str]:

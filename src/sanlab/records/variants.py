@@ -20,7 +20,7 @@ from typing import Any, Callable
 from sanlab.records.common import (
     INCONCLUSIVE,
     Claim,
-    claims_table,
+    ClaimSet,
     fmt,
     fmt_ms,
     fmt_tokens,
@@ -54,19 +54,6 @@ LM_ORDER = ("standard", "frozen_qk", "mixit")
 SIGN_NOTE = ("Δ = arm − standard validation loss (nats, i.e. log-perplexity); Δ > 0: the variant is behind "
              "the standard transformer.")
 
-RULES = {
-    "ppl": "perplexity ordering (SPEC §3): the variants present, in the paper's order of WikiText perplexity; "
-           "each step is the next arm's loss minus this one's, per seed pair; reproduced when every step is "
-           "above 0, not reproduced when a step is below 0, else inconclusive (also with fewer than two arms).",
-    "hybrid": "hybrid recovers: uniform Non-approximate's loss minus the hybrid's, per seed pair; reproduced "
-              "when above 0, not reproduced when below 0, else inconclusive (also when either arm is missing).",
-    "lm": "LM log-perplexity (SPEC §2): standard < Frozen-QK < MixiT, read as the perplexity ordering.",
-    "activations": "largest activation: the uniform Non-approximate arm's largest |activation| anywhere in the "
-                   "residual stream over the hybrid's, per analysed seed; reproduced when every ratio is at least "
-                   "10 (the paper's is ~100), not reproduced when every ratio is at most 1, else inconclusive.",
-    "nlu": "NLU: a study records validation loss only; the NLU claim is inconclusive until zero-shot "
-           "accuracies are recorded.",
-}
 RULES_PREAMBLE = ("Noise rule (`sanlab.study.noise`, the study table's own): a quantity measured per seed pair "
                   "is above / below 0 when |its mean| exceeds F + its seed-to-seed sd (0 with one pair), F being "
                   "the noise-floor pair's size. Without a noise pair nothing is above or below 0.")
@@ -164,7 +151,7 @@ def step(rec: StudyRecord, a: str, b: str, tokens: int | None) -> list[float]:
     return [db[s] - da[s] for s in paired(da, db)]
 
 
-def _order_claim(rec: StudyRecord, order: tuple[str, ...], claim: str, paper: str, rule: str) -> Claim:
+def _order_claim(rec: StudyRecord, order: tuple[str, ...], claim: str, paper: str) -> Claim:
     big, floor = rec.largest, rec.floor_size
     have = variants(rec)
     present = [v for v in order if v in have and arm_deltas(rec, have[v], big)]
@@ -175,7 +162,7 @@ def _order_claim(rec: StudyRecord, order: tuple[str, ...], claim: str, paper: st
         measured += f"; steps {', '.join(fmt_ms(s) for s in steps)}"
     measured += f"; F = {fmt(floor, '{:.4f}')}"
     verdict = INCONCLUSIVE if len(present) < 2 else ordering_verdict(noise.sign(s, floor) for s in steps)
-    return Claim(claim, paper, measured, verdict, rule)
+    return Claim(claim, paper, measured, verdict)
 
 
 def _mean_loss(rec: StudyRecord, arm: str, tokens: int | None) -> float | None:
@@ -183,29 +170,52 @@ def _mean_loss(rec: StudyRecord, arm: str, tokens: int | None) -> float | None:
     return sum(losses.values()) / len(losses) if losses else None
 
 
-def claims(rec: StudyRecord) -> list[Claim]:
-    out = [_order_claim(rec, PPL_ORDER, "perplexity: standard < hybrid < Approximate < StaticEmbQK < RndEmbQK < "
-                        "MLP < Non-approximate (uniform)",
-                        "WikiText ppl 38.1 / 39.4 / 47.9 / 79.9 / 84.8 / 993.5 / 9e4", "ppl")]
+CLAIMS = ClaimSet(__name__, RULES_PREAMBLE)
+
+
+@CLAIMS.claim(
+    "ppl", "Perplexity ordering (SPEC §3: standard 38.1 < hybrid Non-approximate 39.4 < Approximate 47.9 < "
+    "StaticEmbQK 79.9 < RndEmbQK 84.8 < uniform MLP 993.5 < uniform Non-approximate 9e4)",
+    "perplexity ordering (SPEC §3): the variants present, in the paper's order of WikiText perplexity; each step is "
+    "the next arm's loss minus this one's, per seed pair; reproduced when every step is above 0, not reproduced "
+    "when a step is below 0, else inconclusive (also with fewer than two arms).")
+def claim_ppl(rec: StudyRecord) -> Claim:
+    return _order_claim(rec, PPL_ORDER, "perplexity: standard < hybrid < Approximate < StaticEmbQK < RndEmbQK < "
+                        "MLP < Non-approximate (uniform)", "WikiText ppl 38.1 / 39.4 / 47.9 / 79.9 / 84.8 / 993.5 / 9e4")
+
+
+@CLAIMS.claim(
+    "hybrid", "The hybrid recovers",
+    "hybrid recovers: uniform Non-approximate's loss minus the hybrid's, per seed pair; reproduced when above 0, not "
+    "reproduced when below 0, else inconclusive (also when either arm is missing).")
+def claim_hybrid(rec: StudyRecord) -> Claim:
     have, big, floor = variants(rec), rec.largest, rec.floor_size
     name = "hybrid layout recovers: Non-approximate in odd layers ≪ Non-approximate in every layer"
     paper = "WikiText ppl 39.4 (hybrid) vs 9e4 (uniform); standard 38.1"
-    if "nonapprox_hybrid" in have and "nonapprox_uniform" in have:
-        x = step(rec, have["nonapprox_hybrid"], have["nonapprox_uniform"], big)
-        sign = noise.sign(x, floor)
-        out.append(Claim(name, paper, f"loss(uniform) − loss(hybrid) {fmt_ms(x)} at {fmt_tokens(big or 0)}; "
-                         f"F = {fmt(floor, '{:.4f}')}", ordering_verdict([sign]), "hybrid"))
-    else:
-        out.append(Claim(name, paper, "the study lacks the hybrid or the uniform Non-approximate arm",
-                         INCONCLUSIVE, "hybrid"))
-    out.append(_order_claim(rec, LM_ORDER, "LM log-perplexity: standard < Frozen-QK < MixiT",
-                            "Wikitext-103 log-ppl 2.78 / 3.07 / 3.73", "lm"))
-    out.append(Claim("NLU average: hybrid > standard > Approximate > StaticEmbQK > RndEmbQK > MLP > "
-                     "Non-approximate (uniform)", "NLU 52.9 / 51.9 / 50.2 / 49.4 / 48.0 / 40.0 / 39.3",
-                     "not measured (a study records validation loss; zero-shot NLU needs `sanlab eval`)",
-                     INCONCLUSIVE, "nlu"))
-    out.append(_activation_claim(rec))
-    return out
+    if "nonapprox_hybrid" not in have or "nonapprox_uniform" not in have:
+        return Claim(name, paper, "the study lacks the hybrid or the uniform Non-approximate arm", INCONCLUSIVE)
+    x = step(rec, have["nonapprox_hybrid"], have["nonapprox_uniform"], big)
+    sign = noise.sign(x, floor)
+    return Claim(name, paper, f"loss(uniform) − loss(hybrid) {fmt_ms(x)} at {fmt_tokens(big or 0)}; "
+                 f"F = {fmt(floor, '{:.4f}')}", ordering_verdict([sign]))
+
+
+@CLAIMS.claim(
+    "lm", "LM log-perplexity (SPEC §2: standard 2.78 < Frozen-QK 3.07 < MixiT 3.73)",
+    "LM log-perplexity (SPEC §2): standard < Frozen-QK < MixiT, read as the perplexity ordering.")
+def claim_lm(rec: StudyRecord) -> Claim:
+    return _order_claim(rec, LM_ORDER, "LM log-perplexity: standard < Frozen-QK < MixiT",
+                        "Wikitext-103 log-ppl 2.78 / 3.07 / 3.73")
+
+
+@CLAIMS.claim(
+    "nlu", "NLU",
+    "NLU: a study records validation loss only; the NLU claim is inconclusive until zero-shot accuracies are "
+    "recorded.")
+def claim_nlu(rec: StudyRecord) -> Claim:
+    return Claim("NLU average: hybrid > standard > Approximate > StaticEmbQK > RndEmbQK > MLP > "
+                 "Non-approximate (uniform)", "NLU 52.9 / 51.9 / 50.2 / 49.4 / 48.0 / 40.0 / 39.3",
+                 "not measured (a study records validation loss; zero-shot NLU needs `sanlab eval`)", INCONCLUSIVE)
 
 
 def block_variants(rec: StudyRecord) -> str:
@@ -304,28 +314,39 @@ def block_activations(rec: StudyRecord) -> str:
                          md_table(heads, table)])
 
 
-def _activation_claim(rec: StudyRecord) -> Claim:
+@CLAIMS.claim(
+    "activations", "Largest activation (SPEC §3: ~10³ in uniform Non-approximate against ~10¹ in the hybrid)",
+    "largest activation: the uniform Non-approximate arm's largest |activation| anywhere in the residual stream over "
+    "the hybrid's, per analysed seed; reproduced when every ratio is at least 10 (the paper's is ~100), not "
+    "reproduced when every ratio is at most 1, else inconclusive.")
+def claim_activations(rec: StudyRecord) -> Claim:
     have, big = variants(rec), rec.largest
     name = "largest activation: uniform Non-approximate ≫ hybrid"
     paper = "~10³ (uniform) vs ~10¹ (hybrid)"
     if "nonapprox_uniform" not in have or "nonapprox_hybrid" not in have:
-        return Claim(name, paper, "the study lacks the hybrid or the uniform Non-approximate arm", INCONCLUSIVE,
-                     "activations")
+        return Claim(name, paper, "the study lacks the hybrid or the uniform Non-approximate arm", INCONCLUSIVE)
     u = {s: max(p) for s, p in peak_activations(rec, have["nonapprox_uniform"], big).items()}
     h = {s: max(p) for s, p in peak_activations(rec, have["nonapprox_hybrid"], big).items()}
     seeds = sorted(set(u) & set(h))
     if not seeds:
-        return Claim(name, paper, "neither arm's final runs were analysed", INCONCLUSIVE, "activations")
+        return Claim(name, paper, "neither arm's final runs were analysed", INCONCLUSIVE)
     ratios = [u[s] / h[s] for s in seeds]
     measured = (f"uniform {', '.join(f'{u[s]:.1f}' for s in seeds)} vs hybrid {', '.join(f'{h[s]:.1f}' for s in seeds)}"
                 f" (seeds {', '.join(map(str, seeds))}); ratio {', '.join(f'{r:.2f}' for r in ratios)}")
     verdict = ("reproduced" if all(r >= 10 for r in ratios) else
                "not reproduced" if all(r <= 1 for r in ratios) else INCONCLUSIVE)
-    return Claim(name, paper, measured, verdict, "activations")
+    return Claim(name, paper, measured, verdict)
+
+
+RULES = CLAIMS.rules
+
+
+def claims(rec: StudyRecord) -> list[Claim]:
+    return CLAIMS.rows(rec)
 
 
 def block_claims(rec: StudyRecord) -> str:
-    return claims_table(claims(rec), SIGN_NOTE, RULES, RULES_PREAMBLE, __name__, paper="paper")
+    return CLAIMS.table(claims(rec), SIGN_NOTE, paper="paper")
 
 
 BLOCKS: dict[str, Callable[[StudyRecord], str]] = {
