@@ -128,3 +128,27 @@ def test_sanlab_probe_copying_runs_from_another_directory(tmp_path: Path, monkey
     cfg = json.loads((Path("o") / cell["points"][0]["run_dir"] / "config.json").read_text())
     assert cfg["train"]["steps"] == 3  # the user's override over the task's quick default (250)
     assert "Copying" in capsys.readouterr().out  # the grid's heading is the task's label
+
+
+def test_the_registry_gives_each_consumer_the_task_s_own_declarations() -> None:
+    """What the task files declare is what the runner, the suite and the records read: the
+    defaults (full and --quick), SPEC §2's columns in its order (copying and memorize's own
+    accuracy are not among them), the headings and the paper's numbers."""
+    from sanlab.probes import suite
+    from sanlab.probes.runner import task_settings
+    from sanlab.records import probes as records_probes
+
+    quick, run_quick = task_settings("copying", True, [])
+    full, run_full = task_settings("copying", False, ["seed=3"])
+    assert (quick.n_train, run_quick) == (20000, ["train.steps=250"])
+    assert (full.n_train, full.seed, run_full) == (50000, 3, ["train.steps=3000"])
+    retrieval, run = task_settings("retrieval", False, [])
+    assert (retrieval.m_max, run) == (16, ["train.batch_rows=64", "train.steps=1000"])
+    assert suite.SUITE_TASKS == ("addition", "modadd", "capacity", "retrieval", "induction", "dyck", "sentiment")
+    assert suite.COLUMNS["copying"] == records_probes.COLUMNS["copying"] == "Copying"
+    assert suite.ANCHORS["mixit"] == {"addition": "≈ standard", "modadd": "≈ standard", "capacity": 2.18,
+                                      "retrieval": 11.2, "dyck": "≈ standard", "sentiment": "≈ standard"}
+    assert records_probes.MIXIT_MATCHES == ("addition", "modadd", "dyck", "sentiment")
+    assert list(TASKS)[:5] == ["addition", "modadd", "memorize", "retrieval", "copying"]
+    with pytest.raises(ConfigError, match="unknown probe task 'nosuch'"):
+        task_settings("nosuch", True, [])  # a one-line error, not a KeyError
