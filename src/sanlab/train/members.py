@@ -578,3 +578,43 @@ def _loop(members: list[Member], model: MemberLM, optim: MemberOptim, plan: Plan
     for mem in members:
         if mem.status == "running":
             mem.status = "completed"
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m sanlab.train.members SPEC.json [--resume] [--force]`: train the runs SPEC.json
+    lists, `{"runs": [{"config": {...}, "out": "RUN_DIR"}, ...]}`, as members of one model.
+    Exit codes as `sanlab train`'s: 0 every run completed (or diverged: a recorded result,
+    told in its meta.json), 2 a user error (one line), 4 interrupted by a signal after
+    saving every member's checkpoint."""
+    import argparse
+    import sys
+
+    from sanlab.config import apply_overrides
+    from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, SanlabError
+    from sanlab.fileio import try_read_json_object
+
+    p = argparse.ArgumentParser(prog="python -m sanlab.train.members", description=main.__doc__)
+    p.add_argument("spec", type=Path)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--force", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        spec = try_read_json_object(a.spec)
+        runs = spec.get("runs") if spec is not None else None
+        if not isinstance(runs, list) or not runs or not all(
+                isinstance(r, dict) and isinstance(r.get("config"), dict) and isinstance(r.get("out"), str)
+                for r in runs):
+            raise ConfigError(f"{a.spec}: expected {{\"runs\": [{{\"config\": {{...}}, \"out\": \"RUN_DIR\"}}, ...]}}")
+        cfgs = [apply_overrides(Config, r["config"], [], source=str(a.spec)) for r in runs]
+        metas = train_members(cfgs, [r["out"] for r in runs], resume=a.resume, force=a.force)
+    except SanlabError as e:
+        print(f"sanlab: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return e.exit_code
+    return EXIT_INTERRUPTED if any(m.get("status") == "interrupted" for m in metas) else EXIT_OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

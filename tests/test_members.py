@@ -1,0 +1,243 @@
+"""Members: runs trained as one batched model equal their solo runs, stay apart when one
+diverges, and resume exactly after SIGKILL / stop with exit 4 on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from sanlab.config import Config, load_config
+from sanlab.errors import EXIT_INTERRUPTED, ConfigError
+from sanlab.model.members import build_members
+from sanlab.train import members as members_mod
+from sanlab.train.members import newton_schulz, train_members
+from sanlab.train.optim import Muon
+from sanlab.train.trainer import train
+from test_train_loop import metrics
+
+# d32, 2 layers, 8 steps of 8 rows of 32 tokens: about a second a group
+SMALL = ["model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1", "model.vocab_size=320",
+         "data.seq_len=32", "train.batch_rows=8", "train.eval_rows=16", "train.log_every=1000", "train.steps=8",
+         "train.eval_every=4", "train.threads=1"]
+# A sweep of LRs and two seeds; the third member also runs its own WSD schedule.
+POINTS = [["optim.lr=0.01", "train.seed=1"], ["optim.lr=0.04", "train.seed=2"],
+          ["optim.lr=0.02", "train.seed=1", "optim.decay_frac=0.5", "optim.warmup_frac=0.25"]]
+# Stated tolerance of a member against its solo run (relative; the module docstring of
+# sanlab.train.members derives it). Measured on this CPU: 0 in both precisions.
+RTOL = {"fp32": 1e-5, "bf16": 1e-3}
+
+
+def configs(data: Path, *extra: str, points: list[list[str]] = POINTS) -> list[Config]:
+    return [load_config(None, [f"data.dir={data}", *SMALL, *extra, *p]) for p in points]
+
+
+def curve(run: Path) -> list[tuple]:
+    return [(r["step"], r["loss"], r["grad_norm"], r["lr"], r.get("val_loss")) for r in metrics(run)]
+
+
+def assert_close_curves(a: list[tuple], b: list[tuple], rtol: float) -> None:
+    assert [r[0] for r in a] == [r[0] for r in b] and [r[3] for r in a] == [r[3] for r in b]  # steps, LRs exactly
+    for x, y in zip(a, b):
+        for u, v in zip(x[1:], y[1:]):
+            assert (u is None) == (v is None)
+            if u is not None:
+                assert abs(u - v) <= rtol * abs(v), (x, y)
+
+
+def assert_close_checkpoints(a: Path, b: Path, rtol: float) -> None:
+    for name in ("model.safetensors", "optim.safetensors"):
+        ta, tb = load_file(str(a / name)), load_file(str(b / name))
+        assert ta.keys() == tb.keys()
+        for k in ta:
+            torch.testing.assert_close(ta[k], tb[k], rtol=rtol, atol=rtol * float(tb[k].abs().max()) + 1e-12)
+    sa, sb = (json.loads((p / "state.json").read_text()) for p in (a, b))
+    assert sa["optim"] == sb["optim"] and sa["loader"] == sb["loader"] and sa["step"] == sb["step"]
+    assert sa["config"] == sb["config"]
+
+
+@pytest.mark.parametrize("arm,optim,precision", [
+    ("model.ffn=false", "optim.name=muon", "fp32"), ("model.ffn=true", "optim.name=muon", "fp32"),
+    ("model.ffn=false", "optim.name=adamw", "fp32"), ("model.ffn=true", "optim.name=adamw", "fp32"),
+    ("model.ffn=false", "optim.name=muon", "bf16"), ("model.ffn=true", "optim.name=adamw", "bf16"),
+])
+def test_a_member_equals_its_solo_run(train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      arm: str, optim: str, precision: str) -> None:
+    if precision == "bf16" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no bf16 matmuls")
+    monkeypatch.chdir(tmp_path)
+    cfgs = configs(train_data_dir, arm, optim, f"train.precision={precision}")
+    metas = train_members(cfgs, [f"m{i}" for i in range(3)])
+    assert [m["status"] for m in metas] == ["completed"] * 3
+    assert [m["members"]["batch"] for m in metas] == [3] * 3
+    for i, cfg in enumerate(cfgs):
+        solo = train(cfg, f"s{i}")
+        assert_close_curves(curve(Path(f"m{i}")), curve(Path(f"s{i}")), RTOL[precision])
+        assert_close_checkpoints(Path(f"m{i}/checkpoints/latest"), Path(f"s{i}/checkpoints/latest"), RTOL[precision])
+        assert sorted(os.listdir(f"m{i}/checkpoints")) == sorted(os.listdir(f"s{i}/checkpoints"))
+        member = metas[i]
+        assert member["final"]["val_loss"] == pytest.approx(solo["final"]["val_loss"], rel=RTOL[precision])
+        assert member["status"] == solo["status"] and member["plan"] == solo["plan"]
+        assert json.loads(Path(f"m{i}/config.json").read_text()) == json.loads(Path(f"s{i}/config.json").read_text())
+
+
+def test_newton_schulz_on_a_stack_is_per_member() -> None:
+    """Muon's iterations on the members' stacked (M, a, b) update equal each member's own,
+    and equal torch.optim.Muon's step on one matrix (what the solo optimizer runs)."""
+    g = torch.Generator().manual_seed(0)
+    for shape in ((3, 16, 48), (3, 48, 16)):
+        x = torch.randn(*shape, generator=g)
+        stacked = newton_schulz(x, 3.4445, -4.7750, 2.0315, 5, torch.bfloat16)
+        for m in range(shape[0]):
+            alone = newton_schulz(x[m:m + 1], 3.4445, -4.7750, 2.0315, 5, torch.bfloat16)
+            assert torch.equal(stacked[m], alone[0])
+            p = torch.nn.Parameter(torch.zeros(shape[1:]))
+            p.grad = x[m].clone()
+            Muon([p], lr=1.0, weight_decay=0.0, momentum=0.0, nesterov=False).step()
+            step = torch.tensor(-max(1.0, shape[1] / shape[2]) ** 0.5)  # the shape-adjusted LR, in fp32
+            assert torch.equal(p.detach(), alone[0].float() * step)
+
+
+def test_members_model_gradients_are_each_members_own() -> None:
+    """The batched model's loss and gradients for each member equal the solo model's (one
+    member's gradient never reaches another's weights)."""
+    from sanlab.config import ModelConfig
+    from sanlab.model.lm import LM
+
+    cfg = ModelConfig(d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=64, ffn=True)
+    model = build_members(cfg, [3, 4])
+    tok = torch.randint(0, 64, (2, 2, 16), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(tok, dtype=torch.bool)
+    mask[1] = False  # member 1 gets no tokens: it must get no gradient, member 0 its own
+    loss, _ = model(tok, None, tok, mask)
+    loss.sum().backward()
+    torch.manual_seed(3)
+    solo = LM(cfg)
+    solo_loss, _ = solo(tok[0], None, tok[0], mask[0])
+    solo_loss.backward()
+    assert float(loss[0]) == float(solo_loss)
+    for n, p in solo.named_parameters():
+        assert torch.equal(model.by_name[n].grad[0], p.grad), n
+        assert not model.by_name[n].grad[1].any(), n
+
+
+def test_a_diverging_member_does_not_disturb_the_others(train_data_dir: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    points = [["optim.lr=1e-3", "train.seed=1"], ["optim.lr=1e4", "train.seed=1"], ["optim.lr=2e-3", "train.seed=2"]]
+    cfgs = configs(train_data_dir, "optim.name=adamw", "train.precision=fp32", "train.steps=12", points=points)
+    metas = train_members(cfgs, ["m0", "m1", "m2"])
+    assert [m["status"] for m in metas] == ["completed", "diverged", "completed"]
+    for i, cfg in enumerate(cfgs):
+        solo = train(cfg, f"s{i}")
+        assert curve(Path(f"m{i}")) == curve(Path(f"s{i}"))  # the diverged one included: same step, same record
+        assert metas[i]["status"] == solo["status"] and metas[i]["final"] == solo["final"]
+    assert metas[1]["final"]["steps"] < 12 and metrics(Path("m1"))[-1]["diverged"] is True
+
+
+def test_groups_that_cannot_train_as_members_are_refused(train_data_dir: Path, tmp_path: Path) -> None:
+    a, b = configs(train_data_dir, points=[[], ["model.d_model=64"]])
+    with pytest.raises(ConfigError, match="model configs differ"):
+        train_members([a, b], [tmp_path / "a", tmp_path / "b"])
+    c = configs(train_data_dir, "model.mixer=mixit", points=[[]])
+    with pytest.raises(ConfigError, match="cannot train as members"):
+        train_members(c, [tmp_path / "c"])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+# --------------------------------------------------------------------------- exact resume
+
+RESUME = ["train.steps=60", "train.checkpoint_every=4", "train.eval_every=7", "train.precision=fp32"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[list[tuple]]:
+    root = tmp_path_factory.mktemp("members-ref")
+    outs = [root / f"m{i}" for i in range(3)]
+    train_members(configs(train_data_dir, *RESUME), outs)
+    return [curve(o) for o in outs]
+
+
+def start(data: Path, root: Path) -> subprocess.Popen:
+    spec = {"runs": [{"config": json.loads(c.model_dump_json()), "out": f"m{i}"}
+                     for i, c in enumerate(configs(data, *RESUME))]}
+    (root / "spec.json").write_text(json.dumps(spec))
+    return subprocess.Popen([sys.executable, "-m", "sanlab.train.members", "spec.json"], cwd=root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(proc: subprocess.Popen, run: Path, step: int) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        try:
+            lines = (run / "metrics.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1])["step"] >= step:
+                return
+        except (OSError, json.JSONDecodeError):
+            pass
+        time.sleep(0.002)
+    raise AssertionError("the members did not get going")
+
+
+def resume(data: Path, root: Path) -> None:
+    metas = train_members(configs(data, *RESUME), [root / f"m{i}" for i in range(3)], resume=True)
+    assert [m["status"] for m in metas] == ["completed"] * 3
+
+
+def test_sigkill_then_resume_is_bit_identical(train_data_dir: Path, tmp_path: Path,
+                                              uninterrupted: list[list[tuple]]) -> None:
+    proc = start(train_data_dir, tmp_path)
+    wait_for_step(proc, tmp_path / "m2", 10)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    resume(train_data_dir, tmp_path)
+    assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
+
+
+def test_a_kill_between_the_members_checkpoints_resumes_bit_identical(
+        train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        uninterrupted: list[list[tuple]]) -> None:
+    """Killed after member 0 wrote its step-12 checkpoint and before the others did: the
+    group resumes at step 8 and member 0 waits there until the group reaches 12."""
+    real = members_mod.checkpoint.save
+    saved: list[tuple[str, int]] = []
+
+    def save(dest: Path, model, optims, state) -> None:  # noqa: ANN001
+        if state["step"] == 12 and dest.parent.parent.name == "m1":
+            raise KeyboardInterrupt  # the process dies here
+        saved.append((dest.parent.parent.name, state["step"]))
+        real(dest, model, optims, state)
+
+    monkeypatch.setattr(members_mod.checkpoint, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        train_members(configs(train_data_dir, *RESUME), [tmp_path / f"m{i}" for i in range(3)])
+    assert ("m0", 12) in saved and ("m2", 12) not in saved
+    monkeypatch.setattr(members_mod.checkpoint, "save", real)
+    resume(train_data_dir, tmp_path)
+    assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
+
+
+def test_sigterm_saves_every_member_and_exits_4(train_data_dir: Path, tmp_path: Path,
+                                                 uninterrupted: list[list[tuple]]) -> None:
+    proc = start(train_data_dir, tmp_path)
+    wait_for_step(proc, tmp_path / "m2", 5)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == EXIT_INTERRUPTED
+    steps = set()
+    for i in range(3):
+        meta = json.loads((tmp_path / f"m{i}" / "meta.json").read_text())
+        state = json.loads((tmp_path / f"m{i}" / "checkpoints" / "latest" / "state.json").read_text())
+        assert meta["status"] == "interrupted" and state["step"] == meta["final"]["steps"]
+        steps.add(state["step"])
+    assert len(steps) == 1 and 5 <= steps.pop() < 60
+    resume(train_data_dir, tmp_path)
+    assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
