@@ -156,7 +156,9 @@ class _Arm:
         self.device = torch.device(a.device)
         self.model = LM(cfg).to(self.device)
         self.opt = build_optimizers(self.model, OptimConfig())
-        step_model = torch.compile(self.model) if a.compile else self.model
+        if a.compile:  # as train.compile does: the masks built before the compiled layers
+            self.model.compile_layers()
+        step_model = self.model
         g = torch.Generator().manual_seed(0)
         rows = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1), generator=g).to(self.device)
         inputs, targets = rows[:, :-1], rows[:, 1:]

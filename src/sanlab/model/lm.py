@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from sanlab.config import ModelConfig
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, SanlabError
 from sanlab.model.blocks import Block
-from sanlab.model.attention import build_context
+from sanlab.model.attention import AttentionContext, build_context
 from sanlab.model.layers import HookPoint, make_norm
 from sanlab.model.loss import head_loss, lm_loss  # noqa: F401 - lm_loss is part of this module's interface
-from sanlab.model.mixers.base import Mixer
+from sanlab.model.mixers.base import Mixer, SequenceMixer
 from sanlab.model.mixers.spec import Role
 
 
@@ -33,6 +33,11 @@ class LM(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model)
         # each distinct per-forward hook of the mixers (`Mixer.prepare`), once, in layer order
         self._prepare = [f for f in dict.fromkeys(type(m).prepare for _, m in self._mixers()) if f is not Mixer.prepare]
+        # the masks its layers attend under, built once per batch before the compiled layers
+        self._windows = tuple(dict.fromkeys(w for _, m in self._mixers() if isinstance(m, SequenceMixer)
+                                            for w in m.mask_windows()))
+        self._compiled: Callable[..., Any] | None = None  # `compile_layers`
+        self._on_compile_failure: Callable[[str], None] = print
         self.frozen: list[str] = []  # the train.freeze targets applied (see `freeze`)
         self.reset_parameters()
 
@@ -109,8 +114,45 @@ class LM(nn.Module):
         Tokens with different segment ids never attend to each other and RoPE
         positions restart at every document start, so a packed row gives each
         document exactly the logits it would get alone.
+
+        The attention context (with its masks) is built here, eagerly; the rest runs in
+        `_layers`, compiled after `compile_layers`.
         """
-        ctx = build_context(self.cfg, tokens, segment_ids)
+        ctx = build_context(self.cfg, tokens, segment_ids, self._windows)
+        if self._compiled is not None:
+            try:
+                return self._compiled(tokens, ctx, targets, loss_mask, z_loss)
+            except (SanlabError, torch.OutOfMemoryError):
+                raise  # the eager model would raise the same
+            except Exception as e:  # noqa: BLE001 - any compiler failure: the eager model runs
+                self.fall_back_to_eager(e)
+                ctx = build_context(self.cfg, tokens, segment_ids, self._windows)
+        return self._layers(tokens, ctx, targets, loss_mask, z_loss)
+
+    def compile_layers(self, on_failure: Callable[[str], None] = print, **kwargs: Any) -> None:
+        """`torch.compile` (with `kwargs`) what `forward` runs after the attention context:
+        the embedding, the blocks, the head and the loss (`train.compile`). The context and
+        its masks (FlexAttention's block masks) are built before it, once per batch, so the
+        compiled graph takes them in and calls flex plainly (`dispatch.flex_call`). A
+        compiled call that fails is run again eagerly and the model stays eager from then
+        on, with one line to `on_failure`."""
+        self._on_compile_failure = on_failure
+        self._compiled = torch.compile(self._layers, **kwargs)
+
+    def fall_back_to_eager(self, error: BaseException) -> None:
+        """After the compiler's `error`: run eagerly from now on, saying so in one line."""
+        self._compiled = None
+        text = str(error).strip().splitlines()
+        reason = f"{type(error).__name__}: {text[0] if text else ''}"[:200]  # a compiler's errors run long
+        self._on_compile_failure(f"warning: torch.compile failed ({reason}); running without it")
+
+    @property
+    def compiled(self) -> bool:
+        """Whether `forward` runs its layers compiled (`compile_layers`, and no failure since)."""
+        return self._compiled is not None
+
+    def _layers(self, tokens: torch.Tensor, ctx: AttentionContext, targets: torch.Tensor | None,
+                loss_mask: torch.Tensor | None, z_loss: float) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         x = self.embed(tokens) * self.embed_scale  # (B, T, d)
         ctx.embedded = x
         for prepare in self._prepare:

@@ -35,6 +35,7 @@ from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM, token_losses
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
+from sanlab.train.compiling import compile_for_training, resolve_compile
 from sanlab.train.host import native_bf16, resolve_precision, tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import build_optimizers, clip_grad_norm, routing_table
@@ -58,7 +59,7 @@ def collapsed(train_loss: float, grad_norm: float, vocab_size: int) -> bool:
 
 
 def resolve(cfg: Config) -> Config:
-    """Replace `auto` device and precision with what will actually run (recorded in config.json)."""
+    """Replace `auto` device, precision and compile with what will run (recorded in config.json)."""
     t = cfg.train
     device = t.device
     if device == "auto":
@@ -66,7 +67,8 @@ def resolve(cfg: Config) -> Config:
     elif device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device=cuda but no CUDA device is available")
     return cfg.model_copy(update={
-        "train": t.model_copy(update={"device": device, "precision": resolve_precision(t.precision, device)}),
+        "train": t.model_copy(update={"device": device, "precision": resolve_precision(t.precision, device),
+                                      "compile": resolve_compile(t.compile, device)}),
         "optim": cfg.optim.model_copy(update={"ns_precision": resolve_precision(cfg.optim.ns_precision, device)}),
     })
 
@@ -234,12 +236,10 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     np.random.seed(t.seed)
     random.seed(t.seed)
     model = LM(cfg.model).to(d.device)
-    attention = attention_kernel(cfg.model, d.device, t.precision)  # (a `fused` request that cannot run: ConfigError)
+    attention = attention_kernel(cfg.model, d.device, t.precision, cfg.data.seq_len)  # (ConfigError: `fused` unmet)
     model.freeze(cfg.train.freeze)  # train.freeze: weights kept at init, no optimizer state
     optims = build_optimizers(model, cfg.optim)
     train_model = d.wrap(model)
-    if t.compile:
-        train_model = torch.compile(train_model)
     train_data = _loader(cfg, "train", t.batch_rows, d)
     if train_data.seq_len != cfg.data.seq_len:
         raise ConfigError(f"data.seq_len={cfg.data.seq_len} but {cfg.data.dir} holds rows of "
@@ -327,8 +327,17 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
     log = RunLog(out, cfg, plan.steps, start, enabled=d.is_main)
     if note := emulated_bf16_note(cfg):
         log.message(note)
+
+    def compile_probe() -> None:  # a training step's forward and backward (its gradients are dropped)
+        mb = val_batches[0]
+        with d.no_sync(train_model, sync=False):
+            with amp():
+                loss, _ = train_model(mb["inputs"], mb["segment_ids"], mb["targets"], mb["loss_mask"], t.z_loss)
+            loss.backward()
+
     status, row, stop_eval = "running", {}, {}
     try:
+        meta["device"]["compile"] = compile_for_training(model, t.compile, compile_probe, log.message)
         if start == 0:
             meta["init"] = init_eval
             save(0)
@@ -434,5 +443,6 @@ def _run(cfg: Config, out: Path, plan: Plan, d: dist.Dist, decision: rundir.Deci
         "wall_time_s": meta.get("wall_time_s", 0.0) + time.time() - session_start,
         "finished_at": datetime.now(timezone.utc).isoformat(),
     })
+    meta["device"]["compile"] = model.compiled  # (false after a compiler failure mid-run)
     write_meta()
     return meta

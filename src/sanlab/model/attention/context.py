@@ -5,7 +5,7 @@ document positions, the backend and the masks, built once per forward (`build_co
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -61,10 +61,21 @@ class AttentionContext:
         return self._additive[dtype, window]
 
     def flex_block_mask(self, window: int | None = None) -> object:
-        """FlexAttention's block mask of `allowed(window)`."""
+        """FlexAttention's block mask of `allowed(window)`: built by `build_masks` before the
+        model's compiled region; one a layer asks for unannounced is built here, still
+        outside any compiled graph (`masks.block_mask` is never traced)."""
         if window not in self._block:
             self._block[window] = masks.block_mask(self.segment_ids, window)
         return self._block[window]
+
+    def build_masks(self, windows: Iterable[int | None]) -> None:
+        """Build the masks the backend reads for these windows now, once per batch, before
+        any compiled layer runs: FlexAttention's block masks (its mask function closes over
+        the batch's segment ids, so built inside a compiled model it would be traced into
+        the graph). The other backends' masks are tensor ops a compiled graph takes in."""
+        if self.backend == "flex":
+            for window in windows:
+                self.flex_block_mask(window)
 
     @property
     def dense_mask(self) -> torch.Tensor:
@@ -82,14 +93,16 @@ class AttentionContext:
 
 
 def build_context(
-    cfg: ModelConfig, tokens: torch.Tensor, segment_ids: torch.Tensor | None
+    cfg: ModelConfig, tokens: torch.Tensor, segment_ids: torch.Tensor | None, windows: Iterable[int | None] = ()
 ) -> AttentionContext:
+    """The context of a batch, with the masks its backend reads for `windows` (the model's
+    layers': `Mixer.mask_windows`) built (`AttentionContext.build_masks`)."""
     single = segment_ids is None
     if segment_ids is None:
         segment_ids = torch.zeros_like(tokens)
     positions = masks.segment_positions(segment_ids)
     cos, sin = rope_tables(positions, cfg.head_dim, cfg.rope_theta)
-    return AttentionContext(
+    ctx = AttentionContext(
         segment_ids=segment_ids,
         positions=positions,
         cos=cos,
@@ -97,3 +110,5 @@ def build_context(
         backend=resolve_backend(cfg, tokens),
         single_document=single,
     )
+    ctx.build_masks(windows)
+    return ctx

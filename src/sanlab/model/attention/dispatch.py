@@ -1,10 +1,12 @@
 """Which attention kernel runs: the one place that picks a backend.
 
-`resolve_backend` picks a batch's backend from `model.attn_backend` and the device (once
-per forward pass, in `build_context`; `attention_kernel` says the same for a run's
-meta.json); `attend` and `fused_qkv_attention` run it, and route the inputs the fused
-kernel does not take (`fused_supported`) to the explicit kernel or SDPA
-(`unfused_cpu_backend`).
+`resolve_backend` picks a batch's backend from `model.attn_backend`, the device and the
+row length (once per forward pass, in `build_context`; `attention_kernel` says the same
+for a run's meta.json); `attend` and `fused_qkv_attention` run it, and route the inputs
+the fused kernel does not take (`fused_supported`) to the explicit kernel or SDPA
+(`unfused_cpu_backend`). The FlexAttention rules are pure functions: `flex_fits` (which
+rows it takes) and `flex_call` (how it is called: plainly inside a compiled model,
+compiled on its own in eager mode).
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ if TYPE_CHECKING:
 def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
     """The attention kernel for this batch when `cfg.attn_backend` is `auto`.
 
-    CUDA: FlexAttention with a document block mask (when it imports). CPU: the fused
+    CUDA: FlexAttention with a document block mask (when it imports) for rows it takes
+    (`flex_fits`), SDPA with the same mask for the others (short rows, lengths off its
+    block size, decoding's growing context). CPU: the fused
     compiled kernel (`sanlab.model.native`; memory O(T), any length) where it builds;
     else the explicit kernel while its saved probabilities fit `CPU_EXPLICIT_MAX_BYTES`
     (in fp32, or in bf16 under bf16 autocast: `explicit_keep`), SDPA with a dense mask
@@ -61,22 +65,51 @@ def resolve_backend(cfg: ModelConfig, tokens: torch.Tensor) -> str:
             low = low if low is not None and low.itemsize == 2 else None
             requested = unfused_cpu_backend(B, cfg.n_heads, T, low)
     if requested == "flex":
-        if device.type != "cuda":
-            return "sdpa"
-        try:
-            from torch.nn.attention.flex_attention import flex_attention  # noqa: F401
-        except ImportError:
-            return "sdpa"
+        return "flex" if device.type == "cuda" and flex_fits(tokens.shape[1]) and flex_importable() else "sdpa"
     return requested
 
 
-def attention_kernel(cfg: ModelConfig, device: torch.device, precision: str) -> str:
-    """The attention kernel a run on `device` in `precision` uses for its usual batches, as
-    a run's meta.json records it: `fused/amx` or `fused/portable` (the compiled CPU kernel
-    and where its products run), `explicit`, `sdpa` or `flex` (auto's choice depends on
-    the batch shape where the fused kernel is unavailable: `explicit/sdpa`). Raises the
-    ConfigError of an explicit `fused` request that cannot be met."""
+# FlexAttention's block size (`create_block_mask`'s default BLOCK_SIZE): its kernels tile
+# the row in blocks of this many queries and keys, and inductor finds no kernel config for
+# a row shorter than one block (H200, torch 2.11: `NoValidChoicesError` on rows of 4 and
+# 1 tokens; docs/gpu.md).
+FLEX_BLOCK = 128
+
+
+def flex_fits(seq_len: int) -> bool:
+    """Whether FlexAttention takes rows of `seq_len` tokens: a whole number of its blocks
+    (`FLEX_BLOCK`), at least one. The rest (short rows, odd lengths, the growing context
+    of decoding without a cache) run on SDPA with the same dense document mask."""
+    return seq_len >= FLEX_BLOCK and seq_len % FLEX_BLOCK == 0
+
+
+def flex_importable() -> bool:
+    """Whether this torch has FlexAttention."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def flex_call(device_type: str, compiling: bool) -> str:
+    """How `attend` calls FlexAttention: `plain` inside a compiled model (inductor compiles
+    it with the model; a separately compiled flex nested in a compiled model crashed on an
+    H200), `compiled` on its own in an eager CUDA model (uncompiled, flex materialises the
+    whole score matrix), `plain` on the CPU (eager forward only: the tests' reference)."""
+    return "compiled" if device_type == "cuda" and not compiling else "plain"
+
+
+def attention_kernel(cfg: ModelConfig, device: torch.device, precision: str, seq_len: int | None = None) -> str:
+    """The attention kernel a run on `device` in `precision` uses for its usual batches
+    (rows of `seq_len` tokens), as a run's meta.json records it: `fused/amx` or
+    `fused/portable` (the compiled CPU kernel and where its products run), `explicit`,
+    `sdpa` or `flex` (auto's choice depends on the batch shape where the fused kernel is
+    unavailable: `explicit/sdpa`; on CUDA, rows FlexAttention does not take run on SDPA:
+    `flex_fits`). Raises the ConfigError of an explicit `fused` request that cannot be met."""
     requested = cfg.attn_backend
+    if requested in ("flex", "auto") and device.type == "cuda":
+        return "flex" if seq_len is not None and flex_fits(seq_len) and flex_importable() else "sdpa"
     if requested in ("auto", "fused"):
         probe = resolve_backend(cfg, torch.zeros(1, 1, dtype=torch.long, device=device))
         if probe == "fused":
@@ -173,9 +206,14 @@ _compiled_flex = None
 
 
 def _flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: object) -> torch.Tensor:
+    """FlexAttention under `block_mask` (built before the model's compiled region:
+    `AttentionContext.build_masks`), called as `flex_call` says."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])
+    fn = flex_attention
+    if flex_call(q.device.type, torch.compiler.is_compiling()) == "compiled":
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention)
+        fn = _compiled_flex
+    return fn(q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1])

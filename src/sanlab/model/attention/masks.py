@@ -8,6 +8,8 @@ FlexAttention block mask.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -62,10 +64,8 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return bias.masked_fill_(~allowed, float("-inf"))
 
 
-def block_mask(segment_ids: torch.Tensor, window: int | None = None) -> object:
-    """FlexAttention's block mask of `dense_mask`."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+def mask_mod(segment_ids: torch.Tensor, window: int | None = None) -> Callable[..., torch.Tensor]:
+    """`dense_mask` as FlexAttention's mask function (b, h, q_idx, kv_idx) -> may attend."""
     seg = segment_ids
 
     def doc_causal(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
@@ -74,5 +74,16 @@ def block_mask(segment_ids: torch.Tensor, window: int | None = None) -> object:
     def doc_causal_window(b, h, q_idx, kv_idx):  # noqa: ANN001 - flex mask signature
         return doc_causal(b, h, q_idx, kv_idx) & (q_idx - kv_idx < window)
 
-    B, T = seg.shape
-    return create_block_mask(doc_causal if window is None else doc_causal_window, B, None, T, T, device=seg.device)
+    return doc_causal if window is None else doc_causal_window
+
+
+# Never traced: under a `torch.compile` of the whole model (benchmarks, user code) the
+# block mask is still built eagerly, outside the graph (a graph break here), as
+# `AttentionContext.build_masks` builds it before the compiled region.
+@torch.compiler.disable
+def block_mask(segment_ids: torch.Tensor, window: int | None = None) -> object:
+    """FlexAttention's block mask of `dense_mask` (of `mask_mod`)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, T = segment_ids.shape
+    return create_block_mask(mask_mod(segment_ids, window), B, None, T, T, device=segment_ids.device)

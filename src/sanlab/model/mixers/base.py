@@ -150,6 +150,12 @@ class SequenceMixer(Mixer):
         if type(self).spec.has_pattern:
             self.pattern = HookPoint()
 
+    def mask_windows(self) -> tuple[int | None, ...]:
+        """The windows this mixer attends under (`attend(window=)`; None: the whole
+        document), so the model builds their masks once per batch before its compiled
+        layers (`AttentionContext.build_masks`); () for a mixer that never calls `attend`."""
+        return ()
+
 
 class StateMixer(Mixer):
     """A token-local mixer (FFN) of width `cfg.ffn_dim`: maps x (B, T, d) to (B, T, d)."""

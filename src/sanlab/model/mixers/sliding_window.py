@@ -46,6 +46,9 @@ class SlidingWindowAttention(SoftmaxAttention):
     spec = SlidingWindowSpec
     decode_cache = None  # the softmax KV cache attends to every cached key, not the last `window`
 
+    def mask_windows(self) -> tuple[int | None, ...]:
+        return (self.opts.window,)
+
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim

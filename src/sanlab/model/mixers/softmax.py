@@ -136,6 +136,9 @@ class SoftmaxAttention(SequenceMixer):
                              ctx.cos[..., :half], ctx.sin[..., :half])
         return apply_rope(upcast(x), ctx.cos, ctx.sin)
 
+    def mask_windows(self) -> tuple[int | None, ...]:
+        return (None,)
+
     def qk_source(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """What Q and K are computed from: the current hidden state (the variants override this)."""
         return u
