@@ -225,7 +225,7 @@ class MemberLM(nn.Module):
     def _norm(self, name: str, x: torch.Tensor, feeds_matmul: bool) -> torch.Tensor:
         return member_rms_norm(x, self._w(name), self.zero_centered, self.cfg.norm_eps, feeds_matmul)
 
-    def _attention(self, i: int, u: torch.Tensor, ctx: AttentionContext, rows: int) -> torch.Tensor:
+    def _attention(self, i: int, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         cfg, p = self.cfg, f"blocks.{i}.attn."
         M, B, T, _ = u.shape
         H, Hkv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -272,7 +272,7 @@ class MemberLM(nn.Module):
         x = F.embedding(tokens + offsets, table.view(M * V, -1)) * self.embed_scale  # (M, B, T, d)
         for i in range(cfg.n_layers):
             b = f"blocks.{i}."
-            h = self._attention(i, self._norm(b + "attn_norm.weight", x, True), ctx, B)
+            h = self._attention(i, self._norm(b + "attn_norm.weight", x, True), ctx)
             x = member_residual(cfg.residual, x, h, self.by_name.get(b + "attn_gate"))
             if cfg.ffn:
                 h = self._ffn(i, self._norm(b + "ffn_norm.weight", x, True))

@@ -43,7 +43,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from sanlab.accounting import accounting_summary, count_module_params
 from sanlab.config import Config, OptimConfig
