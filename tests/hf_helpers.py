@@ -30,19 +30,21 @@ def trained_looking(cfg: Config, seed: int = 0) -> LM:
     return model
 
 
-def make_run(path: Path, data_dir: Path | None, seed: int = 0, step: int = 6, **model: Any) -> Path:
-    """A completed run dir (config.json, meta.json, checkpoints/latest) of `TINY | model`."""
+def make_run(path: Path, data_dir: Path | None, seed: int = 0, step: int = 6, seq_len: int = SEQ_LEN,
+             **model: Any) -> Path:
+    """A completed run dir (config.json, meta.json, checkpoints/latest) of `TINY | model`,
+    trained (as far as its config says) on rows of `seq_len`."""
     from sanlab.train.checkpoint import save
     from sanlab.train.optim import build_optimizers
 
-    cfg = Config.model_validate({"model": {**TINY, **model}, "data": {"seq_len": SEQ_LEN,
+    cfg = Config.model_validate({"model": {**TINY, **model}, "data": {"seq_len": seq_len,
                                  "dir": str(data_dir) if data_dir else None},
                                  "train": {"device": "cpu", "precision": "fp32"}})
     lm = trained_looking(cfg, seed)
     if hasattr(lm, "bind_data") and data_dir is not None:  # state a mixer takes from the data, as training does
         from sanlab.data.shards import heldout_tokens
 
-        lm.bind_data(lambda n: torch.from_numpy(heldout_tokens(str(data_dir), n)), SEQ_LEN)
+        lm.bind_data(lambda n: torch.from_numpy(heldout_tokens(str(data_dir), n)), seq_len)
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(cfg.model_dump(), indent=1))
     meta = {"status": "completed", "final": {"val_loss": 4.321, "train_loss": 4.5, "tokens": 768, "steps": step},
