@@ -340,6 +340,10 @@ MUTANTS: tuple[Mutant, ...] = (
     M("bench-product-flops-once", "benchmarks/bench_arms.py",
       "flops = product_flops(e.key, e.input_shapes) * e.count", "flops = product_flops(e.key, e.input_shapes)",
       (T + "test_bench_arms.py",), "bench_arms's product table counts one call's FLOPs for all its calls"),
+    M("bench-members-other-lrs", "benchmarks/bench_members.py",
+      "cfgs = [OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)) for m in range(M)]",
+      "cfgs = [OptimConfig(lr=0.02) for m in range(M)]",
+      (T + "test_bench_members.py",), "bench_members times its members on other LRs than its solo runs"),
     # ---- loader
     M("loader-boundary-counts", "src/sanlab/data/loader.py",
       "mask = (seg[:, 1:] == seg[:, :-1]) & (targets != PAD_ID)", "mask = targets != PAD_ID",
