@@ -401,7 +401,7 @@ def _run(members: list[Member], d: dist.Dist, stop: StopSignal, group: list[str]
         mem.meta.update({
             "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
             "device": {**rundir.device_info(d.device, t0.precision, 1), "malloc_tuned": malloc_tuned,
-                       "attention": attention},
+                       "attention": attention, "compile": False},  # (members run eager: group_unsupported)
             "accounting": accounting_summary(mem.cfg.model, mem.cfg.data.seq_len)
                           | {"params_module": count_module_params(mem.solo).total},
             "routing": {g: v["numel"] for g, v in routing_table(mem.solo).items()},  # type: ignore[arg-type]
