@@ -216,9 +216,12 @@ def test_md_csv_json_carry_the_same_cells() -> None:
     title, body = cs.getvalue().split("\n", 1)
     block, note = body.split("\n\n")
     assert title == f"# {t.title}" and note == "# n\n"
-    assert list(csv.reader(io.StringIO(block + "\n"))) == [["name", "value"], *t.rows]  # quoted, newline kept
+    # data: the emphasis as a boolean field of its own; quoted, newline kept
+    assert list(csv.reader(io.StringIO(block + "\n"))) == [["name", "value", "value best"],
+                                                           [*t.rows[0], "True"], [*t.rows[1], "False"]]
     doc = json.loads(js.getvalue())
-    assert doc == {"tables": [{"title": t.title, "columns": ["name", "value"], "rows": t.rows}], "notes": ["n"]}
+    assert doc == {"tables": [{"title": t.title, "columns": ["name", "value", "value best"],
+                               "rows": [[*t.rows[0], True], [*t.rows[1], False]]}], "notes": ["n"]}
 
 
 def test_format_flag_on_a_command(capsys: pytest.CaptureFixture[str]) -> None:

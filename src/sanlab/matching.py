@@ -51,6 +51,19 @@ def layout_prefix(c: ModelConfig) -> str:
     return {"uniform": short, "hybrid": f"hyb-{short}"}.get(c.layout, f"{c.layout}-{short}")
 
 
+def layer_map(c: ModelConfig) -> str | None:
+    """Which layers hold which mixer, for a model whose layers differ ("layers 0, 2: softmax;
+    1, 3: nonapprox"); None when every layer holds the same one."""
+    mixers = c.layer_mixers
+    if len(set(mixers)) < 2:
+        return None
+    at: dict[str, list[int]] = {}
+    for i, m in enumerate(mixers):
+        at.setdefault(m, []).append(i)
+    return "; ".join(f"layer{'s' if len(ix) > 1 else ''} {', '.join(map(str, ix))}: "
+                     f"{m if m == 'softmax' else mixer_spec(m).short}" for m, ix in at.items())
+
+
 def model_label(c: ModelConfig) -> str:
     """A short shape description: `20L d512, no FFN` or `4L d512, d_ff 2048`; a variant or
     layout comes first (`hyb-nonapprox-8L d128, no FFN`), a non-default norm is named

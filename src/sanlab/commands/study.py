@@ -13,7 +13,7 @@ from typing import Any
 
 from sanlab.config import format_tokens
 from sanlab.errors import EXIT_OK, ConfigError
-from sanlab.matching import model_label
+from sanlab.matching import layer_map, model_label
 from sanlab.paths import check_out_dir, is_run_dir
 from sanlab.report.cli import REPORT_DIR, make_report
 from sanlab.study.orchestrate import Study, check, load_saved_spec
@@ -23,7 +23,7 @@ from sanlab.study.speed import arm_speeds, local_threads
 from sanlab.study.spec import load_spec
 from sanlab.study.store import ResultStore
 from sanlab.study.table import locks_by_point, print_tables
-from sanlab.tables import Output, Table, add_format_flag, refuse_json_and_format
+from sanlab.tables import Cell, Output, Table, add_format_flag, refuse_json_and_format
 
 _EPILOG = """\
 examples:
@@ -112,9 +112,13 @@ def _plan(args: argparse.Namespace) -> int:
     for col in ("arm", "role", "config", "total params", "non-emb params", "train GFLOPs/token", "mismatch"):
         arms.column(col, "left" if col in ("arm", "role", "config") else "right")
     for a in plan.arms:
-        arms.add_row(a.name, a.role, a.label, _fmt_params(a.params_total),
-                     _fmt_params(a.params_non_embedding), f"{a.flops_per_token / 1e9:.4f}",
-                     "—" if a.mismatch is None else f"{a.mismatch:+.2%}")
+        arms.add_row(a.name, a.role, a.label, Cell(_fmt_params(a.params_total), a.params_total),
+                     Cell(_fmt_params(a.params_non_embedding), a.params_non_embedding),
+                     f"{a.flops_per_token / 1e9:.4f}",
+                     Cell("—" if a.mismatch is None else f"{a.mismatch:+.2%}", None if a.mismatch is None else 100 * a.mismatch))
+    for a in plan.arms:  # a hybrid or mixed layout: which layers are which
+        if (where := layer_map(a.model)) is not None:
+            arms.notes.append(f"{a.name}: {where}")
     out.table(arms)
     ext = plan.max_extension_runs
     runs = Table(f"{len(plan.runs)} runs" + (f" + up to {ext} sweep extensions" if ext else ""))
@@ -122,10 +126,11 @@ def _plan(args: argparse.Namespace) -> int:
     for col in ("run id", "phase", "arm", "config", *numeric, "note"):
         runs.column(col, "right" if col in numeric else "left")
     for r in plan.runs:
-        runs.add_row(r.run_id, r.phase, r.arm, model_label(r.config.model), _fmt_params(r.params_total),
-                     f"{r.flops_per_token / 1e9:.4f}", format_tokens(r.tokens), f"{r.lr:g}",
+        runs.add_row(r.run_id, r.phase, r.arm, model_label(r.config.model),
+                     Cell(_fmt_params(r.params_total), r.params_total),
+                     f"{r.flops_per_token / 1e9:.4f}", Cell(format_tokens(r.tokens), r.tokens), f"{r.lr:g}",
                      str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
-                     _fmt_seconds(plan.run_seconds(r)), r.note)
+                     Cell(_fmt_seconds(plan.run_seconds(r)), fields={"s": plan.run_seconds(r)}), r.note)
     out.table(runs)
     for note in plan.notes:
         out.note(f"note: {note}")
@@ -175,7 +180,8 @@ def _status(args: argparse.Namespace) -> int:
     for row in rows:
         table.add_row(row["run_id"], row["phase"], row["status"],
                       "" if row["val_loss"] is None else f"{row['val_loss']:.4f}",
-                      "" if row["wall_s"] is None else _fmt_seconds(row["wall_s"]), row["note"])
+                      Cell("" if row["wall_s"] is None else _fmt_seconds(row["wall_s"]), fields={"s": row["wall_s"]}),
+                      row["note"])
     out.table(table)
     out.note(", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     if report is not None:

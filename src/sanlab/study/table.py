@@ -35,7 +35,7 @@ from sanlab.study.plan import (
 from sanlab.config import format_tokens
 from sanlab.study import noise
 from sanlab.study.spec import StudySpec
-from sanlab.tables import Output, Table
+from sanlab.tables import Cell, Output, Table
 
 MISSING = "—"  # a cell whose run has not finished (or cannot exist yet)
 
@@ -215,6 +215,27 @@ def floors_by_point(noise_rows: list[Gap]) -> dict[str, Gap]:
     return out
 
 
+def _num(v: float | None, fmt: str = "{:+.4f}") -> Cell:
+    """A number shown rounded, held whole."""
+    return Cell(_f(v, fmt), v)
+
+
+def _tokens(n: int) -> Cell:
+    return Cell(format_tokens(n), n)
+
+
+def _mean_sd(mean: float | None, sd: float | None, mark: str = "") -> Cell:
+    """"−0.3144 ± 0.0104" shown; mean and sd apart as data."""
+    text = MISSING if mean is None else _f(mean) + ("" if sd is None else f" ± {sd:.4f}") + mark
+    return Cell(text, fields={"mean": mean, "sd": sd})
+
+
+def _delta_cells(g: Gap, seeds: list[int]) -> tuple[Cell, Cell]:
+    """The gap's Δ per seed (one field per seed of the study) and its mean ± sd."""
+    per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING
+    return Cell(per, fields={f"s{s}": g.per_seed.get(s) for s in seeds}), _mean_sd(g.mean, g.spread)
+
+
 def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
               lock: Mapping[tuple[str, str], float]) -> Table:
     """The gap table; with a data axis, every data point's gaps (`lock` is then unused:
@@ -231,28 +252,25 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
             + [("arm", "left"), ("config", "left"), ("opt", "left"), ("tokens", "right"),
                (f"{ref.name} loss", "right"), ("arm loss", "right"), ("Δ per seed", "right"),
                ("Δ mean ± sd", "right"), ("Δ %", "right"), ("vs noise floor", "left")])
+    spare = {"config": 4, "Δ per seed": 3, f"{ref.name} loss": 2, "arm loss": 2, "opt": 1}  # on a narrow terminal
+    fields = {"Δ per seed": "Δ", "Δ mean ± sd": "Δ"}  # csv / json: Δ s1, Δ s2, Δ mean, Δ sd
     for col, j in cols:
-        table.column(col, j)  # type: ignore[arg-type]
+        table.column(col, j, spare=spare.get(col, 0), field=fields.get(col))  # type: ignore[arg-type]
     lead = (lambda g: [str(g.data_value)]) if axis else (lambda g: [])
     last = None
     for g in rows:
         if axis and last is not None and g.data != last:
             table.add_section()
         last = g.data
-        per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING
-        ms = MISSING if g.mean is None else _f(g.mean) + ("" if g.spread is None else f" ± {g.spread:.4f}")
-        table.add_row(*lead(g), f"{g.arm} ({g.role})", g.label, g.optimizer, format_tokens(g.tokens),
-                      _f(g.ref_loss, "{:.4f}"), _f(g.arm_loss, "{:.4f}"), per, ms,
-                      _f(g.percent, "{:+.2f}%"), verdict(g, floors.get(g.data)))
+        table.add_row(*lead(g), f"{g.arm} ({g.role})", g.label, g.optimizer, _tokens(g.tokens),
+                      _num(g.ref_loss, "{:.4f}"), _num(g.arm_loss, "{:.4f}"), *_delta_cells(g, spec.seeds),
+                      _num(g.percent, "{:+.2f}%"), verdict(g, floors.get(g.data)))
     if floors:
         table.add_section()
     for floor in floors.values():
-        per = " ".join(f"{v:+.4f}" for v in floor.per_seed.values()) or MISSING
-        ms = MISSING if floor.mean is None else _f(floor.mean) + (
-            "" if floor.spread is None else f" ± {floor.spread:.4f}")
         table.add_row(*lead(floor), f"noise floor ({floor.arm} − {ref.name})", floor.label, floor.optimizer,
-                      format_tokens(floor.tokens), _f(floor.ref_loss, "{:.4f}"),
-                      _f(floor.arm_loss, "{:.4f}"), per, ms, _f(floor.percent, "{:+.2f}%"), "")
+                      _tokens(floor.tokens), _num(floor.ref_loss, "{:.4f}"), _num(floor.arm_loss, "{:.4f}"),
+                      *_delta_cells(floor, spec.noise_seeds), _num(floor.percent, "{:+.2f}%"), "")
     return table
 
 
@@ -300,11 +318,12 @@ def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
         for v in spec.data.axis_values:
             c = by.get(str(v))
             if c is None or c["mean"] is None:
-                cells_.append(MISSING)
+                cells_.append(Cell(MISSING, fields={"mean": None, "sd": None, "beyond noise": None}))
                 continue
-            beyond = "*" if "× floor" in c["verdict"] else ""  # beyond this value's noise floor
-            cells_.append(_f(c["mean"]) + ("" if c["spread"] is None else f" ± {c['spread']:.4f}") + beyond)
-        table.add_row(f"{row['arm']} ({row['role']})", row["optimizer"], format_tokens(row["tokens"]), *cells_)
+            beyond = "× floor" in c["verdict"]  # beyond this value's noise floor
+            cell = _mean_sd(c["mean"], c["spread"], "*" if beyond else "")
+            cells_.append(Cell(cell.text, fields={**(cell.fields or {}), "beyond noise": beyond}))
+        table.add_row(f"{row['arm']} ({row['role']})", row["optimizer"], _tokens(row["tokens"]), *cells_)
     return table
 
 
@@ -342,9 +361,10 @@ def data_table(spec: StudySpec, arms: list[StudyArm], data_info: Mapping[str, di
                   "(bits: facts × bits per fact, from the generator's distributions)")
     if key:
         table.column(key, "right")
+    spare = {"train tokens": 3, "entropy floor (val)": 3, "bits/fact": 2, "facts": 1, "bits": 1}  # narrow terminal
     for col in ("arm", "non-emb params", "train tokens", "entropy floor (val)", "facts", "bits",
                 "bits/fact", "facts/param", "bits/param"):
-        table.column(col, "left" if col == "arm" else "right")
+        table.column(col, "left" if col == "arm" else "right", spare=spare.get(col, 0))
     last = None
     for r in rows:
         if key and last is not None and r["data"] != last:
@@ -352,11 +372,11 @@ def data_table(spec: StudySpec, arms: list[StudyArm], data_info: Mapping[str, di
         last = r["data"]
         table.add_row(*([str(r["data_value"])] if key else []), f"{r['arm']} ({r['role']})",
                       f"{r['params_non_embedding']:,}",
-                      MISSING if r["train_tokens"] is None else format_tokens(r["train_tokens"]),
-                      _f(r["entropy_floor"], "{:.4f}"),
+                      MISSING if r["train_tokens"] is None else _tokens(r["train_tokens"]),
+                      _num(r["entropy_floor"], "{:.4f}"),
                       MISSING if r["facts"] is None else f"{r['facts']:,}",
-                      _f(r["bits"], "{:,.0f}"), _f(r["bits_per_fact"], "{:.2f}"),
-                      _f(r["facts_per_param"], "{:.4f}"), _f(r["bits_per_param"], "{:.4f}"))
+                      _num(r["bits"], "{:,.0f}"), _num(r["bits_per_fact"], "{:.2f}"),
+                      _num(r["facts_per_param"], "{:.4f}"), _num(r["bits_per_param"], "{:.4f}"))
     return table
 
 
@@ -412,8 +432,8 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
     table.column("arm × optimizer")
     table.column("base LR", "right")
     for m in mults:
-        table.column(f"{m:g}×", "right")
-    table.column("lock", "right")
+        table.column(f"{m:g}×", "right", flagged=True)  # csv / json: `2× best`, the locked multiplier
+    table.column("lock", "right")  # csv / json: lock lr, lock at edge
     warnings = []
     for r in rows:
         cells_ = []
@@ -422,12 +442,13 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
             if m not in r.losses:
                 cells_.append("" if m not in spec.sweep.multipliers or r.done else MISSING)
             elif r.losses[m] is None:
-                cells_.append("div/fail")
+                cells_.append(Cell("div/fail", None))  # no loss to hold
             else:
-                cells_.append(f"{r.losses[m]:.4f}")
+                cells_.append(_num(r.losses[m], "{:.4f}"))
                 if m == r.best:
                     best.append(2 + k)
-        lock = MISSING if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else "")
+        lock = Cell(MISSING if r.lock is None else f"{r.lock:g}" + (" (edge!)" if r.at_edge else ""),
+                    fields={"lr": r.lock, "at edge": r.at_edge if r.lock is not None else None})
         table.add_row(f"{r.arm} {r.optimizer}", f"{r.base_lr:g}", *cells_, lock, bold=best)
         if r.at_edge:
             warnings.append(f"warning: {r.arm} {r.optimizer}{at.split(' (')[0]}: best LR {r.lock:g} is still at an edge "
