@@ -1,21 +1,54 @@
 #!/usr/bin/env bash
-# The GPU check, as one short script for a machine with a CUDA device (see docs/gpu.md):
-# the `gpu` tests (FlexAttention vs SDPA, CUDA vs CPU, bf16 training and resume) and the
-# matched-arm throughput benchmark. Results go to $OUT (or /tmp/sanlab-device).
-# Uses the machine's own python3 + torch; sanlab runs from src/ without installing.
+# The GPU acceptance check (issue 43; docs/gpu.md), one script for a machine with one CUDA
+# device, under 8 minutes: the torch version and GPU name first, then one summary line per
+# check: the `gpu` tests (tests/test_gpu.py and the CUDA test of tests/test_model.py), the
+# matched arms' throughput per attention backend (benchmarks/bench_gpu.py, flex and SDPA,
+# compiled) and the peer benchmark against HF Llama (benchmarks/bench_peer_gpu.py). Logs
+# go to $OUT (default /tmp/sanlab-device). Uses the machine's own python3 ($PYTHON) and
+# torch; sanlab runs from src/ without installing (pydantic from .whl/ if the image lacks it).
+#
+#   bash scripts/device_check.sh             # on the GPU machine
+#   DRY_RUN=1 bash scripts/device_check.sh   # here, on the CPU: every step at tiny shapes (the
+#                                            # script and the tests checked, not a GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanlab-device}
+PY=${PYTHON:-python3}
+DRY=${DRY_RUN:-0}
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, sanlab; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee -a "$OUT/gpu.txt"
-timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_model.py 2>&1 | tee "$OUT/gpu_tests.log"
-tests=${PIPESTATUS[0]}
-# the paper's base SAN and its partners, FlexAttention with the document block mask, compiled
-timeout 300 python3 benchmarks/bench_gpu.py --backends flex 2>&1 | tee "$OUT/bench_gpu.txt"
-exit "$tests"
+"$PY" -c "import torch, sanlab; print('torch', torch.__version__, '| GPU', torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none (CPU)')" | tee "$OUT/summary.txt"
+failed=0
+
+# check NAME SECONDS CMD...: run CMD under a time limit into $OUT/NAME.log; one summary line
+check() {
+  local name=$1 limit=$2 start rc status
+  shift 2
+  start=$(date +%s)
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  rc=$?
+  case $rc in 0) status=pass ;; 124) status="TIMEOUT after ${limit}s" ;; *) status="FAIL (exit $rc)" ;; esac
+  [ "$rc" -eq 0 ] || failed=1
+  printf '%-12s %-22s %4ss  %s\n' "$name" "$status" "$(($(date +%s) - start))" \
+    "$(grep -v '^\s*$' "$OUT/$name.log" | tail -n 1 | cut -c1-100)" | tee -a "$OUT/summary.txt"
+}
+
+if [ "$DRY" = 1 ]; then
+  # the CPU stand-in: the gpu tests collected, the fastest of them run on the CPU
+  # (SANLAB_DEVICE_CHECK_DRY=1), the benchmarks at tiny shapes
+  check gpu-collect 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider --collect-only tests/test_gpu.py tests/test_model.py
+  check gpu-tests 240 env SANLAB_DEVICE_CHECK_DRY=1 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
+    -k "softmax-uniform or short_and_odd_lengths_give_each_document_its_own_logits and eager"
+  check bench-gpu 120 "$PY" benchmarks/bench_gpu.py --device cpu --tiny --backends sdpa --no-compile
+  check bench-peer 120 "$PY" benchmarks/bench_peer_gpu.py --device cpu --tiny
+else
+  check gpu-tests 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_model.py
+  # the paper's base SAN and its partners, FlexAttention (block mask) and SDPA, compiled
+  check bench-gpu 120 "$PY" benchmarks/bench_gpu.py --backends flex,sdpa --steps 5 --warmup 2
+  check bench-peer 60 "$PY" benchmarks/bench_peer_gpu.py
+fi
+exit "$failed"
