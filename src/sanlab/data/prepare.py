@@ -337,7 +337,7 @@ def print_summary(
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", choices=CORPORA, help="synth (default), text files, a Hugging Face dataset, or kjv (built-in English)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the prepared dir to write")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="the prepared dir to write")
     parser.add_argument("--tokens", metavar="N", help="training tokens to write, e.g. 2M, 500k, 1e6")
     parser.add_argument("--config", metavar="TOML", help="prepare settings (overridden by key=value)")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")

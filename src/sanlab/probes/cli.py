@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sanlab.cliargs import ArgumentParser
 from sanlab.errors import ConfigError
 from sanlab.paths import check_out_dir
 from sanlab.probes.arms import PRESETS, Arm, available_presets, check_available, resolve_arms, unavailable
@@ -90,7 +91,7 @@ def _reparse(args: argparse.Namespace) -> argparse.Namespace:
     """Options given after the first positional item, parsed from the remainder."""
     if not any(i.startswith("-") for i in args.items):
         return args
-    parser = argparse.ArgumentParser(prog="sanlab probe", add_help=False, exit_on_error=False)
+    parser = ArgumentParser(prog="sanlab probe", add_help=False, exit_on_error=False)  # its path checks too
     configure(parser, intermixed=True)
     try:
         again = parser.parse_intermixed_args(args.items)

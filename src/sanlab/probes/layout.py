@@ -67,14 +67,14 @@ _POINT = {"run_dir": (_opt(lambda v: isinstance(v, str)), "a string"), "test_cor
 
 def _fields(obj: Any, where: str, fields: dict[str, Any], required: tuple[str, ...] = ()) -> None:
     if not isinstance(obj, dict):
-        raise ValueError(f"{where}: {_TYPE_NAMES.get(type(obj), type(obj).__name__)}, not an object")
+        raise ValueError(f"{where or 'the file'}: {_TYPE_NAMES.get(type(obj), type(obj).__name__)}, not an object")
     for key in required:
         if key not in obj:
-            raise ValueError(f"{where}: no {key!r}")
+            raise ValueError(f"{where or 'the file'}: no {key!r}")
     for key, (check, what) in fields.items():
         if key in obj and not check(obj[key]):
-            raise ValueError(f"{where}.{key}: {_TYPE_NAMES.get(type(obj[key]), type(obj[key]).__name__)}, "
-                             f"not {what}")
+            raise ValueError(f"{where + '.' if where else ''}{key}: "
+                             f"{_TYPE_NAMES.get(type(obj[key]), type(obj[key]).__name__)}, not {what}")
 
 
 def check_results(data: Any, *, suite: bool = False) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def check_results(data: Any, *, suite: bool = False) -> dict[str, Any]:
     naming the first key whose value is not what the writer gives (`cells[3].points[0]:
     a list, not an object`), so a hand edit or a damaged file is one line, never a
     TypeError deep in a merge or a record. A `suite` (what a merge joins) names its tasks."""
-    _fields(data, "the file", _TOP, ("tasks", "arms", "cells") if suite else ("arms", "cells"))
+    _fields(data, "", _TOP, ("tasks", "arms", "cells") if suite else ("arms", "cells"))
     for name, what in (("arms", "arms"), ("cells", "cells")):
         if not isinstance(data[name], list):
             raise ValueError(f"{what}: {_TYPE_NAMES.get(type(data[name]), type(data[name]).__name__)}, not a list")

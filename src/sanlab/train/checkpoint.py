@@ -231,8 +231,12 @@ def verify(path: Path, files: Sequence[str] = (MODEL_FILE, OPTIM_FILE)) -> dict[
         why = e.strerror if isinstance(e, OSError) else "not UTF-8 JSON" if isinstance(e, UnicodeDecodeError) \
             else "nested too deeply" if isinstance(e, RecursionError) else f"malformed JSON: {e}"
         raise CheckpointError(f"{f}: unreadable checkpoint state ({why})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{f}: not a sanlab checkpoint (format {FORMAT})")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{f}: not a sanlab checkpoint (a JSON {type(state).__name__}, not an object)")
+    fmt = state.get("format")
+    if type(fmt) is not int or fmt != FORMAT:  # `true` and 1.0 equal 1 in Python, and are no format
+        raise CheckpointError(f"{f}: not a sanlab checkpoint of format {FORMAT} "
+                              f"({'no format' if 'format' not in state else f'format {json.dumps(fmt)}'})")
     if "state_sha256" in state and state["state_sha256"] != state_digest(state):  # (older checkpoints lack it)
         raise CheckpointError(f"{f}: checksum mismatch of its own content (a damaged checkpoint state)")
     checksums = state.get("checksums")

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 import sanlab
 from sanlab.config import Config
 from sanlab.errors import ConfigError
-from sanlab.fileio import try_read_json_object
+from sanlab.fileio import read_json_object, try_read_json_object
 from sanlab.model.mixers import mixer_options
 
 CONFIG_FILE, META_FILE, METRICS_FILE, CHECKPOINTS = "config.json", "meta.json", "metrics.jsonl", "checkpoints"
@@ -75,6 +75,32 @@ def resumed_meta(path: Path) -> dict[str, Any]:
     types = {"resumes": int, "started_at": str, "wall_time_s": (int, float)}
     return {k: v for k, v in meta.items()
             if k not in types or (isinstance(v, types[k]) and not isinstance(v, bool))}  # type: ignore[arg-type]
+
+
+_HISTORY = {"resumes": int, "started_at": str, "wall_time_s": (int, float), "init": dict}
+
+
+def check_history(path: Path) -> None:
+    """A resume continues meta.json's history (how often the run resumed, when it started,
+    its wall time, the evaluation at init), so a damaged meta.json is refused rather than
+    rewritten without it: `ConfigError` naming the damage. A missing one holds no history
+    to lose (a resume starts it again)."""
+    if not path.exists():
+        return
+    why = ""
+    try:
+        meta = read_json_object(path, ConfigError)
+    except ConfigError as e:
+        why = str(e).removeprefix(f"{path}: ")
+    else:
+        bad = next((k for k, kind in _HISTORY.items() if k in meta
+                    and (not isinstance(meta[k], kind) or isinstance(meta[k], bool))), None)  # type: ignore[arg-type]
+        if bad is not None:
+            why = f"{bad} is {json.dumps(meta[bad])[:40]}, not what the trainer writes"
+    if why:
+        raise ConfigError(f"--resume: {path} is damaged ({why}); it holds the run's history (resumes, start time, "
+                          "wall time, the evaluation at init), which a resume would lose: restore it, or delete it "
+                          "to resume without that history")
 
 
 def first_difference(requested: Any, stored: Any) -> str | None:
@@ -145,6 +171,8 @@ def decide(out: Path, cfg: Config, *, resume: bool, force: bool) -> Decision:
     if not diff and meta.get("status") in FINISHED:
         return Decision("done", meta)
     if resume:
+        if has_ckpt:
+            check_history(out / META_FILE)
         return Decision("resume", force=force) if has_ckpt else Decision("fresh")
     raise ConfigError(f"{out} holds an unfinished run (status {meta.get('status', 'unknown')}): "
                       "use --resume to continue or --force to start over")
