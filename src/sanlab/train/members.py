@@ -32,9 +32,11 @@ in fp32.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -45,8 +47,9 @@ import numpy as np
 import torch
 
 from sanlab.accounting import accounting_summary, count_module_params
-from sanlab.config import Config, OptimConfig
-from sanlab.errors import CheckpointError, ConfigError
+from sanlab.config import Config, OptimConfig, apply_overrides
+from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, CheckpointError, ConfigError, SanlabError
+from sanlab.fileio import try_read_json_object
 from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM
 from sanlab.model.members import MemberLM, members_unsupported, same_architecture
@@ -588,13 +591,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     Exit codes as `sanlab train`'s: 0 every run completed (or diverged: a recorded result,
     told in its meta.json), 2 a user error (one line), 4 interrupted by a signal after
     saving every member's checkpoint."""
-    import argparse
-    import sys
-
-    from sanlab.config import apply_overrides
-    from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, SanlabError
-    from sanlab.fileio import try_read_json_object
-
     p = argparse.ArgumentParser(prog="python -m sanlab.train.members", description=main.__doc__)
     p.add_argument("spec", type=Path)
     p.add_argument("--resume", action="store_true")
