@@ -1246,7 +1246,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "            current = field.rebuild_annotation()", "            current = field.annotation",
       (T + "test_study_usage.py",), "sweep.tokens=30K is refused on the command line (the file reads it)"),
     M("override-any-stays-text", "src/sanlab/config.py",
-      "        candidates += _toml_value(raw)\n", "",
+      "        candidates += _toml_value(raw)\n", "        pass\n",
       (T + "test_study_usage.py::test_lock_at_override_means_what_the_file_means",),
       "sweep.lock_at=400 stays the string '400' (the file's 400 is a number)"),
     M("report-counts-store-only", "src/sanlab/report/build.py",

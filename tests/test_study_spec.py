@@ -141,7 +141,7 @@ def test_plan_json_lists_the_four_matched_arms(capsys: pytest.CaptureFixture[str
 def test_plan_table_prints_runs_and_cost(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["study", "plan", str(EXAMPLES / "quick.toml")]) == 0
     out = capsys.readouterr().out
-    assert "san-L5-d64-muon-lr0.02-120K-s1" in out and "total:" in out and "boundary extension" in out
+    assert "san-L5-d64-muon-lr0.08-120K-s1" in out and "total:" in out and "boundary extension" in out
     assert "timed on this machine" in " ".join(out.split())  # the local runner times each arm's step
 
 

@@ -358,8 +358,8 @@ class Study:
 
     def run(self) -> int:
         """The whole study; returns 0 when every run finished (completed or diverged)."""
-        check_same_study(self.spec, self.dir, extend=self.extend)
         self.check()
+        check_same_study(self.spec, self.dir, extend=self.extend)
         note = self.store.repair()
         if note:
             self.console.print(f"note: {note}", highlight=False)
