@@ -243,3 +243,129 @@ def test_damaged_file_is_read_right_or_refused_in_one_line(file: str, command: s
                                                            world: dict[str, Any], baseline: Any, tmp_path: Path,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     check(file, command, seed, world, baseline, tmp_path, capsys)
+
+
+# --------------------------------------------------------------------------- record and suite dirs
+# The same damage to a record dir (record.json, study/results.jsonl, README.md with its
+# markers) read by `record check` and `record readme`, and to a probe suite's suite.json
+# read by `probe --suite --merge`. What each must give, by definition:
+# - exit 2: one line, and the dir unchanged;
+# - a results store with a line that is not a JSON object (the standard library's reading),
+#   or a record.json / suite.json that is not a JSON object: exit 2, whatever else;
+# - README markers (BEGIN / END) other than the undamaged README's: exit 2;
+# - `record check` exit 0: the README's blocks are the undamaged ones; exit 1: they differ;
+# - `record readme` exit 0: the README's blocks are then the undamaged ones (results and
+#   record.json read the same) or what the results as damaged give (still whole objects);
+# - a merge exit 0: the merged suite holds the damaged piece's cells, key for key.
+RECORD_FILES = ("record.json", "study/results.jsonl", "README.md")
+RECORD_READERS = ("record check", "record readme")
+
+
+def _blocks(text: str) -> dict[str, str]:
+    from sanlab.records.readme import BLOCK
+
+    return {m.group(1): m.group(2) for m in BLOCK.finditer(text)}
+
+
+def _markers(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"<!-- records:(?:BEGIN|END) \S+ -->", text)
+
+
+def _tree(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _objects(raw: bytes) -> bool:
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            if not isinstance(json.loads(line.decode("utf-8")), dict):
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def _object(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw.decode("utf-8")), dict)
+    except ValueError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def record_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from sanlab.records.export import export
+    from sanlab.records.readme import readme
+    from test_records import write_study
+    from malformed_round4 import suite_piece
+
+    root = tmp_path_factory.mktemp("damage-records")
+    study = write_study(root / "study")
+    export(study, root / "rec", log=lambda s: None)
+    readme(root / "rec", log=lambda s: None)
+    (root / "piece").mkdir()
+    (root / "piece" / "suite.json").write_text(json.dumps(suite_piece(), indent=1))
+    return {"rec": root / "rec", "piece": root / "piece",
+            "blocks": _blocks((root / "rec" / "README.md").read_text())}
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("file", RECORD_FILES)
+@pytest.mark.parametrize("command", RECORD_READERS)
+def test_a_damaged_record_is_read_right_or_refused_in_one_line(command: str, file: str, seed: int,
+                                                               record_world: dict[str, Any], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    rec = tmp_path / "rec"
+    shutil.copytree(record_world["rec"], rec)
+    f = rec / file
+    original = f.read_bytes()
+    f.write_bytes(damage(original, seed))
+    before = _tree(rec)
+    rc, _, err = _call([*command.split(), str(rec)], capsys)
+    text = (rec / "README.md").read_bytes()
+    if rc == 2:
+        assert len(err) == 1 and err[0].startswith("sanlab: error: "), err
+        assert _tree(rec) == before, "a refusal changed the record"
+        return
+    damaged = f.read_bytes() if file != "README.md" or command == "record check" else before[file]
+    assert not (file == "study/results.jsonl" and not _objects(damaged)), ("damaged results read", rc, err)
+    assert not (file == "record.json" and not _object(damaged)), ("damaged marker read", rc, err)
+    if file == "README.md":
+        assert _markers(damaged.decode("utf-8", "replace")) == _markers(original.decode()), ("markers", rc, err)
+    blocks = _blocks(text.decode("utf-8", "replace"))
+    if command == "record check":
+        assert rc in (0, 1), (rc, err)
+        if file == "README.md":  # (a damaged record.json may list a file that is not there: exit 1 too)
+            assert (blocks == record_world["blocks"]) == (rc == 0), (rc, err)
+    else:
+        assert rc == 0, (rc, err)
+        if file != "study/results.jsonl":
+            assert blocks == record_world["blocks"], err
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_a_damaged_suite_piece_is_merged_right_or_refused_in_one_line(seed: int, record_world: dict[str, Any],
+                                                                      tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    piece = tmp_path / "piece"
+    shutil.copytree(record_world["piece"], piece)
+    f = piece / "suite.json"
+    f.write_bytes(damage(f.read_bytes(), seed))
+    out = tmp_path / "merged"
+    rc, _, err = _call(["probe", "--suite", "--merge", str(piece), "--out", str(out), "--format", "json"], capsys)
+    assert rc in (0, 2), (rc, err)
+    if rc == 2:
+        assert len(err) == 1 and err[0].startswith("sanlab: error: "), err
+        assert not out.exists()
+        return
+    assert _object(f.read_bytes()), err
+    given = json.loads(f.read_text())
+    merged = json.loads((out / "suite.json").read_text())
+    tasks = set(given["tasks"])
+    from sanlab.probes.layout import task_of
+
+    assert sorted(c["key"] for c in merged["cells"]) == sorted(c["key"] for c in given["cells"] if task_of(c) in tasks)

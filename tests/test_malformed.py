@@ -22,6 +22,8 @@ from sanlab.train.checkpoint import state_digest
 from sanlab.train.trainer import train
 from test_train_loop import TINY, tiny_config
 
+import malformed_round4
+
 TINY_ARGS = " ".join(TINY)
 MODEL = "d_model = 32\nn_layers = 4\nn_heads = 2\nn_kv_heads = 1\nvocab_size = 320\n"
 SPEC = f"""name = "m"
@@ -371,13 +373,15 @@ CASES |= {
     "import seq_len 1e12": ("import --hf hf-seq-float --out imported", "seq_len must be a positive integer"),
     "import seq_len true": ("import --hf hf-seq-true --out imported", "seq_len must be an integer, got true"),
 }
+CASES |= malformed_round4.CASES  # issue 46: odd paths, hand-edited records, suites, formats (its own module)
+
 # Damaged but readable: the command answers (exit 0) and names the damage in one line on
 # stderr; nothing is changed (the store is repaired only by `study run`, which owns it).
 READABLE: dict[str, tuple[str, str]] = {
     "status with a results line not UTF-8": ("study status {dmgstudy}", "1 damaged line(s) skipped"),
     "table with a results line not UTF-8": ("study table {dmgstudy}", "1 damaged line(s) skipped"),
     "table json with a results line not UTF-8": ("study table {dmgstudy} --json", "1 damaged line(s) skipped"),
-}
+} | malformed_round4.READABLE
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -385,6 +389,9 @@ def _snapshot(root: Path) -> dict[str, str]:
     out = {}
     for p in sorted(root.rglob("*")):
         rel = str(p.relative_to(root))
+        if p.is_symlink():  # a loop or a dangling one is a case's input: the link itself, never followed
+            out[rel] = "link to " + os.readlink(p)
+            continue
         out[rel] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
@@ -451,7 +458,8 @@ def world(train_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
             "spec": str(root / "spec.toml"),
             "base": f"data.dir={data} {TINY_ARGS} train.steps=2 train.eval_every=0",
             "nodata": f"{TINY_ARGS} train.steps=2 train.eval_every=0",
-            **_round3_world(root, data, run), **_round4_world(root, data, run)}
+            **_round3_world(root, data, run), **_round4_world(root, data, run),
+            **malformed_round4.world(root, run, root / "study")}
 
 
 DEEP = 100_000
@@ -579,7 +587,7 @@ def readonly(world: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_table_covers_every_command() -> None:
-    assert len(CASES) >= 160
+    assert len(CASES) >= 380
     commands = {argv.split()[0] for argv, _ in CASES.values()}
     assert {"train", "prepare", "study", "match", "signal", "analyze", "sample", "eval", "export", "import",
             "record", "probe", "report"} <= commands

@@ -52,6 +52,7 @@ _TOP = {"tasks": (_strs, "a list of task names"), "quick": (_opt(lambda v: isins
 _ARM = {"name": (lambda v: isinstance(v, str), "a string"), "label": (lambda v: isinstance(v, str), "a string"),
         "overrides": (_strs, "a list of strings")}
 _CELL = {"key": (lambda v: isinstance(v, str), "a string"), "task": (lambda v: isinstance(v, str), "a string"),
+         "label": (lambda v: isinstance(v, str), "a string"),
          "arm": (lambda v: isinstance(v, str), "a string"), "test_correct": (_opt(_int), "an integer"),
          "test_total": (_opt(_int), "an integer"), "test_accuracy": (_opt(_num), "a number"),
          "val_accuracy": (_opt(_num), "a number"), "params": (_opt(_int), "an integer"),
@@ -63,6 +64,12 @@ _POINT = {"run_dir": (_opt(lambda v: isinstance(v, str)), "a string"), "test_cor
           "test_total": (_opt(_int), "an integer"), "test_accuracy": (_opt(_num), "a number"),
           "val_accuracy": (_opt(_num), "a number"), "lr": (_opt(_num), "a number"),
           "n": (_opt(_int), "an integer"), "memorised": (_opt(_num), "a number")}
+
+
+# what a merge recomputes the grid from (`sanlab.probes.suite.assemble`): every cell has them
+_MERGED = ("key", "arm", "label", "points", "lr", "multiplier", "at_edge", "val_accuracy", "test_accuracy",
+           "test_correct", "trainable_params", "task_config")  # (and what printing the cells reads)
+_CAPACITY_CONFIG = {"n_train": (_int, "an integer"), "alphabet": (_int, "an integer")}
 
 
 def _fields(obj: Any, where: str, fields: dict[str, Any], required: tuple[str, ...] = ()) -> None:
@@ -89,7 +96,9 @@ def check_results(data: Any, *, suite: bool = False) -> dict[str, Any]:
     for i, arm in enumerate(data["arms"]):
         _fields(arm, f"arms[{i}]", _ARM, ("name",))
     for i, cell in enumerate(data["cells"]):
-        _fields(cell, f"cells[{i}]", _CELL, ("key",))
+        _fields(cell, f"cells[{i}]", _CELL, _MERGED if suite else ("key",))
+        if suite and str(cell["key"]).startswith(CAPACITY + "-"):  # the capacity arithmetic reads these
+            _fields(cell["task_config"], f"cells[{i}].task_config", _CAPACITY_CONFIG, ("n_train", "alphabet"))
         for j, point in enumerate(cell.get("points") or []):
             _fields(point, f"cells[{i}].points[{j}]", _POINT)
     for section in ("table", "capacity", "anchors", "unscored"):
