@@ -115,8 +115,9 @@ def test_study_run_moves_the_line_aside_and_retrains_nothing(finished: Path, tmp
     assert sum(len(p.read_text().splitlines()) for p in study.glob("runs/calls.txt")) == calls
 
 
-def test_a_record_with_a_damaged_line_still_checks(finished: Path, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_record_with_a_damaged_line_is_refused_not_regenerated(finished: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A record is never read from damaged results: check says so (exit 2) and changes nothing."""
     rec = tmp_path / "rec"
     export(finished, rec, log=lambda s: None)
     (rec / "README.md").write_text("<!-- records:BEGIN gaps -->\n<!-- records:END gaps -->\n")
@@ -124,5 +125,9 @@ def test_a_record_with_a_damaged_line_still_checks(finished: Path, tmp_path: Pat
     store = rec / "study" / "results.jsonl"
     store.write_bytes(store.read_bytes() + BAD + b"\n")
     capsys.readouterr()
-    assert main(["record", "check", str(rec)]) == 0
-    assert "records: 1 record(s) whole, their README(s) equal their results" in capsys.readouterr().out
+    readme = (rec / "README.md").read_bytes()
+    assert main(["record", "check", str(rec)]) == 2
+    err = capsys.readouterr().err
+    assert "the record's results are damaged (line 12" in err and "record readme" not in err
+    assert main(["record", "readme", str(rec)]) == 2
+    assert (rec / "README.md").read_bytes() == readme

@@ -20,6 +20,7 @@ from typing import Any
 from sanlab import fileio
 from sanlab.accounting import count_flops, count_params
 from sanlab.config import format_tokens
+from sanlab.eval.cli import _DEFAULT_SHOWN, _SHOWN  # the card reports what the printed table shows
 
 
 def _fmt(v: Any, digits: int = 4) -> str:
@@ -75,8 +76,6 @@ def eval_results(run_path: Path, checkpoint: str) -> dict[str, Any]:
 
 def _main_metric(task: str, metrics: dict[str, Any]) -> tuple[str, float, float | None] | None:
     """(metric, value, stderr) the card reports for a task, as `sanlab eval`'s table does."""
-    from sanlab.eval.cli import _DEFAULT_SHOWN, _SHOWN  # the same choice as the printed table
-
     for m in _SHOWN.get(task, _DEFAULT_SHOWN):
         v = metrics.get(m)
         if isinstance(v, (int, float)) and v == v:
