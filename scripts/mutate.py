@@ -525,7 +525,7 @@ MUTANTS: tuple[Mutant, ...] = (
       '    if False:  # the tables would be computed',
       ('tests/test_malformed.py::test_malformed_input_is_one_line_exit_2_and_changes_nothing[record check garbage in results]',),
       'a record is read from a results store with damaged lines (tables wiped)'),
-    M('records-export-torn-line', 'src/sanlab/records/export.py',
+    M('records-export-torn-line', 'src/sanlab/records/studycopy.py',
       '    if bad:  # a record is built from whole results only',
       '    if False:  # a record is built from whole results only',
       ('tests/test_malformed.py::test_malformed_input_is_one_line_exit_2_and_changes_nothing[record export a torn last line]',),

@@ -18,7 +18,9 @@ import pytest
 
 from sanlab.cli import main
 import sanlab.records.export as export_mod
+import sanlab.records.studycopy as studycopy
 from sanlab.records import kinds, marker
+from sanlab.records.kinds import KINDS
 from test_records import write_study
 
 
@@ -107,7 +109,7 @@ def test_export_into_a_new_or_empty_dir_writes_the_record_and_its_marker(world: 
     (world / "empty").mkdir()
     assert main(["record", "export", "study", "empty"]) == 0
     for rec in (world / "records" / "a" / "new", world / "empty"):
-        m = marker.read(rec)
+        m = marker.read(rec, KINDS)
         on_disk = sorted(p.relative_to(rec).as_posix() for p in rec.rglob("*") if p.is_file())
         assert m["kind"] == "matched" and sorted([*m["files"], "record.json"]) == on_disk
         assert (rec / "report" / "report.md").read_text() == "# the study's report\n"
@@ -132,7 +134,7 @@ def test_reexport_replaces_only_the_records_own_files(world: Path) -> None:
     assert (rec / "record.toml").read_text() == 'prediction = "written before"\n'
     assert (rec / "spec.toml").is_file()
     assert not (rec / "report").exists() and not (rec / "study" / "analysis" / "final-muon-2000-s2").exists()
-    files = marker.read(rec)["files"]
+    files = marker.read(rec, KINDS)["files"]
     assert not [f for f in files if f.startswith("report/") or "final-muon-2000-s2" in f]
     assert sorted(files) == sorted(p.relative_to(rec).as_posix() for p in (rec / "study").rglob("*") if p.is_file())
 
@@ -141,7 +143,7 @@ def test_a_full_disk_part_way_leaves_the_destination_as_it_was(world: Path, monk
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["record", "export", "study", "rec"]) == 0
     (world / "rec" / "README.md").write_text("# hand-written\n")
-    real, calls = export_mod.copy_file, []
+    real, calls = studycopy.copy_file, []
 
     def fill_up(src: Path, dst: Path) -> None:
         calls.append(src)
@@ -149,7 +151,7 @@ def test_a_full_disk_part_way_leaves_the_destination_as_it_was(world: Path, monk
             raise OSError(errno.ENOSPC, "No space left on device", str(dst))
         real(src, dst)
 
-    monkeypatch.setattr(export_mod, "copy_file", fill_up)
+    monkeypatch.setattr(studycopy, "copy_file", fill_up)
     capsys.readouterr()
     for dst in ("rec", "brand/new"):  # over an existing record, and into a new dir
         before = snapshot(world)
@@ -212,7 +214,7 @@ def test_a_probe_suite_exports_as_a_probes_record(world: Path) -> None:
     assert main(["record", "export", "runs/probes", "records/p"]) == 0
     rec = world / "records" / "p"
     assert sorted(p.name for p in rec.iterdir()) == ["record.json", "suite.csv", "suite.json"]
-    assert marker.read(rec)["kind"] == "probes"
+    assert marker.read(rec, KINDS)["kind"] == "probes"
     assert main(["record", "readme", "records/p"]) == 0
     assert "<!-- records:BEGIN claims -->" in (rec / "README.md").read_text()
 
@@ -266,7 +268,7 @@ def test_a_probe_record_keeps_each_sweep_points_config_meta_and_accuracies(world
                           for n in ("config.json", "meta.json", "probe.json"))
     assert json.loads((rec / "runs" / "r-san-a" / "probe.json").read_text()) == {"name": "probe.json",
                                                                                  "run": "runs/r-san-a"}
-    listed = marker.read(rec)["files"]
+    listed = marker.read(rec, KINDS)["files"]
     assert "runs/r-std-b/meta.json" in listed and "suite.json" in listed
     assert "every README block reads the same from the copy" in capsys.readouterr().out
     assert main(["record", "readme", "records/p"]) == 0 and main(["record", "check", "records/p"]) == 0

@@ -19,8 +19,8 @@ from typing import Any, Callable, Mapping
 from sanlab.probes.layout import RUN_FILES, RUNS, point_run_dirs
 from sanlab.records import axis, marker, matched, probes, variants
 from sanlab.records.common import RecordError, copy_file, read_json
-from sanlab.records.export import copy_study, study_entries, verify_study
 from sanlab.records.study import load_study
+from sanlab.records.studycopy import copy_study, study_entries, verify_study
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def load(record_dir: str | Path) -> Loaded:
     d = Path(record_dir)
     if not d.is_dir():
         raise RecordError(f"{d}: no such record dir")
-    m = marker.read(d)
+    m = marker.read(d, KINDS)
     kind = KINDS[m["kind"]]
     return Loaded(kind, kind.load(d))
 

@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 from sanlab.fileio import read_json
 from sanlab.records.common import MARKER, RecordError
@@ -32,8 +32,10 @@ VERSION = 1
 _HEX = re.compile(r"[0-9a-f]{64}")
 
 
-def read(record_dir: Path) -> dict[str, Any]:
-    """The marker of a record dir; `RecordError` (one line naming the key) when absent or malformed."""
+def read(record_dir: Path, kinds: Collection[str]) -> dict[str, Any]:
+    """The marker of a record dir; `RecordError` (one line naming the key) when absent or
+    malformed, or when its kind is none of `kinds` (the registry, `sanlab.records.kinds.KINDS`,
+    which imports this module)."""
     path = record_dir / MARKER
     if not path.is_file():
         raise RecordError(f"{record_dir}: not a record (no {MARKER}); `sanlab record export` makes one")
@@ -42,11 +44,8 @@ def read(record_dir: Path) -> dict[str, Any]:
         raise RecordError(f"{path}: not a record marker (no \"format\": \"{FORMAT}\")")
     if m.get("version") != VERSION:
         raise RecordError(f"{path}: record format version {m.get('version')!r}; this sanlab reads {VERSION}")
-    # lazy: import cycle (the registry, sanlab.records.kinds, imports every kind's module and this one)
-    from sanlab.records.kinds import KINDS
-
-    if not isinstance(m.get("kind"), str) or m["kind"] not in KINDS:
-        raise RecordError(f"{path}: unknown record kind {m.get('kind')!r} (known: {', '.join(KINDS)})")
+    if not isinstance(m.get("kind"), str) or m["kind"] not in kinds:
+        raise RecordError(f"{path}: unknown record kind {m.get('kind')!r} (known: {', '.join(kinds)})")
     files = m.get("files")
     if not isinstance(files, list):
         raise RecordError(f"{path}: \"files\" must list the record's own files, as relative paths inside it")

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from sanlab.records import marker
 from sanlab.records.common import MARKER, README, RecordError, write_text
-from sanlab.records.kinds import Loaded, load
+from sanlab.records.kinds import KINDS, Loaded, load
 
 BLOCK = re.compile(r"<!-- records:BEGIN (\S+) -->\n(.*?)<!-- records:END \1 -->", re.S)
 BEGIN = re.compile(r"<!-- records:BEGIN (\S+) -->")
@@ -120,7 +120,7 @@ def find_records(paths: list[Path]) -> list[Path]:
 
 def missing_files(record_dir: Path) -> list[str]:
     """The files `record.json` lists that the record dir does not hold (sorted)."""
-    return sorted(f for f in marker.read(record_dir)["files"] if not (record_dir / f).is_file())
+    return sorted(f for f in marker.read(record_dir, KINDS)["files"] if not (record_dir / f).is_file())
 
 
 def check(paths: list[Path], *, log: Callable[[str], Any] = print) -> int:
