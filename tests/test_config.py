@@ -168,3 +168,31 @@ def test_an_absurd_layer_count_is_refused_before_any_per_layer_list_is_built():
         apply_overrides(Config, {}, ["model.n_layers=1000000000000000000000000000000"])
     assert MAX_LAYERS == 100_000
     assert apply_overrides(Config, {}, [f"model.n_layers={MAX_LAYERS}"]).model.n_layers == MAX_LAYERS
+
+
+def test_mixer_options_are_typed_by_the_mixer_s_spec_once_when_the_config_validates(monkeypatch):
+    """`model.mixer_options` is read typed (`cfg.options`, the spec's `Options` with its
+    defaults filled in) and validated once: building the accounting does not validate it again,
+    and the layout's other mixers (softmax in a hybrid) get their own defaults."""
+    from sanlab import accounting
+    from sanlab.model.mixers import mixer_options, mixer_spec
+    from sanlab.model.mixers.spec import MixerSpec
+
+    cfg = ModelConfig(mixer="mlp", layout="hybrid", n_layers=4, mixer_options={"d_hidden": 24})
+    assert type(cfg.options) is mixer_spec("mlp").Options and cfg.options.d_hidden == 24
+    assert mixer_options(cfg, "mlp") is cfg.options
+    assert type(mixer_options(cfg, "softmax")) is mixer_spec("softmax").Options
+    assert cfg.model_dump()["mixer_options"] == {"d_hidden": 24}  # config.json keeps what was written
+    assert ModelConfig(mixer="mlp").options.d_hidden is None
+    assert cfg.model_copy(update={"mixer_options": {"d_hidden": 8}}).options.d_hidden == 8
+    calls = []
+    real = MixerSpec.validate_options.__func__
+    monkeypatch.setattr(MixerSpec, "validate_options",
+                        classmethod(lambda cls, raw, source: calls.append(cls.name) or real(cls, raw, source)))
+    with_opts = accounting.count_params(cfg)
+    assert "mlp" not in calls
+    # the option is the one the accounting used: w_gate, w_up, w_down are d × 24 each, in 2 of the 4 layers
+    wider = accounting.count_params(cfg.model_copy(update={"mixer_options": {"d_hidden": 25}}))
+    assert wider.non_embedding - with_opts.non_embedding == 2 * 3 * cfg.d_model
+    with pytest.raises(ConfigError, match=r"model: mixer_options \(mixer mlp\): d_hidden"):
+        load_config(None, ["model.mixer=mlp", "model.mixer_options.d_hidden=0"])

@@ -37,11 +37,12 @@ import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
-from sanlab.config import ModelConfig
+from sanlab.configbase import StrictModel
 from sanlab.errors import ConfigError
 from sanlab.model.mixers.spec import ROLES, MixerSpec, NoOptions, Param, Role, SequenceSpec, StateSpec
 
 if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # (sanlab.config imports this package: it validates against it)
     from sanlab.model.mixers.base import SequenceMixer, StateMixer
 
 __all__ = ["MIXERS", "STATE_MIXERS", "ROLES", "MixerSpec", "NoOptions", "Param", "Role", "SequenceSpec",
@@ -113,24 +114,30 @@ def state_mixer_spec(name: str) -> type[StateSpec]:
 
 
 def mixer_options(cfg: ModelConfig, name: str) -> Any:
-    """The validated options of mixer `name` in `cfg`: `model.mixer_options` belong to
-    `model.mixer`; any other mixer of the layout (softmax in a hybrid) gets its defaults."""
-    raw = cfg.mixer_options if name == cfg.mixer else {}
-    return mixer_spec(name).validate_options(raw, source=f"model.mixer_options (mixer {name})")
+    """The typed options of mixer `name` in `cfg`: `model.mixer_options` belong to
+    `model.mixer` and were validated once, with the config (`cfg.options`); any other
+    mixer of the layout (softmax in a hybrid) gets its defaults."""
+    if name == cfg.mixer:
+        return cfg.options
+    return mixer_spec(name).validate_options({}, source=f"model.mixer_options (mixer {name})")
 
 
-def check_model(cfg: ModelConfig) -> None:
+def check_model(cfg: ModelConfig) -> StrictModel:
     """Every name in the layout, the state mixer and the mixer options are registered and
-    valid (ConfigError naming the key otherwise). `ModelConfig` runs this when it
-    validates, so every config that exists has passed it."""
-    mixer_spec(cfg.mixer)
+    valid (ConfigError naming the key otherwise); returns `model.mixer_options` typed by
+    the mixer's spec (`Options`). `ModelConfig` runs this when it validates, so every
+    config that exists has passed it, and keeps the options (`ModelConfig.options`)."""
+    spec = mixer_spec(cfg.mixer)
     for name in cfg.layer_mixers:
         if name not in MIXERS:
             raise ConfigError(f"model.layout: unknown sequence mixer {name!r} (known: {', '.join(MIXERS)})")
-    for name in dict.fromkeys([*cfg.layer_mixers, cfg.mixer]):  # options for an unused mixer: still checked
-        mixer_options(cfg, name)
+    options = spec.validate_options(cfg.mixer_options, source=f"model.mixer_options (mixer {cfg.mixer})")
+    for name in dict.fromkeys(cfg.layer_mixers):  # the layout's other mixers run on their defaults
+        if name != cfg.mixer:
+            mixer_spec(name).validate_options({}, source=f"model.mixer_options (mixer {name})")
     if cfg.state_mixer != "none":
         state_mixer_spec(cfg.state_mixer)
+    return options
 
 
 def _module_of(spec: type[MixerSpec], kind: str) -> type:

@@ -3,7 +3,7 @@ from the hidden states of a fixed input sequence passed through the layers."""
 
 from __future__ import annotations
 
-from sanlab.config import StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers.softmax import SoftmaxSpec
 
 

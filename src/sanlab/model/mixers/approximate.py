@@ -3,14 +3,17 @@ normalised, in linear time (SPEC §3 Approximate)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from sanlab.config import ModelConfig, StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.softmax import SoftmaxSpec
 from sanlab.model.mixers.spec import matrix_flops
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 
 class TaylorOptions(StrictModel):

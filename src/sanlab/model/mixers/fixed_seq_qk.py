@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from sanlab.config import StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers._stream import StreamQKSpec
 

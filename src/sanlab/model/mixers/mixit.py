@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from sanlab.config import ModelConfig, StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.spec import Param, SequenceSpec, attention_terms, matrix_flops
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 # What sets T in σ_h for the rows of a document (docs/variants.md, "MixiT"):
 #   document  the document's own length L: each document is mixed by SPEC §2's matrix for a

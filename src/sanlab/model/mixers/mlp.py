@@ -3,14 +3,17 @@ count (SPEC §3 MLP)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from sanlab.config import ModelConfig, StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.spec import Param, SequenceSpec, matrix_flops
 from sanlab.model.mixers.swiglu import swiglu_params
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 
 class MLPOptions(StrictModel):

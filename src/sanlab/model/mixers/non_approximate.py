@@ -3,12 +3,15 @@ similarity (SPEC §3 Non-approximate)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sanlab.config import ModelConfig, StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.softmax import SoftmaxSpec
 from sanlab.model.mixers.spec import attention_terms, matrix_flops
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 
 class NonApproximateOptions(StrictModel):

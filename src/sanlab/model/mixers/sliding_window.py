@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from sanlab.config import StrictModel
+from sanlab.configbase import StrictModel
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.softmax import SoftmaxSpec
 

@@ -3,11 +3,13 @@ the standard mixer, and the base of every Q/K variant."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sanlab.config import ModelConfig
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.spec import Param, SequenceSpec, attention_terms, matrix_flops
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 
 @register_mixer

@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from sanlab.config import ModelConfig, StrictModel, validate
+from sanlab.configbase import StrictModel, validate
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # (sanlab.config validates a model against these specs)
 
 # What a parameter is, for the optimizer routing (sanlab.train.optim) and the spectra:
 #   routing  a matrix that decides where information flows (W_q, W_k)

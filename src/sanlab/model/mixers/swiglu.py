@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sanlab.config import ModelConfig
 from sanlab.model.mixers import register_state_mixer
 from sanlab.model.mixers.spec import Param, StateSpec, matrix_flops
+
+if TYPE_CHECKING:
+    from sanlab.config import ModelConfig  # annotations only: sanlab.config imports the registry
 
 
 def swiglu_params(d: int, hidden: int) -> dict[str, Param]:
