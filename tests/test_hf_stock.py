@@ -41,6 +41,7 @@ def test_stock_family_gives_the_runs_logits(tmp_path: Path, train_data_dir: Path
     assert not any(f.endswith(".py") for f in files) and "model.safetensors" in files
     config = json.loads((out / "config.json").read_text())
     assert "auto_map" not in config
+    assert config["sanlab"]["exported_as"] == family and config["sanlab"]["run_id"] == run.name  # provenance
     hf = AutoModelForCausalLM.from_pretrained(str(out), use_safetensors=True).eval()  # no remote code
     assert type(hf).__module__.startswith("transformers.models.")
     ref = load_sanlab(run)

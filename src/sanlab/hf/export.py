@@ -304,6 +304,7 @@ def export(run_dir: str | Path, out: str | Path, checkpoint: str = "latest", fam
                         f"{src.cfg.model.vocab_size}: not the run's tokenizer")
     if family is not None:
         config, weights = stock.convert(src, family, seq_len)
+        config["sanlab"] = provenance(src) | {"exported_as": family}
         files = {"config.json": dumps(config)}
     else:
         config, weights = hf_config(src, seq_len), hf_weights(src, seq_len)

@@ -94,7 +94,8 @@ def _scale(m: Any, g: torch.Tensor | None) -> torch.Tensor:
 
 
 def convert(src: Any, family: str, seq_len: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json, model.safetensors tensors) of `family` for the run's checkpoint."""
+    """(config.json, model.safetensors tensors) of `family` for the run's checkpoint; the
+    exporter (`sanlab.hf.export`, which imports this module) adds the provenance."""
     m = src.cfg.model
     check(m, family)
     qk, sandwich, plus_one, scaled = TRAITS[family]
@@ -166,7 +167,4 @@ def convert(src: Any, family: str, seq_len: int) -> tuple[dict[str, Any], dict[s
         else:
             config |= {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
                        "rope_parameters": {"full_attention": rope, "sliding_attention": dict(rope)}}
-    from sanlab.hf.export import provenance  # lazy: import cycle (sanlab.hf.export imports sanlab.hf.stock)
-
-    config["sanlab"] = provenance(src) | {"exported_as": family}
     return config, out
