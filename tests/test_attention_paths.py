@@ -8,8 +8,11 @@
   builds FlexAttention's block masks eagerly (never traced) and gives the eager logits.
 - The family test: every backend that runs on the CPU (explicit, SDPA, the fused kernel
   where it builds, the pattern hook's path, FlexAttention's eager forward) on a model whose
-  layers use different masks (whole document, window), every attention call against ONE
-  reference dense mask (`definition`).
+  layers use different masks (whole document, window, sinks + window), every attention
+  call against ONE reference dense mask (`definition`).
+- The mask object: each mask's interval form (the fused kernel's) is its mask function
+  where it has one; masks are equal and hashed by value, and the context's caches are
+  keyed by them.
 """
 
 from __future__ import annotations
@@ -22,17 +25,19 @@ import torch
 
 from sanlab.config import ModelConfig
 from sanlab.model import native
-from sanlab.model.attention import attention_kernel, attention_reference, masks, resolve_backend
+from sanlab.model.attention import DOCUMENT, Window, attention_kernel, attention_reference, masks, resolve_backend
 from sanlab.model.attention import context as context_module
 from sanlab.model.attention.dispatch import FLEX_BLOCK, flex_call, flex_fits
 from sanlab.model.hooks import capture
 from sanlab.model.lm import LM
-from sanlab.model.mixers import non_approximate, sliding_window, softmax
+from sanlab.model.mixers import non_approximate, softmax
+from sanlab.model.mixers.sink_window import SinksAndWindow
 
 # FlexAttention's eager CPU forward (the reference path here) warns that it is unfused
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
-W = 3  # the window of the model's sliding-window layers
+W = 3  # the window of the model's sliding-window and sinks + window layers
+S = 2  # the sinks of its sinks + window layers
 
 
 def tiny(**kw) -> ModelConfig:
@@ -40,14 +45,22 @@ def tiny(**kw) -> ModelConfig:
     return ModelConfig(**(base | kw))
 
 
-def definition(seg: torch.Tensor, window: int | None) -> torch.Tensor:
+def definition(seg: torch.Tensor, window: int | None, sinks: int = 0) -> torch.Tensor:
     """(B, 1, T, T): query i sees key j when they share a document, j ≤ i and i − j < window
-    (SPEC: causal, document-masked, sliding window of `window` keys, itself included)."""
+    (SPEC: causal, document-masked, sliding window of `window` keys, itself included), or
+    j is one of its document's first `sinks` tokens."""
     B, T = seg.shape
     allowed = torch.zeros(B, 1, T, T, dtype=torch.bool)
     for b, i, j in itertools.product(range(B), range(T), range(T)):
-        allowed[b, 0, i, j] = bool(seg[b, i] == seg[b, j]) and j <= i and (window is None or i - j < window)
+        start = next(s for s in range(j + 1) if bool((seg[b, s:j + 1] == seg[b, j]).all()))  # j's document start
+        allowed[b, 0, i, j] = (bool(seg[b, i] == seg[b, j]) and j <= i
+                               and (window is None or i - j < window or j - start < sinks))
     return allowed
+
+
+def defined(mask: masks.Mask) -> tuple[int | None, int]:
+    """The (window, sinks) of `definition` a mask stands for, read from its fields."""
+    return getattr(mask, "window", None), getattr(mask, "sinks", 0)
 
 
 def on_cuda(T: int) -> SimpleNamespace:
@@ -101,16 +114,60 @@ def test_flex_is_called_plainly_inside_a_compiled_model():
 # --------------------------------------------------------------------------- FlexAttention's mask
 
 
-@pytest.mark.parametrize("window", [None, 1, 2, W, 7, 40])
-def test_flex_mask_function_is_the_definition(window):
+@pytest.mark.parametrize("window,sinks", [(None, 0), (1, 0), (2, 0), (W, 0), (7, 0), (40, 0), (W, S), (1, 1), (2, 5)])
+def test_flex_mask_function_is_the_definition(window, sinks):
     """FlexAttention's mask function (the CUDA default's), materialised over every (b, q, k),
-    is the definition: with a window, exactly `window` keys per row at most."""
+    is the definition: with a window, exactly `window` keys per row at most, plus the
+    document's first `sinks`."""
     seg = torch.tensor([[0] * 4 + [1] * 9 + [2] * 3, [0] * 16])
     B, T = seg.shape
-    mod = masks.mask_mod(seg, window)
+    mask = SinksAndWindow(sinks, window) if sinks else masks.window(window)
+    mod = masks.mask_mod(seg, mask)
     b, q, k = torch.arange(B)[:, None, None], torch.arange(T)[None, :, None], torch.arange(T)[None, None, :]
     dense = mod(b, None, q, k)[:, None]
-    assert torch.equal(dense, definition(seg, window))
+    assert torch.equal(dense, definition(seg, window, sinks))
+    assert torch.equal(masks.dense_mask(seg, mask), definition(seg, window, sinks))
+
+
+@pytest.mark.parametrize("mask", [DOCUMENT, Window(1), Window(W), Window(40), SinksAndWindow(0, W),
+                                  SinksAndWindow(S, W), SinksAndWindow(1, 1), SinksAndWindow(5, 40)])
+def test_a_masks_interval_form_is_its_mask_function(mask):
+    """Where a mask has an interval form (`Mask.first_key`, what the fused kernel takes),
+    row i's allowed keys are exactly [first key, i]; where it has none (sinks before a
+    window that has moved past them) `first_keys` is None and the fused kernel does not
+    run. The decode cache's mask is the mask function on one document."""
+    seg = torch.tensor([[0] * 4 + [1] * 9 + [2] * 3, [0] * 16])
+    pos = masks.segment_positions(seg)
+    allowed = masks.dense_mask(seg, mask)[:, 0]
+    first = masks.row_starts(seg, pos, False, mask)
+    T = seg.shape[1]
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    intervals = (first.long()[:, :, None] <= j) & (j <= i) if first is not None else None
+    assert (first is None) == (isinstance(mask, SinksAndWindow) and mask.sinks > 0)
+    if mask == SinksAndWindow(S, W):  # (and it has none: row 8 of the 9-token document sees keys 4, 5 and 10-12)
+        assert allowed[0, 12].nonzero().flatten().tolist() == [4, 5, 10, 11, 12]
+    if intervals is not None:
+        assert first.dtype == torch.int32
+        assert torch.equal(intervals, allowed)
+    decode = masks.decode_mask(mask, torch.arange(5, 16), 16)  # the last 11 of a 16-token document
+    assert torch.equal(decode, masks.dense_mask(seg[1:], mask)[0, 0, 5:])
+
+
+def test_masks_are_keyed_by_value():
+    """Masks are equal and hashed by their class and parameters, so the context builds one
+    form per distinct mask, whichever layer asks; a window is a positive int."""
+    assert Window(3) == Window(3) and hash(Window(3)) == hash(Window(3))
+    assert len({Window(3), Window(3), Window(4), DOCUMENT, masks.window(None), SinksAndWindow(0, 3),
+                SinksAndWindow(2, 3), SinksAndWindow(2, 3)}) == 5
+    assert masks.window(None) is DOCUMENT and masks.window(5) == Window(5)
+    seg = torch.tensor([[0] * 4 + [1] * 9])
+    ctx = context_module.build_context(tiny(attn_backend="explicit"), seg, seg)
+    assert ctx.allowed(Window(3)) is ctx.allowed(Window(3))
+    assert not torch.equal(ctx.allowed(Window(3)), ctx.allowed(SinksAndWindow(2, 3)))
+    assert ctx.additive_mask(torch.float32, Window(3)) is not ctx.additive_mask(torch.float32, SinksAndWindow(2, 3))
+    for bad in (0, -3, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="attention window"):
+            masks.window(bad)
 
 
 # --------------------------------------------------------------------------- masks outside the compiled region
@@ -129,44 +186,46 @@ def test_a_compiled_model_builds_its_block_masks_before_the_graph(monkeypatch):
     built = []
     block_mask = masks.block_mask
     monkeypatch.setattr(masks, "block_mask",
-                        lambda s, window=None: built.append((window, torch.compiler.is_compiling())) or
-                        block_mask(s, window))
+                        lambda s, mask=DOCUMENT, pos=None: built.append((mask, torch.compiler.is_compiling())) or
+                        block_mask(s, mask, pos))
     monkeypatch.setattr(context_module, "resolve_backend", lambda cfg, t: "flex")
     torch._dynamo.reset()
     model.compile_layers(backend="eager")  # dynamo's tracing, without inductor's minutes on 2 cores
     with torch.no_grad():
         compiled = model(tokens, seg)
     assert model.compiled
-    assert sorted(built, key=str) == [(3, False), (None, False)]
+    assert sorted(built, key=str) == [(DOCUMENT, False), (Window(3), False)]
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
 def test_every_attending_mixer_announces_its_masks(monkeypatch):
     """Every registered sequence mixer asks `attend` only for masks it announced
-    (`Mixer.mask_windows`), so the model builds them all before its compiled layers."""
+    (`SequenceMixer.attention_masks`), so the model builds them all before its compiled layers."""
     from sanlab.model.mixers import MIXERS
 
     asked: dict[str, set] = {}
     flex_block_mask = context_module.AttentionContext.flex_block_mask
 
-    def spy(self, window=None):
-        asked.setdefault(current, set()).add(window)
-        return flex_block_mask(self, window)
+    def spy(self, mask=DOCUMENT):
+        asked.setdefault(current, set()).add(mask)
+        return flex_block_mask(self, mask)
 
     monkeypatch.setattr(context_module.AttentionContext, "flex_block_mask", spy)
     monkeypatch.setattr(context_module, "resolve_backend", lambda cfg, t: "flex")
     tokens = torch.randint(0, 64, (1, 12))
     for name in MIXERS:
         current = name
-        model = LM(tiny(n_layers=2, mixer=name, mixer_options={"window": W} if name == "sliding_window" else {}))
+        options = {"sliding_window": {"window": W}, "sink_window": {"sinks": S, "window": W}}.get(name, {})
+        model = LM(tiny(n_layers=2, mixer=name, mixer_options=options))
         model.bind_data(lambda n: torch.arange(n) % 64, 12)
-        announced = set(model._windows)
+        announced = set(model._masks)
         asked.pop(name, None)
         with torch.no_grad():
             model(tokens)
         # every mask asked for was built by `build_context` from the announced windows
         assert asked.get(name, set()) <= announced, name
-    assert asked["sliding_window"] == {W} and asked["softmax"] == {None}
+    assert asked["sliding_window"] == {Window(W)} and asked["softmax"] == {DOCUMENT}
+    assert asked["sink_window"] == {SinksAndWindow(S, W)}
 
 
 # --------------------------------------------------------------------------- the family test
@@ -177,36 +236,47 @@ def _backends() -> list[str]:
     return found + (["fused"] if native.available() else [])
 
 
+LAYOUTS = {  # model.mixer, its options, the layout
+    "hybrid": ("sliding_window", {"window": W}, "hybrid"),
+    "windows": ("sliding_window", {"window": W}, ["sliding_window", "softmax", "non_approximate", "sliding_window"]),
+    "sinks": ("sink_window", {"sinks": S, "window": W}, ["sink_window", "sliding_window", "non_approximate", "softmax"]),
+}
+
+
 @pytest.mark.parametrize("backend", _backends())
-@pytest.mark.parametrize("layout", ["hybrid", ["sliding_window", "softmax", "non_approximate", "sliding_window"]])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_every_backend_attends_under_the_one_reference_mask(backend, layout, monkeypatch):
     """Every `attend` call of a model whose layers use different masks (whole document,
-    window W; softmax, sliding_window, non_approximate) gives `attention_reference` under
-    the definition's mask for its layer's window, on packed documents with GQA; on the
-    fused kernel (whose softmax layers bypass `attend`) the logits equal the explicit
-    kernel's, and under pattern capture every layer's pattern is nonzero exactly where its
-    mask allows. The explicit kernel's masks are cached per window: a cache keyed by dtype
-    alone gives every layer the first layer's mask."""
+    window W, sinks S + window W, a window of the default 128; softmax, sliding_window,
+    sink_window, non_approximate) gives `attention_reference` under the definition's mask
+    for its layer, on packed documents with GQA; on the fused kernel (whose softmax layers
+    bypass `attend`; sinks + window has no interval form and falls back) the logits equal
+    the explicit kernel's, and under pattern capture every layer's pattern is nonzero
+    exactly where its mask allows. The explicit kernel's masks are cached per mask: a
+    cache keyed by dtype alone gives every layer the first layer's mask."""
     torch.manual_seed(0)
-    cfg = tiny(mixer="sliding_window", layout=layout, mixer_options={"window": W},
+    mixer, options, mixers = LAYOUTS[layout]
+    cfg = tiny(mixer=mixer, layout=mixers, mixer_options=options,
                attn_backend="explicit" if backend in ("pattern", "flex") else backend)
     model = LM(cfg)
     tokens = torch.randint(0, 64, (2, 19))
     seg = torch.tensor([[0] * 6 + [1] * 13, [0] * 2 + [1] * 3 + [2] * 14])
-    windows = {i: (W if m == "sliding_window" else None) for i, m in enumerate(cfg.layer_mixers)}
-    reference = {w: definition(seg, w) for w in set(windows.values())}
+    own = {"sliding_window": (options.get("window", 128) if mixer == "sliding_window" else 128, 0),
+           "sink_window": (W, S)}  # (window, sinks) of each layer, from the config
+    layers = {i: own.get(m, (None, 0)) for i, m in enumerate(cfg.layer_mixers)}
+    reference = {ws: definition(seg, *ws) for ws in set(layers.values())}
     seen = []
 
     def checked(real):
-        def attend(q, k, v, ctx, hook=None, *, window=None):
-            out = real(q, k, v, ctx, hook, window=window)
-            want = attention_reference(q, k, v, reference[window])
+        def attend(q, k, v, ctx, hook=None, *, mask=DOCUMENT):
+            out = real(q, k, v, ctx, hook, mask=mask)
+            want = attention_reference(q, k, v, reference[defined(mask)])
             torch.testing.assert_close(out.float(), want, rtol=1e-4, atol=1e-5)
-            seen.append(window)
+            seen.append(defined(mask))
             return out
         return attend
 
-    for module in (softmax, sliding_window, non_approximate):
+    for module in (softmax, non_approximate):
         monkeypatch.setattr(module, "attend", checked(module.attend))
     if backend == "flex":  # FlexAttention's eager forward (no CPU backward in this torch)
         monkeypatch.setattr(context_module, "resolve_backend", lambda cfg, t: "flex")
@@ -214,16 +284,19 @@ def test_every_backend_attends_under_the_one_reference_mask(backend, layout, mon
         if backend == "pattern":
             with capture(model, ["blocks.*.attn.pattern"]) as got:
                 logits = model(tokens, seg)
-            for i, w in windows.items():
+            for i, ws in layers.items():
                 A = got[f"blocks.{i}.attn.pattern"]
-                assert torch.equal(A > 0, reference[w].expand_as(A)), (i, w)
+                assert torch.equal(A > 0, reference[ws].expand_as(A)), (i, ws)
         else:
             logits = model(tokens, seg)
+    ran = list(seen)
     if backend == "fused":
         explicit = LM(cfg.model_copy(update={"attn_backend": "explicit"}))
         explicit.load_state_dict(model.state_dict())
         with torch.no_grad():
             torch.testing.assert_close(logits, explicit(tokens, seg), rtol=1e-4, atol=1e-4)
-        assert W in seen  # the windowed layers attend through `attend` on the fused kernel too
+        # the masked layers attend through `attend` on the fused kernel too
+        want = [ws for i, ws in layers.items() if cfg.layer_mixers[i] != "softmax"]
+        assert sorted(ran, key=str) == sorted(want, key=str)
     else:
-        assert sorted(seen, key=str) == sorted(windows.values(), key=str)
+        assert sorted(ran, key=str) == sorted(layers.values(), key=str)

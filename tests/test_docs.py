@@ -299,13 +299,15 @@ def test_a_stale_or_unmarked_table_is_caught_and_nothing_is_written(tmp_path):
 
 
 def test_the_variant_guide_shows_its_example_file_and_test():
-    """docs/variants.md's "Write a variant" includes the sliding-window mixer's file and its
-    test (mkdocs snippets): both exist, the file is a registered mixer of the package, and
-    the test is one the suite runs."""
+    """docs/variants.md's "Write a variant" includes the sliding-window and the sinks +
+    window mixers' files and their tests (mkdocs snippets): all exist, the files are
+    registered mixers of the package, and the tests are ones the suite runs."""
     from sanlab.model import mixers
 
     section = (ROOT / "docs" / "variants.md").read_text().split("## Write a variant", 1)[1].split("\n## ", 1)[0]
     included = re.findall(r'^--8<-- "([^"]+)"$', section, flags=re.M)
-    assert included == ["src/sanlab/model/mixers/sliding_window.py", "tests/test_sliding_window.py"]
+    assert included == ["src/sanlab/model/mixers/sliding_window.py", "tests/test_sliding_window.py",
+                        "src/sanlab/model/mixers/sink_window.py", "tests/test_sink_window.py"]
     assert all((ROOT / path).is_file() for path in included)
-    assert mixers.MIXERS["sliding_window"].__module__ == "sanlab.model.mixers.sliding_window"
+    for name in ("sliding_window", "sink_window"):
+        assert mixers.MIXERS[name].__module__ == f"sanlab.model.mixers.{name}"

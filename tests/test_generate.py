@@ -184,7 +184,7 @@ def test_mixit_with_document_lengths_decodes_by_full_forward():
 # its sequence, there is no data to bind it from).
 # A window shorter than the context, so a cache that ignored it would show.
 OPTIONS = {"mixit": {"seq_len": 32, "sigma_length": "prefix"}, "fixed_seq_qk": {"sequence": "random", "seq_len": 32},
-           "sliding_window": {"window": 3}}
+           "sliding_window": {"window": 3}, "sink_window": {"sinks": 2, "window": 3}}
 
 
 def decoding_equals_full_forward(model: LM, steps: int = 6, max_len: int = 32) -> Decoder:

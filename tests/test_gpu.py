@@ -91,8 +91,10 @@ def test_training_on_cuda_learns_and_resumes(train_data_dir: Path, tmp_path: Pat
 # --------------------------------------------------------------------------- compiled = eager, every attending mixer
 
 # every mixer that attends, each beside softmax layers where it is a variant (the hybrid layout)
-ATTENDING = [("softmax", "uniform"), ("sliding_window", "hybrid"), ("non_approximate", "hybrid"),
-             ("static_emb_qk", "uniform"), ("rnd_emb_qk", "uniform"), ("fixed_seq_qk", "uniform")]
+ATTENDING = [("softmax", "uniform"), ("sliding_window", "hybrid"), ("sink_window", "hybrid"),
+             ("non_approximate", "hybrid"), ("static_emb_qk", "uniform"), ("rnd_emb_qk", "uniform"),
+             ("fixed_seq_qk", "uniform")]
+MASKED = {"sliding_window": {"window": 48}, "sink_window": {"sinks": 4, "window": 48}}
 
 
 def _model(cfg: ModelConfig, T: int) -> LM:
@@ -109,7 +111,7 @@ def test_compiled_equals_eager_on_packed_documents(mixer, layout):
     torch._dynamo.reset()
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn=True, mixer=mixer,
-                      layout=layout, mixer_options={"window": 48} if mixer == "sliding_window" else {})
+                      layout=layout, mixer_options=MASKED.get(mixer, {}))
     eager, compiled = _model(cfg, 256), _model(cfg, 256)
     compiled.load_state_dict(eager.state_dict())
     compiled.compile_layers(**COMPILE)

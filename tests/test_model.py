@@ -925,25 +925,25 @@ def test_window_masks_are_the_definition():
     seg = torch.tensor([[0] * 4 + [1] * 9 + [2] * 3, [0] * 16])
     recurring = torch.tensor([[0, 0, 1, 1, 0, 0, 2, 2] * 2])
     for window in (None, 1, 2, 5, 16, 40):
-        allowed = masks.dense_mask(seg, window)
+        allowed = masks.dense_mask(seg, masks.window(window))
         assert torch.equal(allowed, _window_definition(seg, window)), window
-        first = masks.row_starts(seg, segment_positions(seg), False, window)
+        first = masks.row_starts(seg, segment_positions(seg), False, masks.window(window))
         assert first.dtype == torch.int32
         assert torch.equal(first.long(), allowed[:, 0].int().argmax(-1)), window  # (the first True of each row)
-        assert torch.equal(masks.dense_mask(recurring, window), _window_definition(recurring, window))
-        assert masks.row_starts(recurring, segment_positions(recurring), False, window) is None
+        assert torch.equal(masks.dense_mask(recurring, masks.window(window)), _window_definition(recurring, window))
+        assert masks.row_starts(recurring, segment_positions(recurring), False, masks.window(window)) is None
     for bad in (0, -3, 2.5, True, "8"):
         with pytest.raises(ValueError, match="attention window"):
-            masks.check_window(bad)
+            masks.window(bad)
 
 
 @pytest.mark.parametrize("backend", ["explicit", "sdpa", "pattern"])
 def test_attend_within_a_window_on_every_backend(backend):
-    """`attend(..., window=)` on the explicit kernel, SDPA and the pattern hook's path equals
+    """`attend(..., mask=Window(W))` on the explicit kernel, SDPA and the pattern hook's path equals
     the formula with the windowed mask (output and gradients from fp64 inputs, packed
     documents, GQA); a window as long as the row is no window at all; a window of 0 is
     refused."""
-    from sanlab.model.attention import attend, build_context
+    from sanlab.model.attention import DOCUMENT, Window, attend, build_context
     from sanlab.model.layers import HookPoint
 
     torch.manual_seed(0)
@@ -957,7 +957,7 @@ def test_attend_within_a_window_on_every_backend(backend):
         hook.register_forward_hook(lambda m, i, o: seen.append(o.detach()))
     leaves = [torch.randn(B, h, T, D, dtype=torch.float64, requires_grad=True) for h in (H, Hkv, Hkv)]
     dout = torch.randn(B, H, T, D, dtype=torch.float64)
-    out = attend(*leaves, ctx, hook, window=W)
+    out = attend(*leaves, ctx, hook, mask=Window(W))
     grads = torch.autograd.grad(out, leaves, dout)
     ref_leaves = [t.detach().clone().requires_grad_() for t in leaves]
     ref = explicit_kernel.attention_reference(*ref_leaves, _window_definition(seg, W)).double()
@@ -968,6 +968,6 @@ def test_attend_within_a_window_on_every_backend(backend):
     if backend == "pattern":
         assert torch.equal(seen[0] > 0, _window_definition(seg, W).expand(B, H, T, T))
     with torch.no_grad():
-        assert torch.equal(attend(*leaves, ctx, hook, window=T), attend(*leaves, ctx, hook))
+        assert torch.equal(attend(*leaves, ctx, hook, mask=Window(T)), attend(*leaves, ctx, hook, mask=DOCUMENT))
         with pytest.raises(ValueError, match="attention window"):
-            attend(*leaves, ctx, hook, window=0)
+            attend(*leaves, ctx, hook, mask=Window(0))

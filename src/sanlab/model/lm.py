@@ -34,8 +34,8 @@ class LM(nn.Module):
         # each distinct per-forward hook of the mixers (`Mixer.prepare`), once, in layer order
         self._prepare = [f for f in dict.fromkeys(type(m).prepare for _, m in self._mixers()) if f is not Mixer.prepare]
         # the masks its layers attend under, built once per batch before the compiled layers
-        self._windows = tuple(dict.fromkeys(w for _, m in self._mixers() if isinstance(m, SequenceMixer)
-                                            for w in m.mask_windows()))
+        self._masks = tuple(dict.fromkeys(mask for _, m in self._mixers() if isinstance(m, SequenceMixer)
+                                          for mask in m.attention_masks()))
         self._compiled: Callable[..., Any] | None = None  # `compile_layers`
         self._on_compile_failure: Callable[[str], None] = print
         self.frozen: list[str] = []  # the train.freeze targets applied (see `freeze`)
@@ -118,7 +118,7 @@ class LM(nn.Module):
         The attention context (with its masks) is built here, eagerly; the rest runs in
         `_layers`, compiled after `compile_layers`.
         """
-        ctx = build_context(self.cfg, tokens, segment_ids, self._windows)
+        ctx = build_context(self.cfg, tokens, segment_ids, self._masks)
         if self._compiled is not None:
             try:
                 return self._compiled(tokens, ctx, targets, loss_mask, z_loss)
@@ -126,7 +126,7 @@ class LM(nn.Module):
                 raise  # the eager model would raise the same
             except Exception as e:  # noqa: BLE001 - any compiler failure: the eager model runs
                 self.fall_back_to_eager(e)
-                ctx = build_context(self.cfg, tokens, segment_ids, self._windows)
+                ctx = build_context(self.cfg, tokens, segment_ids, self._masks)
         return self._layers(tokens, ctx, targets, loss_mask, z_loss)
 
     def compile_layers(self, on_failure: Callable[[str], None] = print, **kwargs: Any) -> None:

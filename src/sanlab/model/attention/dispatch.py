@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from sanlab.config import ModelConfig
 from sanlab.errors import ConfigError
 from sanlab.model import native
-from sanlab.model.attention import masks
+from sanlab.model.attention.masks import DOCUMENT, Mask
 from sanlab.model.attention.explicit import explicit, explicit_keep
 from sanlab.model.attention.fused import fused, fused_mode, fused_products, qkv_attention
 from sanlab.model.kernels import NATIVE_DTYPES
@@ -129,13 +129,14 @@ def unfused_cpu_backend(batch: int, heads: int, seq_len: int, low: torch.dtype |
     return "explicit" if explicit_keep(batch, heads, seq_len, low) is not None else "sdpa"
 
 
-def fused_supported(ctx: AttentionContext, head_dim: int, *tensors: torch.Tensor, window: int | None = None) -> bool:
+def fused_supported(ctx: AttentionContext, head_dim: int, *tensors: torch.Tensor, mask: Mask = DOCUMENT) -> bool:
     """Whether the fused kernel takes these inputs: its backend, CPU tensors in fp32 or
-    bf16 with the last dim contiguous, a head dim up to 1024, and documents that are runs
-    of their segment id, so each row's keys are one interval (`ctx.first_keys`)."""
+    bf16 with the last dim contiguous, a head dim up to 1024, documents that are runs of
+    their segment id and a mask with an interval form, so each row's keys are one
+    interval (`ctx.first_keys`)."""
     return (ctx.backend == "fused" and head_dim <= 1024
             and all(t.device.type == "cpu" and t.dtype in NATIVE_DTYPES for t in tensors)
-            and ctx.first_keys(window) is not None)
+            and ctx.first_keys(mask) is not None)
 
 
 # --------------------------------------------------------------------------- running
@@ -148,58 +149,58 @@ def attend(
     ctx: AttentionContext,
     pattern_hook: HookPoint | None = None,
     *,
-    window: int | None = None,
+    mask: Mask = DOCUMENT,
 ) -> torch.Tensor:
-    """Document-masked causal attention with GQA; with `window`, each token sees only the
-    last `window` tokens of its document, itself included (key j for query i when
-    0 ≤ i − j < window: sliding-window attention).
+    """Document-masked causal attention with GQA, each query limited further by `mask`
+    (`masks.Mask`: `DOCUMENT`, every earlier key of its document; `Window(w)`, the last w
+    of them; a mixer's own).
 
     q: (B, H, T, D); k, v: (B, Hkv, T, D) -> (B, H, T, D) in v's dtype. q and k may be in any
     float dtype (a mixer passes them as it computed them, e.g. fp32 after norm and RoPE):
     each backend casts what it needs, so mixers never branch on the backend.
     `ctx` is a `sanlab.model.attention.AttentionContext` (backend and masks). Every backend
-    takes the window: the fused kernel as each row's first key (`ctx.first_keys(window)`),
-    the others as a mask. When `pattern_hook` has a hook attached, the probabilities are
+    takes the mask: the fused kernel as each row's first key (`ctx.first_keys(mask)`) where
+    the mask has that interval form, the others (and the fused backend's fallback) as a
+    dense or block mask. When `pattern_hook` has a hook attached, the probabilities are
     materialised by the explicit kernel so analysis can capture `A` (B, H, T, T);
     otherwise `ctx.backend` runs.
     """
-    masks.check_window(window)
     if pattern_hook is not None and pattern_hook.active:
-        return explicit(q, k, v, ctx, pattern_hook, window)
+        return explicit(q, k, v, ctx, pattern_hook, mask)
     backend = ctx.backend
     if backend == "fused":
-        if fused_supported(ctx, q.shape[-1], q, k, v, window=window):
-            return fused(q, k, v, ctx.first_keys(window))
-        # fp64 (property tests), fp16, or segment ids that repeat after another id
+        if fused_supported(ctx, q.shape[-1], q, k, v, mask=mask):
+            return fused(q, k, v, ctx.first_keys(mask))
+        # fp64 (property tests), fp16, segment ids that repeat after another id, or a mask
+        # without an interval form
         low = v.dtype if v.dtype.itemsize == 2 else None
         backend = unfused_cpu_backend(q.shape[0], q.shape[1], q.shape[2], low)
     if backend == "explicit":
-        return explicit(q, k, v, ctx, None, window)
+        return explicit(q, k, v, ctx, None, mask)
     # SDPA and FlexAttention take q and k in v's dtype; the explicit kernel computes its
     # scores in fp32 from q and k as given (callers may pass them unrounded, in fp32).
     q, k = q.to(v.dtype), k.to(v.dtype)
     if backend == "flex":
-        return _flex(q, k, v, ctx.flex_block_mask(window))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.allowed(window), enable_gqa=q.shape[1] != k.shape[1])
+        return _flex(q, k, v, ctx.flex_block_mask(mask))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.allowed(mask), enable_gqa=q.shape[1] != k.shape[1])
 
 
 def fused_qkv_attention(qkv: torch.Tensor, heads: int, kv_heads: int, gq: torch.Tensor, gk: torch.Tensor, eps: float,
                         ctx: AttentionContext, pattern_hook: HookPoint | None = None, *,
-                        window: int | None = None) -> torch.Tensor | None:
+                        mask: Mask = DOCUMENT) -> torch.Tensor | None:
     """Softmax attention from the QKV product with the per-head QK-norm (gains gq, gk; eps)
     then RoPE on q and k, in one op (`qkv_attention`): (B, T, (H + 2·Hkv)·D) -> (B, T, H·D),
-    the heads merged, in qkv's dtype (what W_o reads); `window` as `attend`'s. None where
+    the heads merged, in qkv's dtype (what W_o reads); `mask` as `attend`'s. None where
     the fused kernel does not take it (`fused_supported`, fp32 gains, an even head dim, no
     pattern hook to feed): the caller then runs `norm_rope` and `attend`, the same function
     in several ops."""
-    masks.check_window(window)
     D = qkv.shape[-1] // (heads + 2 * kv_heads)
     if ((pattern_hook is not None and pattern_hook.active) or D % 2 or qkv.stride(-1) != 1
-            or not fused_supported(ctx, D, qkv, window=window)
+            or not fused_supported(ctx, D, qkv, mask=mask)
             or not gq.dtype == gk.dtype == ctx.cos.dtype == torch.float32):
         return None
     return qkv_attention(qkv, gq.contiguous(), gk.contiguous(), ctx.cos.contiguous(), ctx.sin.contiguous(),
-                         ctx.first_keys(window), eps, heads, kv_heads, fused_mode(qkv))[0]
+                         ctx.first_keys(mask), eps, heads, kv_heads, fused_mode(qkv))[0]
 
 
 _compiled_flex = None

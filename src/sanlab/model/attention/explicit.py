@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from sanlab.model.attention.masks import DOCUMENT, Mask
+
 if TYPE_CHECKING:
     from sanlab.model.attention.context import AttentionContext
     from sanlab.model.layers import HookPoint
@@ -137,14 +139,14 @@ class _ExplicitAttention(torch.autograd.Function):
 
 def explicit(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext, pattern_hook: HookPoint | None,
-    window: int | None = None,
+    mask: Mask = DOCUMENT,
 ) -> torch.Tensor:
-    """The explicit kernel under `ctx`'s mask (with `window`: `ctx.allowed(window)`); with a
+    """The explicit kernel under `mask` (`ctx.additive_mask`); with a
     pattern hook, plain autograd ops that materialise the whole (B, H, T, T) probability
     tensor for the hook (same arithmetic, fp32 scores)."""
     dt = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(q.device.type, enabled=False):  # keep the scores in fp32 under autocast
-        bias = ctx.additive_mask(dt, window)
+        bias = ctx.additive_mask(dt, mask)
         if pattern_hook is None:
             B, H, T, _ = q.shape
             keep = explicit_keep(B, H, T, v.dtype if v.dtype.itemsize == 2 else None)

@@ -11,8 +11,9 @@ its spec, and the two hooks a mixer may need beyond its forward pass.
   of its layers once per forward pass.
 - `decode_cache`: the class that decodes this mixer one token at a time
   (`sanlab.model.generate`), a `DecodeCache`. A subclass inherits its parent's; one whose
-  forward pass computes something the parent's cache does not (other Q/K, another
-  mask) sets its own or `None`, and a mixer without one decodes by a full forward pass
+  forward pass computes something the parent's cache does not (other Q/K, its own
+  scores) sets its own or `None` (a mask is not such a thing: the softmax KV cache
+  applies the mixer's `attention_mask`), and a mixer without one decodes by a full forward pass
   over the context at every step (the same tokens, slower; `Decoder.note` says so).
   tests/test_generate.py holds every registered mixer's cached decoding against its
   full forward pass, so an inherited cache that does not fit fails there.
@@ -27,7 +28,7 @@ import torch
 from torch import nn
 
 from sanlab.config import ModelConfig
-from sanlab.model.attention import AttentionContext
+from sanlab.model.attention import AttentionContext, Mask
 from sanlab.model.layers import HookPoint, make_norm
 from sanlab.model.mixers import implement
 from sanlab.model.mixers.spec import MixerSpec, Param, Role, SequenceSpec, StateSpec
@@ -150,10 +151,10 @@ class SequenceMixer(Mixer):
         if type(self).spec.has_pattern:
             self.pattern = HookPoint()
 
-    def mask_windows(self) -> tuple[int | None, ...]:
-        """The windows this mixer attends under (`attend(window=)`; None: the whole
-        document), so the model builds their masks once per batch before its compiled
-        layers (`AttentionContext.build_masks`); () for a mixer that never calls `attend`."""
+    def attention_masks(self) -> tuple[Mask, ...]:
+        """The masks this mixer attends under (`attend(mask=)`, `masks.Mask`), so the model
+        builds their forms once per batch before its compiled layers
+        (`AttentionContext.build_masks`); () for a mixer that never calls `attend`."""
         return ()
 
 

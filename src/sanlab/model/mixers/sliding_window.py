@@ -31,31 +31,20 @@ class SlidingWindowSpec(SoftmaxSpec):
     Options = SlidingWindowOptions
 
 
-# ---- the module
-import torch
-import torch.nn.functional as F
+# ---- the module (from the `import torch` on, loaded when a model is built)
+import torch  # noqa: F401 - the line where the module part starts
 
-from sanlab.model.attention import AttentionContext, attend
+from sanlab.model.attention import Mask, Window
 from sanlab.model.mixers.softmax import SoftmaxAttention
 
 
 class SlidingWindowAttention(SoftmaxAttention):
-    """`attend(..., window=)` takes the window to every backend: to the fused CPU kernel as
-    each row's first key (no (T, T) mask), to the others as a mask."""
+    """Softmax attention under the mask `Window(window)`. Every backend takes it: the fused
+    CPU kernel as each row's first key (no (T, T) mask), the others as a mask; the softmax
+    KV cache it inherits decodes under it."""
 
     spec = SlidingWindowSpec
-    decode_cache = None  # the softmax KV cache attends to every cached key, not the last `window`
+    one_op_qkv = False  # norm_rope then attend, as its runs so far computed it (bit for bit)
 
-    def mask_windows(self) -> tuple[int | None, ...]:
-        return (self.opts.window,)
-
-    def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
-        B, T, _ = u.shape
-        H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        qkv = F.linear(u, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight]))
-        q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q = self._norm_rope(q.view(B, T, H, D), self.q_norm, ctx).transpose(1, 2)  # (B, H, T, D)
-        k = self._norm_rope(k.view(B, T, Hkv, D), self.k_norm, ctx).transpose(1, 2)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)
-        y = attend(q, k, v, ctx, self.pattern, window=self.opts.window)
-        return self.wo(y.transpose(1, 2).reshape(B, T, H * D))
+    def attention_mask(self) -> Mask:
+        return Window(self.opts.window)

@@ -3,7 +3,7 @@ the standard mixer, and the base of every Q/K variant."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sanlab.model.mixers import register_mixer
 from sanlab.model.mixers.spec import Param, SequenceSpec, attention_terms, matrix_flops
@@ -59,7 +59,8 @@ class SoftmaxSpec(SequenceSpec):
 import torch
 import torch.nn.functional as F
 
-from sanlab.model.attention import AttentionContext, attend, fused_qkv_attention
+from sanlab.model.attention import DOCUMENT, AttentionContext, Mask, attend, fused_qkv_attention
+from sanlab.model.attention.masks import decode_mask
 from sanlab.model.layers import RMSNorm, apply_rope, upcast
 from sanlab.model.norms import norm_rope
 from sanlab.model.mixers.base import DecodeCache, DecodeStep, SequenceMixer
@@ -79,8 +80,9 @@ def rope_at(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
 class SoftmaxKVCache(DecodeCache):
     """Softmax attention with a KV cache. Same arithmetic as the training forward:
     q, k = RoPE(ZCN_h(W u)) in fp32, GQA, softmax(q kᵀ/√D) v with the scores in fp32,
-    then W_o. The new tokens attend to every cached position and causally among
-    themselves."""
+    then W_o. The new tokens attend to the cached positions and causally among
+    themselves, under the mixer's mask (`attention_mask`, `masks.decode_mask`): a masked
+    variant decodes through this cache unchanged."""
 
     def __init__(self, mixer: SoftmaxAttention, batch: int, max_len: int) -> None:
         super().__init__(mixer, batch, max_len)
@@ -107,8 +109,8 @@ class SoftmaxKVCache(DecodeCache):
         rep = H // Hkv
         q5 = q.transpose(1, 2).reshape(B, Hkv, rep, T, D) * D**-0.5  # (B, Hkv, rep, T, D)
         scores = q5 @ self.k[:, :, None, :e].transpose(-1, -2)  # (B, Hkv, rep, T, e)
-        causal = torch.ones(T, e, dtype=torch.bool, device=u.device).tril(diagonal=s)
-        probs = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        allowed = decode_mask(m.attention_mask(), step.positions, e)  # (T, e)
+        probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
         y = (probs @ self.v[:, :, None, :e]).reshape(B, H, T, D)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, H * D).to(u.dtype)
         return m.wo(y)
@@ -120,6 +122,10 @@ class SoftmaxAttention(SequenceMixer):
 
     spec = SoftmaxSpec
     decode_cache = SoftmaxKVCache
+    # Whether the forward may run QK-norm, RoPE and attention as the one-op QKV kernel
+    # (`fused_qkv_attention`) where it runs; off, always `norm_rope` then `attend` (the
+    # same function in several ops, other fp32 rounding).
+    one_op_qkv: ClassVar[bool] = True
 
     def __init__(self, cfg: ModelConfig, layer_idx: int, opts: Any) -> None:
         super().__init__(cfg, layer_idx, opts)
@@ -138,8 +144,14 @@ class SoftmaxAttention(SequenceMixer):
                              ctx.cos[..., :half], ctx.sin[..., :half])
         return apply_rope(upcast(x), ctx.cos, ctx.sin)
 
-    def mask_windows(self) -> tuple[int | None, ...]:
-        return (None,)
+    def attention_mask(self) -> Mask:
+        """The keys each query sees (`masks.Mask`): every earlier key of its document. A
+        masked variant overrides this alone; the forward pass, every backend and the KV
+        cache read it."""
+        return DOCUMENT
+
+    def attention_masks(self) -> tuple[Mask, ...]:
+        return (self.attention_mask(),)
 
     def qk_source(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         """What Q and K are computed from: the current hidden state (the variants override this)."""
@@ -148,16 +160,18 @@ class SoftmaxAttention(SequenceMixer):
     def forward(self, u: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
         B, T, _ = u.shape
         H, Hkv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        mask = self.attention_mask()
         src = self.qk_source(u, ctx)
         if src is u:
             # One product for Q, K and V (three parameters, so Muon still sees each matrix):
             # u is read and cast once, and dL/du is a single fp32-accumulated matmul.
             qkv = F.linear(u, torch.cat([self.wq.weight, self.wk.weight, self.wv.weight]))
-            if self.q_norm is not None and self.k_norm is not None and self.q_norm.eps == self.k_norm.eps:
+            if (self.one_op_qkv and self.q_norm is not None and self.k_norm is not None
+                    and self.q_norm.eps == self.k_norm.eps):
                 # QK-norm, RoPE and attention from the product in one kernel where it runs
                 g32 = torch.promote_types(qkv.dtype, torch.float32)
                 y = fused_qkv_attention(qkv, H, Hkv, self.q_norm.gain(g32), self.k_norm.gain(g32), self.q_norm.eps,
-                                        ctx, self.pattern)
+                                        ctx, self.pattern, mask=mask)
                 if y is not None:
                     return self.wo(y)
             q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
@@ -167,5 +181,5 @@ class SoftmaxAttention(SequenceMixer):
             v = self.wv(u)  # V always from the current hidden state
         q, k, v = q.view(B, T, H, D), k.view(B, T, Hkv, D), v.view(B, T, Hkv, D)
         q, k = self._norm_rope(q, self.q_norm, ctx), self._norm_rope(k, self.k_norm, ctx)
-        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx, self.pattern)
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), ctx, self.pattern, mask=mask)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
