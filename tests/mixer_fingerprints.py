@@ -29,8 +29,8 @@ from sanlab.model.lm import LM
 
 FILE = Path(__file__).resolve().parent / "data" / "mixer_fingerprints.json"
 OPTIONS = {"mixit": {"seq_len": 24}, "approximate": {"chunk": 5}, "fixed_seq_qk": {"sequence": "random", "seq_len": 24}}
-MIXERS = ("approximate", "fixed_seq_qk", "mixit", "mlp", "non_approximate", "rnd_emb_qk", "sliding_window", "softmax",
-          "static_emb_qk")
+MIXERS = ("approximate", "fixed_seq_qk", "mixit", "mlp", "non_approximate", "rnd_emb_qk", "sink_window",
+          "sliding_window", "softmax", "static_emb_qk")
 
 
 def configs() -> dict[str, ModelConfig]:
