@@ -9,12 +9,25 @@ How each part runs (benchmarks/bench_members.py measured the choice):
 - the linear layers as batched matmuls (`torch.bmm` on (M, B·T, d)), under autocast as
   the solo model's `F.linear`;
 - the embedding as one lookup in the (M·V, d) table, tokens offset by their member;
-- the kernels with per-member weights (the norms' gains, the QK-norm gains inside the
-  fused attention kernel, the residual gates) and the fused head + loss run once per
-  member inside one autograd node (`_PerMember`), by the same functions the solo model
-  calls: their arithmetic is the solo model's, operand for operand;
-- the RoPE tables, document positions and row starts are built once for all members,
-  the members folded into the batch (M·B rows), and sliced per member.
+- the kernels with per-member weights run once over all members, the members folded into
+  their batch (M·B rows): the compiled RMS norm with one gain per member's rows
+  (`group_rows`), the fused attention kernel with one pair of QK-norm gains per member's
+  B rows (`gain_batches`), the gated residual with one gate per member (`group_count`).
+  Each member's gain gradient is summed over its own rows in the chunks and order the
+  solo kernel uses, so every value is the solo kernel's on the member's rows, bit for bit
+  (the tests compare them with `torch.equal`);
+- the fused head + loss runs once per member (each call is already one 2M-logit chunk at
+  the demo shape, the size the solo head picks to stay in cache), and so do the kernels'
+  plain-PyTorch fallbacks (no compiled kernels, or fp64), inside one autograd node
+  (`_PerMember`), by the same functions the solo model calls;
+- the RoPE tables, document positions and row starts are built once for all members.
+
+Measured (a profile of a demo-shape step, SAN 5L d64 T128 batch 16, M = 8, one thread):
+the attention kernel's forward and backward take ~55% of a step, members or solo, and
+cost the same per member either way (their work is per query-key score); batching
+removes the per-member stacking and dispatch (the rest), so a member step costs ~1/1.15
+of a solo step on one thread. That bounds what batching can give at this shape: the
+3x of issue 44 needs a faster attention kernel at head_dim 16, not fewer calls.
 
 `torch.func` (`stack_module_state` + `vmap`) was the other route: it does not run the
 project's kernels (hand-written `autograd.Function`s and ctypes calls on data pointers
@@ -40,7 +53,7 @@ from sanlab.model import native
 from sanlab.model.attention import build_context
 from sanlab.model.attention.context import AttentionContext
 from sanlab.model.attention.dispatch import attend, fused_supported
-from sanlab.model.attention.fused import fused_mode, qkv_attention, qkv_attention_backward
+from sanlab.model.attention.fused import fused_mode, qkv_attention
 from sanlab.model.kernels import NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, silu_gate, upcast
 from sanlab.model.lm import LM
 from sanlab.model.loss import head_loss
@@ -119,24 +132,6 @@ class _PerMember(torch.autograd.Function):
         return (None, None, *grads)
 
 
-class _QKVAttention:
-    """The `sanlab::qkv_attention` op's forward/backward in `_PerMember`'s calling form
-    (y only: the rest is what its backward reads)."""
-
-    @staticmethod
-    def forward(ctx, qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN205
-        y, out, lse, rq, rk = qkv_attention(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode)
-        ctx.save_for_backward(qkv, gq, gk, cos, sin, starts, out, lse, rq, rk)
-        ctx.args = (eps, heads, kv_heads, mode)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):  # noqa: ANN001, ANN205
-        qkv, gq, gk, cos, sin, starts, out, lse, rq, rk = ctx.saved_tensors
-        dqkv, dgq, dgk = qkv_attention_backward(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, *ctx.args)
-        return dqkv, dgq, dgk, None, None, None, None, None, None, None
-
-
 def _rms_norm_fn(x32: torch.Tensor, out_dtype: torch.dtype) -> Any:
     """The kernel `sanlab.model.norms.rms_norm` picks for one member's slice of x32."""
     if (native.ready(x32) and x32.dtype == torch.float32 and x32.is_contiguous() and out_dtype in NATIVE_DTYPES):
@@ -144,17 +139,80 @@ def _rms_norm_fn(x32: torch.Tensor, out_dtype: torch.dtype) -> Any:
     return _RMSNorm
 
 
+class _MemberNativeRMSNorm(torch.autograd.Function):
+    """`_NativeRMSNorm` over all members' rows in one call, each member's rows with its own
+    gain (`group_rows`); each member's dγ summed over its own rows in the chunks the solo
+    kernel uses, so every value is the solo kernel's on the member's rows."""
+
+    @staticmethod
+    def forward(ctx, x, gain, eps, out_dtype):  # type: ignore[override]
+        M, d = x.shape[0], x.shape[-1]
+        out = torch.empty(x.shape, dtype=out_dtype)
+        r = torch.empty(x.shape[:-1], dtype=torch.float32)
+        gain = gain.contiguous()
+        native.call(native.library().sanlab_rms_norm_fwd, native.RMSNormArgs(
+            n=x.numel() // d, d=d, x=x.data_ptr(), gain=gain.data_ptr(), eps=eps, r=r.data_ptr(), out=out.data_ptr(),
+            out_bf16=int(out_dtype == torch.bfloat16), nthreads=torch.get_num_threads(),
+            group_rows=x.numel() // d // M))
+        ctx.save_for_backward(x, gain, r)
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, gain, r = ctx.saved_tensors
+        M, d = x.shape[0], x.shape[-1]
+        if dy.dtype not in NATIVE_DTYPES or not dy.is_contiguous():
+            dy = dy.float().contiguous()
+        dx = torch.empty_like(x)
+        dgain = torch.empty(M, d, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        native.call(native.library().sanlab_rms_norm_bwd, native.RMSNormArgs(
+            n=x.numel() // d, d=d, x=x.data_ptr(), gain=gain.data_ptr(), r=r.data_ptr(), dy=dy.data_ptr(),
+            dy_bf16=int(dy.dtype == torch.bfloat16), dx=dx.data_ptr(),
+            dgain=None if dgain is None else dgain.data_ptr(), nthreads=torch.get_num_threads(),
+            group_rows=x.numel() // d // M))
+        return dx, dgain, None, None
+
+
 def member_rms_norm(x: torch.Tensor, weight: torch.Tensor, zero_centered: bool, eps: float,
                     feeds_matmul: bool) -> torch.Tensor:
     """`RMSNorm.forward` per member: x (M, ..., d), weight (M, d)."""
     dev = x.device.type
     cast = feeds_matmul and torch.is_autocast_enabled(dev)
-    x32 = upcast(x)
+    x32 = upcast(x).contiguous()
     out_dtype = torch.get_autocast_dtype(dev) if cast else x32.dtype
     gain = weight.to(x32.dtype)
     gain = 1.0 + gain if zero_centered else gain
-    return _PerMember.apply(_rms_norm_fn(x32[0], out_dtype), (True, True, False, False), x32.contiguous(),
-                            gain, eps, out_dtype)
+    fn = _rms_norm_fn(x32, out_dtype)
+    if fn is _NativeRMSNorm and gain.dtype == torch.float32:
+        return _MemberNativeRMSNorm.apply(x32, gain, eps, out_dtype)
+    return _PerMember.apply(fn, (True, True, False, False), x32, gain, eps, out_dtype)
+
+
+class _MemberGatedResidual(torch.autograd.Function):
+    """`_NativeGatedResidual` over all members at once: x + σ(g_m)·h_m, the forward by the
+    same `addcmul` broadcast per element, the backward by the compiled kernel with one σ
+    and one chunked sum per member (`group_count`), as the solo kernel sums them."""
+
+    @staticmethod
+    def forward(ctx, x, h, g):  # type: ignore[override]
+        s = torch.sigmoid(g)  # (M, 1)
+        ctx.save_for_backward(h, s)
+        view = (-1, *([1] * (h.dim() - 1)))
+        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)).view(view))
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        h, s = ctx.saved_tensors
+        if dy.dtype != torch.float32 or not dy.is_contiguous():
+            dy = dy.float().contiguous()
+        dh = torch.empty(h.shape, dtype=h.dtype)
+        sig = s.float().contiguous()
+        dg = torch.empty(h.shape[0], dtype=torch.float32)
+        native.call(native.library().sanlab_gated_residual_bwd, native.GatedResidualArgs(
+            count=h.numel(), d=h.shape[-1], dy=dy.data_ptr(), h=h.data_ptr(), h_bf16=int(h.dtype == torch.bfloat16),
+            sigma=0.0, dh=dh.data_ptr(), dg=dg.data_ptr(), nthreads=torch.get_num_threads(),
+            group_count=h.numel() // h.shape[0], sigmas=sig.data_ptr()))
+        return dy, dh, dg.reshape(s.shape).to(s.dtype)
 
 
 def member_residual(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
@@ -162,6 +220,8 @@ def member_residual(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor
     if mode == "gated":
         native_ok = (native.ready(h) and x.dtype == g.dtype == torch.float32 and h.dtype in NATIVE_DTYPES
                      and h.is_contiguous())
+        if native_ok and x.is_contiguous():
+            return _MemberGatedResidual.apply(x, h, g)
         return _PerMember.apply(_NativeGatedResidual if native_ok else _GatedResidual, (True, True, True), x, h, g)
     if mode == "rezero":
         return x + g.to(h.dtype).view(-1, *([1] * (h.dim() - 1))) * h
@@ -236,11 +296,10 @@ class MemberLM(nn.Module):
             gq, gk = 1.0 + gq, 1.0 + gk
         qkv_rows = qkv.view(M * B, T, -1)
         if fused_supported(ctx, D, qkv_rows):
-            # the members folded into the batch for the tables; one kernel call per member
-            starts = ctx.first_keys().view(M, B, T)
-            cos, sin = ctx.cos.contiguous().view(M, B, T, 1, D), ctx.sin.contiguous().view(M, B, T, 1, D)
-            y = _PerMember.apply(_QKVAttention, (True, True, True, True, True, True, False, False, False, False),
-                                 qkv, gq, gk, cos, sin, starts, cfg.norm_eps, H, Hkv, fused_mode(qkv))
+            # the members folded into the batch: one kernel call, each member's B rows with
+            # its own QK-norm gains (gain_batches)
+            y = qkv_attention(qkv_rows, gq.contiguous(), gk.contiguous(), ctx.cos.contiguous(), ctx.sin.contiguous(),
+                              ctx.first_keys(), cfg.norm_eps, H, Hkv, fused_mode(qkv), B)[0].view(M, B, T, H * D)
         else:
             ys = []
             for m in range(M):

@@ -79,7 +79,8 @@ class AttnArgs(ctypes.Structure):
                 ("q", Tensor), ("k", Tensor), ("v", Tensor), ("dout", Tensor), ("start", _P),
                 ("gq", _P), ("gk", _P), ("eps", _F32), ("cos", _P), ("sin", _P), ("csb", _I64), ("cst", _I64),
                 ("rq", _P), ("rk", _P), ("dgq", _P), ("dgk", _P), ("out", _P), ("lse", _P),
-                ("y", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor), ("nthreads", _I32), ("mode", _I32)]
+                ("y", Tensor), ("dq", Tensor), ("dk", Tensor), ("dv", Tensor), ("nthreads", _I32), ("mode", _I32),
+                ("gain_batches", _I32)]
 
 
 class NormRoPEArgs(ctypes.Structure):
@@ -94,14 +95,15 @@ class RMSNormArgs(ctypes.Structure):
     """`sanlab_rms_norm_args`: RMS norm over rows, forward and backward."""
 
     _fields_ = [("n", _I64), ("d", _I32), ("x", _P), ("gain", _P), ("eps", _F32), ("r", _P), ("out", _P),
-                ("out_bf16", _I32), ("dy", _P), ("dy_bf16", _I32), ("dx", _P), ("dgain", _P), ("nthreads", _I32)]
+                ("out_bf16", _I32), ("dy", _P), ("dy_bf16", _I32), ("dx", _P), ("dgain", _P), ("nthreads", _I32),
+                ("group_rows", _I64)]
 
 
 class GatedResidualArgs(ctypes.Structure):
     """`sanlab_gated_residual_args`: the gated residual's backward."""
 
     _fields_ = [("count", _I64), ("d", _I32), ("dy", _P), ("h", _P), ("h_bf16", _I32), ("sigma", _F32), ("dh", _P),
-                ("dg", _P), ("nthreads", _I32)]
+                ("dg", _P), ("nthreads", _I32), ("group_count", _I64), ("sigmas", _P)]
 
 
 # in the order of `sanlab_abi_sizes`

@@ -147,7 +147,7 @@ def _norm_fields(gq: torch.Tensor, gk: torch.Tensor, eps: float, cos: torch.Tens
 
 @torch.library.custom_op("sanlab::qkv_attention", mutates_args=())
 def qkv_attention(qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  starts: torch.Tensor, eps: float, heads: int, kv_heads: int, mode: int
+                  starts: torch.Tensor, eps: float, heads: int, kv_heads: int, mode: int, gain_batches: int = 0
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """SoftmaxAttention's core from the QKV product: q and k through the per-head QK-norm
     (gains gq, gk; `norm_rope_reference`) and RoPE as the kernel reads them, then
@@ -155,7 +155,8 @@ def qkv_attention(qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor, cos: to
 
     qkv (B, T, (H + 2·Hkv)·D) fp32 or bf16 with its last dim contiguous; gq, gk (D,)
     fp32; cos, sin (B, T, 1, D) fp32 (`rope_tables`; the first D/2 of each row used);
-    starts (B, T) int32. Returns y (B, T, H·D) in qkv's dtype, the output in fp32
+    starts (B, T) int32. With `gain_batches` g > 0 (members folded into the batch), gq and gk
+    are (B / g, D), one set of gains per g batches. Returns y (B, T, H·D) in qkv's dtype, the output in fp32
     (B, H, T, D), the log-sum-exp (B, H, T) and each q and k row's 1/RMS, (B, T, H) and
     (B, T, Hkv) — the last four kept for the backward. One pass over q, k and v each way
     instead of the norm's, RoPE's, the casts' and the heads' copies.
@@ -172,12 +173,12 @@ def qkv_attention(qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor, cos: to
         B=B, H=heads, Hkv=kv_heads, T=T, D=D, **_qkv_operands(qkv, heads, kv_heads, D), start=starts.data_ptr(),
         **_norm_fields(gq, gk, eps, cos, sin), rq=rq.data_ptr(), rk=rk.data_ptr(), out=out.data_ptr(),
         lse=lse.data_ptr(), y=native.tensor(y, y.stride(0), D, y.stride(1)), nthreads=torch.get_num_threads(),
-        mode=mode))
+        mode=mode, gain_batches=gain_batches))
     return y, out, lse, rq, rk
 
 
 @qkv_attention.register_fake
-def _(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN202
+def _(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode, gain_batches=0):  # noqa: ANN001, ANN202
     B, T, W = qkv.shape
     D = W // (heads + 2 * kv_heads)
     f32 = torch.float32
@@ -190,42 +191,43 @@ def _(qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode):  # noqa: ANN00
 def qkv_attention_backward(dy: torch.Tensor, qkv: torch.Tensor, gq: torch.Tensor, gk: torch.Tensor,
                            cos: torch.Tensor, sin: torch.Tensor, starts: torch.Tensor, out: torch.Tensor,
                            lse: torch.Tensor, rq: torch.Tensor, rk: torch.Tensor, eps: float, heads: int,
-                           kv_heads: int, mode: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dqkv (in qkv's dtype and shape), dgq, dgk of `qkv_attention` for y's gradient dy."""
+                           kv_heads: int, mode: int, gain_batches: int = 0
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dqkv (in qkv's dtype and shape), dgq, dgk (in gq's shape) of `qkv_attention` for y's gradient dy."""
     lib = native.library()
     B, T, W = qkv.shape
     D = W // (heads + 2 * kv_heads)
     if dy.dtype not in NATIVE_DTYPES or dy.stride(-1) != 1:
         dy = dy.float().contiguous()
     dqkv = torch.empty(B, T, W, dtype=qkv.dtype)
-    dgq = torch.empty(D, dtype=torch.float32)
-    dgk = torch.empty(D, dtype=torch.float32)
+    dgq = torch.empty(gq.shape, dtype=torch.float32)
+    dgk = torch.empty(gk.shape, dtype=torch.float32)
     grads = _qkv_operands(dqkv, heads, kv_heads, D)
     native.call(lib.sanlab_attn_bwd, native.AttnArgs(
         B=B, H=heads, Hkv=kv_heads, T=T, D=D, **_qkv_operands(qkv, heads, kv_heads, D),
         dout=native.tensor(dy, dy.stride(0), D, dy.stride(1)), start=starts.data_ptr(),
         **_norm_fields(gq, gk, eps, cos, sin), rq=rq.data_ptr(), rk=rk.data_ptr(), dgq=dgq.data_ptr(),
         dgk=dgk.data_ptr(), out=out.data_ptr(), lse=lse.data_ptr(), dq=grads["q"], dk=grads["k"], dv=grads["v"],
-        nthreads=torch.get_num_threads(), mode=mode))
+        nthreads=torch.get_num_threads(), mode=mode, gain_batches=gain_batches))
     return dqkv, dgq, dgk
 
 
 @qkv_attention_backward.register_fake
-def _(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, eps, heads, kv_heads, mode):  # noqa: ANN001, ANN202
+def _(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, eps, heads, kv_heads, mode, gain_batches=0):  # noqa: ANN001, ANN202
     return torch.empty_like(qkv), torch.empty_like(gq), torch.empty_like(gk)
 
 
 def _qkv_setup(ctx, inputs, output) -> None:  # noqa: ANN001
-    qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode = inputs
+    qkv, gq, gk, cos, sin, starts, eps, heads, kv_heads, mode, *gain_batches = inputs
     _, out, lse, rq, rk = output
     ctx.save_for_backward(qkv, gq, gk, cos, sin, starts, out, lse, rq, rk)
-    ctx.args = (eps, heads, kv_heads, mode)
+    ctx.args = (eps, heads, kv_heads, mode, *gain_batches)
 
 
 def _qkv_backward(ctx, dy, *_):  # noqa: ANN001, ANN002, ANN202 - only y is differentiated
     qkv, gq, gk, cos, sin, starts, out, lse, rq, rk = ctx.saved_tensors
     dqkv, dgq, dgk = qkv_attention_backward(dy, qkv, gq, gk, cos, sin, starts, out, lse, rq, rk, *ctx.args)
-    return dqkv, dgq.to(gq.dtype), dgk.to(gk.dtype), None, None, None, None, None, None, None
+    return dqkv, dgq.to(gq.dtype), dgk.to(gk.dtype), None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd("sanlab::qkv_attention", _qkv_backward, setup_context=_qkv_setup)

@@ -282,7 +282,7 @@ static Output output(const sanlab_tensor *x) { return (Output){x->data, x->bf16,
 
 int sanlab_attn_fwd(const sanlab_attn_args *p)
 {
-    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL};
+    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL, p->gain_batches};
     Attn a = {.q = input(&p->q), .k = input(&p->k), .v = input(&p->v), .start = p->start,
               .norm = p->gq ? &nm : NULL, .out = p->out, .lse = p->lse, .y = output(&p->y), .nthreads = p->nthreads};
     if (setup(&a, p->B, p->H, p->Hkv, p->T, p->D, p->mode)) return 1;
@@ -293,7 +293,7 @@ int sanlab_attn_bwd(const sanlab_attn_args *p)
 {
     const int B = p->B, Hkv = p->Hkv, D = p->D;
     const long parts = (long)B * Hkv * D;
-    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL};
+    QKNorm nm = {p->gq, p->gk, p->eps, p->cos, p->sin, p->csb, p->cst, p->rq, p->rk, NULL, NULL, p->gain_batches};
     if (p->gq) { /* dγ per kv-head task, summed below in task order */
         nm.dgq = zalloc(sizeof(float) * parts);
         nm.dgk = zalloc(sizeof(float) * parts);
@@ -305,13 +305,18 @@ int sanlab_attn_bwd(const sanlab_attn_args *p)
     int status = setup(&a, B, p->H, Hkv, p->T, D, p->mode);
     if (!status) status = p->mode == 0 && amx_available() ? attn_bwd_amx(&a) : bwd_fp32(&a);
     if (p->gq && !status) {
-        float *dgq = p->dgq, *dgk = p->dgk;
-        for (int d = 0; d < D; d++) dgq[d] = dgk[d] = 0.0f;
-        for (long bg = 0; bg < (long)B * Hkv; bg++)
-            for (int d = 0; d < D; d++) {
-                dgq[d] += nm.dgq[bg * D + d];
-                dgk[d] += nm.dgk[bg * D + d];
-            }
+        /* each set of gains sums its batches' tasks in order (one set: the solo sums) */
+        const int every = p->gain_batches > 0 && p->gain_batches < B ? p->gain_batches : B, sets = (B + every - 1) / every;
+        for (int m = 0; m < sets; m++) {
+            float *dgq = p->dgq + (long)m * D, *dgk = p->dgk + (long)m * D;
+            const long b1 = (long)(m + 1) * every < B ? (long)(m + 1) * every : B;
+            for (int d = 0; d < D; d++) dgq[d] = dgk[d] = 0.0f;
+            for (long bg = (long)m * every * Hkv; bg < b1 * Hkv; bg++)
+                for (int d = 0; d < D; d++) {
+                    dgq[d] += nm.dgq[bg * D + d];
+                    dgk[d] += nm.dgk[bg * D + d];
+                }
+        }
     }
     free(nm.dgq);
     free(nm.dgk);

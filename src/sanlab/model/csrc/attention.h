@@ -38,7 +38,15 @@ typedef struct {
     long csb, cst;
     float *rq, *rk;         /* r per row, (B, T, H) and (B, T, Hkv): written forward, read backward */
     float *dgq, *dgk;       /* backward: dγ per kv-head task, (B·Hkv, D) each */
+    int gain_batches;       /* batches per set of gains (members); 0: one set */
 } QKNorm;
+
+/* The gains batch b reads (q's or k's) */
+static inline const float *gains(const QKNorm *nm, int is_q, int b, int D)
+{
+    const float *g = is_q ? nm->gq : nm->gk;
+    return nm->gain_batches ? g + (long)(b / nm->gain_batches) * D : g;
+}
 
 /* One call's arguments: inputs (dout only in the backward), each row's first visible key
    `start` (B, T), the QK-norm (NULL: q and k are used as given), and the outputs:
@@ -87,7 +95,7 @@ static inline void load_qk(const Attn *a, int is_q, int b, int head, int t, floa
     const int nh = is_q ? a->s.H : a->s.Hkv, half = D / 2;
     float *rs = (is_q ? nm->rq : nm->rk) + ((long)b * a->s.T + t) * nh + head;
     if (write_r) *rs = 1.0f / sqrtf(dot_f32(dst, dst, D) / D + nm->eps);
-    const float r = *rs * scale, *g = is_q ? nm->gq : nm->gk;
+    const float r = *rs * scale, *g = gains(nm, is_q, b, D);
     const float *c, *sn;
     tables(nm, b, t, &c, &sn);
     int d = 0;
@@ -119,7 +127,7 @@ static inline void emit_qk_grad(const Attn *a, int is_q, int b, int head, int t,
     }
     const Input *x = is_q ? &a->q : &a->k;
     const int nh = is_q ? a->s.H : a->s.Hkv, half = D / 2;
-    const float r = (is_q ? nm->rq : nm->rk)[((long)b * a->s.T + t) * nh + head], *g = is_q ? nm->gq : nm->gk;
+    const float r = (is_q ? nm->rq : nm->rk)[((long)b * a->s.T + t) * nh + head], *g = gains(nm, is_q, b, D);
     const float *c, *sn;
     tables(nm, b, t, &c, &sn);
     float n[1024];

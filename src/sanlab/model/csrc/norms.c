@@ -34,7 +34,7 @@ int sanlab_rms_norm_fwd(const sanlab_rms_norm_args *a)
         const float *xi = x + i * d;
         const float ri = 1.0f / sqrtf(dot_f32(xi, xi, d) / d + eps);
         r[i] = ri;
-        scaled_store(out, out_bf16, i * d, xi, ri, gain, d);
+        scaled_store(out, out_bf16, i * d, xi, ri, gain + (a->group_rows ? i / a->group_rows * d : 0), d);
     }
     return 0;
 }
@@ -44,10 +44,12 @@ int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a)
 {
     const long n = a->n;
     const int d = a->d, dy_bf16 = a->dy_bf16, nthreads = a->nthreads;
-    const float *x = a->x, *gain = a->gain, *r = a->r;
+    const float *x = a->x, *r = a->r;
     const void *dy = a->dy;
     float *dx = a->dx, *dgain = a->dgain;
-    const long nchunks = (n + CHUNK_ROWS - 1) / CHUNK_ROWS;
+    /* chunks of CHUNK_ROWS rows from each group's first row (one group: the solo sums) */
+    const long group = a->group_rows > 0 && a->group_rows < n ? a->group_rows : (n > 0 ? n : 1), ngroups = (n + group - 1) / group;
+    const long per = (group + CHUNK_ROWS - 1) / CHUNK_ROWS, nchunks = ngroups * per;
     float *partial = dgain ? zalloc(sizeof(float) * nchunks * d) : NULL;
     if (dgain && !partial) return 2;
     int status = 0;
@@ -63,8 +65,10 @@ int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a)
         for (long c = 0; c < nchunks; c++) {
             if (status) continue;
             float *acc = partial ? partial + c * d : NULL;
-            const long end = (c + 1) * CHUNK_ROWS < n ? (c + 1) * CHUNK_ROWS : n;
-            for (long i = c * CHUNK_ROWS; i < end; i++) {
+            const long g0 = c / per * group, lo = g0 + c % per * CHUNK_ROWS;
+            const long gend = g0 + group < n ? g0 + group : n, end = lo + CHUNK_ROWS < gend ? lo + CHUNK_ROWS : gend;
+            const float *gain = a->gain + c / per * (a->group_rows ? d : 0);
+            for (long i = lo; i < end; i++) {
                 const float *xi = x + i * d;
                 float *dxi = dx + i * d;
                 const float ri = r[i];
@@ -84,9 +88,12 @@ int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a)
         free(g);
     }
     if (dgain) {
-        for (int j = 0; j < d; j++) dgain[j] = 0.0f;
-        for (long c = 0; c < nchunks; c++)
-            for (int j = 0; j < d; j++) dgain[j] += partial[c * d + j];
+        for (long q = 0; q < ngroups; q++) {
+            float *dg = dgain + q * d;
+            for (int j = 0; j < d; j++) dg[j] = 0.0f;
+            for (long c = q * per; c < (q + 1) * per; c++)
+                for (int j = 0; j < d; j++) dg[j] += partial[c * d + j];
+        }
         free(partial);
     }
     return status;
@@ -98,16 +105,21 @@ int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a)
 {
     const long count = a->count;
     const int d = a->d, h_bf16 = a->h_bf16, nthreads = a->nthreads;
-    const float *dy = a->dy, sigma = a->sigma;
+    const float *dy = a->dy;
     const void *h = a->h;
     void *dh = a->dh;
     float *dg = a->dg;
-    const long span = (long)CHUNK_ROWS * d, nchunks = (count + span - 1) / span;
+    /* chunks of CHUNK_ROWS rows from each group's first value (one group: the solo sums) */
+    const long group = a->group_count > 0 && a->group_count < count ? a->group_count : count;
+    const long ngroups = count > 0 ? (count + group - 1) / group : 1;
+    const long span = (long)CHUNK_ROWS * d, per = (group + span - 1) / span, nchunks = ngroups * per;
     float *partial = zalloc(sizeof(float) * (nchunks > 0 ? nchunks : 1));
     if (!partial) return 2;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (long c = 0; c < nchunks; c++) {
-        const long lo = c * span, hi = lo + span < count ? lo + span : count;
+        const long g0 = c / per * group, gend = g0 + group < count ? g0 + group : count;
+        const long lo = g0 + c % per * span, hi = lo + span < gend ? lo + span : gend;
+        const float sigma = a->sigmas ? a->sigmas[c / per] : a->sigma;
         vf acc = vsplat(0.0f);
         long j = lo;
         for (; j + VL <= hi; j += VL) {
@@ -122,9 +134,12 @@ int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a)
         }
         partial[c] = s;
     }
-    float total = 0.0f;
-    for (long c = 0; c < nchunks; c++) total += partial[c];
+    for (long q = 0; q < ngroups; q++) {
+        const float sigma = a->sigmas ? a->sigmas[q] : a->sigma;
+        float total = 0.0f;
+        for (long c = q * per; c < (q + 1) * per; c++) total += partial[c];
+        dg[q] = sigma * (1.0f - sigma) * total;
+    }
     free(partial);
-    *dg = sigma * (1.0f - sigma) * total;
     return 0;
 }

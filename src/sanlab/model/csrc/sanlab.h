@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define SANLAB_ABI_VERSION 3
+#define SANLAB_ABI_VERSION 4
 
 /* A strided operand, its last dim contiguous: element (b, h, t, d) at
    data + (b·sb + h·sh + t·st + d) elements; fp32, or bf16 where bf16 is 1. */
@@ -58,6 +58,8 @@ typedef struct {
     sanlab_tensor dv;
     int32_t nthreads;
     int32_t mode;          /* 0: the fastest products this CPU has (AMX); 1: portable fp32 */
+    int32_t gain_batches;  /* batches per set of gains: batch b reads gq, gk at (b / gain_batches)·D and
+                              its dγ goes to dgq, dgk at that offset (members); 0: one set for all */
 } sanlab_attn_args;
 
 /* Per-head QK-norm then RoPE (norm_rope.c): x (B, T, h, D), its strides in x.sb, x.st and
@@ -99,6 +101,9 @@ typedef struct {
     float *dx;
     float *dgain;          /* (d), or NULL */
     int32_t nthreads;
+    int64_t group_rows;    /* rows per gain: row i reads gain at (i / group_rows)·d and its dγ goes to
+                              dgain at that offset, summed per group as a group of its own (members);
+                              0: one gain for all rows */
 } sanlab_rms_norm_args;
 
 /* The gated residual's backward (norms.c): dh = σ·dy in h's dtype, *dg = σ(1 − σ)·Σ dy⊙h. */
@@ -112,6 +117,10 @@ typedef struct {
     void *dh;
     float *dg;
     int32_t nthreads;
+    int64_t group_count;   /* values per gate: value j reads sigmas[j / group_count] and its sum goes
+                              to dg at that index, summed per group as a group of its own (members);
+                              0: the one gate `sigma` */
+    const float *sigmas;
 } sanlab_gated_residual_args;
 
 int sanlab_abi_version(void);
