@@ -132,6 +132,20 @@ def _plan(args: argparse.Namespace) -> int:
                      str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
                      Cell(_fmt_seconds(plan.run_seconds(r)), fields={"s": plan.run_seconds(r)}), r.note)
     out.table(runs)
+    if spec.runner.kind == "local" and spec.runner.members != 1 and not spec.runner.gpus_per_run:
+        # lazy: the grouping reads the run configs with the trainer's resolution (torch)
+        from sanlab.study.groups import plan_table_rows
+
+        rows = plan_table_rows(plan, spec.runner.members, spec.runner.workers)
+        if rows:
+            gt = Table(f"Member groups (runner.members = {spec.runner.members}): each trains as one batched model")
+            for col in ("phase", "members", "runs", "est. time"):
+                gt.column(col, "right" if col in ("members", "est. time") else "left")
+            for phase, ids, secs in rows:
+                gt.add_row(phase, str(len(ids)), ", ".join(ids), Cell(_fmt_seconds(secs), fields={"s": secs}))
+            gt.notes.append("a group's time: its runs' times summed / the measured members speed-up "
+                            "(sanlab/study/groups.py); runner.members = 1 trains every run on its own")
+            out.table(gt)
     for note in plan.notes:
         out.note(f"note: {note}")
     how = ("each arm's training step timed on this machine (start-up, steps and evaluations; "

@@ -18,7 +18,10 @@ Runners:
   out-of-memory kill takes down only that run) with the CPU threads split between
   them. Children ask the kernel for SIGTERM when the study process dies
   (`PR_SET_PDEATHSIG`), so killing the study also stops its runs, which save a
-  checkpoint on SIGTERM and resume on the next `study run`.
+  checkpoint on SIGTERM and resume on the next `study run`. Runs that can train as the
+  members of one batched model (an arm's sweep points and seeds; `runner.members`) are
+  grouped, one group per process (`sanlab.study.groups`); each member still writes its own
+  run dir and outcome.
 - `SlurmRunner`: one submitit job per run (`cluster="local"` runs the same path on
   this machine through submitit's local executor).
 """
@@ -189,6 +192,7 @@ class LocalRunner:
         self.workers = spec.workers
         self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
         self.gpus = spec.gpus_per_run
+        self.members = spec.members  # runs trained as members of one model (sanlab.study.groups)
         # Each worker owns a fixed set of GPUs: worker i sees devices i·g … i·g + g − 1.
         self.gpu_slots: queue.Queue[str] = queue.Queue()
         for w in range(self.workers if self.gpus else 0):
@@ -215,16 +219,50 @@ class LocalRunner:
             return json.loads(job.outcome_file.read_text())  # type: ignore[no-any-return]
         return _failed(f"worker exited with code {rc} (see {job.log_file})")
 
+    def _group(self, jobs: list[Job]) -> list[dict[str, Any]]:
+        """Jobs trained as the members of one model in one worker process (`sanlab.study.groups`)."""
+        for job in jobs:
+            job.write()
+            job.outcome_file.unlink(missing_ok=True)
+        group_file = Path(jobs[0].jobs_dir) / f"{jobs[0].run_id}.group.json"
+        _write_json(group_file, {"jobs": [asdict(j) for j in jobs]})
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "SANLAB_PARENT_PID": str(os.getpid())}
+        for job in jobs[1:]:
+            with open(job.log_file, "a") as log:
+                log.write(f"trained as a member of a group of {len(jobs)}; its log: {jobs[0].log_file}\n")
+        with open(jobs[0].log_file, "a") as log:
+            rc = subprocess.run([sys.executable, "-m", "sanlab.study.groups", str(group_file)],
+                                stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        return [json.loads(j.outcome_file.read_text()) if j.outcome_file.is_file()
+                else _failed(f"worker exited with code {rc} (see {jobs[0].log_file})") for j in jobs]
+
+    def _groups(self, jobs: list[Job]) -> list[list[Job]]:
+        """The jobs as groups of members (`sanlab.study.groups.plan_groups`); CPU runs of the
+        default trainer only."""
+        if self.members == 1 or self.gpus or any(j.train_fn != DEFAULT_TRAIN_FN for j in jobs):
+            return [[j] for j in jobs]
+        # lazy: the grouping reads configs with the trainer's resolution (torch)
+        from sanlab.study.groups import plan_groups
+
+        return [[jobs[i] for i in g] for g in plan_groups([j.config for j in jobs], self.members, self.workers)]
+
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
-        """Run every job, calling `on_done(job, outcome)` in this thread as each finishes."""
+        """Run every job, calling `on_done(job, outcome)` in this thread as each finishes
+        (the members of a group as their group finishes)."""
         jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus})
                 for j in jobs]
+
+        def one(group: list[Job]) -> list[dict[str, Any]]:
+            return [self._one(group[0])] if len(group) == 1 else self._group(group)
+
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            pending: dict[Future[dict[str, Any]], Job] = {pool.submit(self._one, j): j for j in jobs}
+            pending: dict[Future[list[dict[str, Any]]], list[Job]] = {
+                pool.submit(one, g): g for g in self._groups(jobs)}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    on_done(pending.pop(fut), fut.result())
+                    for job, outcome in zip(pending.pop(fut), fut.result()):
+                        on_done(job, outcome)
 
 
 class SlurmRunner:

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
-from pydantic import model_validator
+from pydantic import StrictInt, model_validator
 
 from sanlab.config import (
     DataConfig,
@@ -305,6 +305,10 @@ class RunnerSpec(StrictModel):
     """Runs in parallel on this machine (local runner)."""
     threads: int | None = None  # torch threads per run; None: cores // workers
     gpus_per_run: int = 0  # >1: the run starts through torchrun
+    members: StrictInt | Literal["auto"] = "auto"
+    """Runs trained together as the members of one batched model (local runner; an arm's
+    sweep points and seeds): the most a group holds; 1 trains every run solo; "auto"
+    groups where it pays (sanlab/study/groups.py)."""
     # Throughput of the reference arm on one worker, for the time estimate in `study plan`
     # where the arms are not timed (SLURM, `--no-timing`, steps too large to time here);
     # other arms are scaled by their FLOPs per token. A local plan times every arm's
@@ -321,6 +325,8 @@ class RunnerSpec(StrictModel):
             raise ValueError(f"runner.threads must be positive, got {self.threads}")
         if self.gpus_per_run < 0:
             raise ValueError("runner.gpus_per_run must be >= 0")
+        if self.members != "auto" and self.members < 1:
+            raise ValueError(f"runner.members must be \"auto\" or an integer >= 1, got {self.members!r}")
         if self.tokens_per_s <= 0:
             raise ValueError("runner.tokens_per_s must be positive")
         return self

@@ -1,0 +1,191 @@
+"""A study's runs trained as members of one batched model (`sanlab.train.members`).
+
+The local runner (`runner.LocalRunner`) groups the runs it is given that share an
+architecture, a data shape and a plan and differ only in what members may differ in (LR,
+weight decay, schedule, seed, data dir: `sanlab.train.members.group_unsupported`): an arm's
+sweep points and seeds. Each group trains in one worker process (`python -m
+sanlab.study.groups GROUP.json`), which takes every member's run lock (in run-id order),
+runs `train_members(..., resume=True)` and writes each member's outcome file as a solo
+worker would (`runner.train_in_process`'s fields). Each member writes its ordinary run
+dir, so the study's store, resume, status and report cannot tell a member from a solo run,
+except meta.json's `members` entry (the batch it trained in).
+
+`runner.members`: an int caps the group size (1: no grouping); "auto" (the default) groups
+on the CPU where it pays: models up to `AUTO_MAX_D` wide, at most `AUTO_MAX_MEMBERS` a
+group, groups of at least `AUTO_MIN_MEMBERS` (smaller ones run solo), and a class of runs
+is split into more groups while there are fewer groups than workers. Runs the members
+engine refuses (`members_unsupported`: other mixers, frozen weights, torch.compile, ...),
+GPU runs, and runs with a custom `train_fn` run solo. A killed grouped study resumes: the
+next `study run` groups the runs still to do again (perhaps otherwise), and each member
+resumes from its own checkpoint (`train_members` lets a member that is ahead wait).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Sequence
+
+from sanlab.config import Config, validate
+
+# "auto": measured at the demo shape (SAN 5L d64 T128 batch 16, bf16, one thread): M members
+# step in 1/1.06 (M = 2), 1/1.08-1.14 (M = 4), 1/1.16 (M = 8) of the time of M solo steps one
+# after another (sanlab.model.members); wider models
+# spend their time in large matmuls, where batching saves nothing and memory grows M-fold.
+AUTO_MAX_D = 256
+AUTO_MAX_MEMBERS = 8
+AUTO_MIN_MEMBERS = 2
+# a group's time against its members' solo times one after another (one thread, M = 2..8)
+MEMBER_SPEEDUP = 1.05
+
+
+def _class_key(cfg: Config) -> str:
+    """What members must share (the fields they may differ in left out)."""
+    # lazy: torch; `study status` and `table` import the runner without it
+    from sanlab.train.members import PER_MEMBER_OPTIM, PER_MEMBER_TRAIN
+
+    d = json.loads(cfg.model_dump_json())
+    for k in PER_MEMBER_OPTIM:
+        d["optim"].pop(k, None)
+    for k in (*PER_MEMBER_TRAIN, "steps", "tokens"):
+        d["train"].pop(k, None)
+    d["data"].pop("dir", None)
+    return json.dumps(d, sort_keys=True)
+
+
+def _cap(setting: int | str, cfg: Config) -> int:
+    """The most members a group of runs like `cfg` may hold (1: train solo)."""
+    if setting == "auto":
+        if cfg.train.device not in ("cpu", "auto") or cfg.model.d_model > AUTO_MAX_D:
+            return 1
+        return AUTO_MAX_MEMBERS
+    return int(setting)
+
+
+def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: int = 1) -> list[list[int]]:
+    """Indices of `configs` (run configs as JSON data) in groups: each inner list trains as
+    the members of one model (one index: solo). Order: the groups in the order of their
+    first run."""
+    if setting == 1 or len(configs) < 2:
+        return [[i] for i in range(len(configs))]
+    # lazy: torch; `study status` and `table` import the runner without it
+    from sanlab.train.members import group_unsupported
+    from sanlab.train.trainer import resolve
+
+    classes: dict[str, list[int]] = {}
+    cfgs: list[Config] = []
+    caps: dict[str, int] = {}
+    solo: list[list[int]] = []
+    for i, raw in enumerate(configs):
+        cfg = resolve(validate(Config, raw, source="run config"))
+        cfgs.append(cfg)
+        cap = _cap(setting, cfg)
+        if cap <= 1 or group_unsupported([cfg]) is not None:
+            solo.append([i])
+            continue
+        key = _class_key(cfg)
+        classes.setdefault(key, []).append(i)
+        caps[key] = cap
+    lo = AUTO_MIN_MEMBERS if setting == "auto" else 2
+    counts = {k: math.ceil(len(v) / caps[k]) for k, v in classes.items()}
+    while setting == "auto" and sum(counts.values()) + len(solo) < workers:  # keep the workers busy
+        k = max(counts, key=lambda k: len(classes[k]) / counts[k], default=None)
+        if k is None or len(classes[k]) / (counts[k] + 1) < lo:
+            break
+        counts[k] += 1
+    groups = list(solo)
+    for k, idx in classes.items():
+        n = counts[k]
+        for g in range(n):  # even splits, in order
+            part = idx[len(idx) * g // n:len(idx) * (g + 1) // n]
+            if len(part) >= lo and group_unsupported([cfgs[i] for i in part]) is None:
+                groups.append(part)
+            else:
+                groups += [[i] for i in part]
+    return sorted(groups, key=lambda g: g[0])
+
+
+def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[str], float]]:
+    """`study plan`'s member groups: (phase, run ids, estimated seconds) per group of two or
+    more, grouped as `study run` groups them (the sweep's runs apart from the final ones).
+    A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP."""
+    rows = []
+    for phase in ("sweep", "final"):
+        runs = [r for r in plan.runs if ("sweep" in r.phases) == (phase == "sweep")]
+        for g in plan_groups([json.loads(r.config.model_dump_json()) for r in runs], setting, workers):
+            if len(g) > 1:
+                rows.append((phase, [runs[i].run_id for i in g],
+                             sum(plan.run_seconds(runs[i]) for i in g) / MEMBER_SPEEDUP))
+    return rows
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def train_group(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Train the jobs (`runner.Job` fields) as members of one model under their locks and
+    return each one's outcome as `runner.train_in_process` returns a solo run's; never raises."""
+    # lazy: torch and the trainer load only in the worker process
+    from sanlab.train.members import train_members
+
+    t0 = time.time()
+    try:
+        cfgs = [validate(Config, j["config"], source=f"run {j['run_id']}") for j in jobs]
+        dirs = [Path(j["run_dir"]).absolute() for j in jobs]
+        for d in dirs:
+            d.mkdir(parents=True, exist_ok=True)
+        with ExitStack() as stack:
+            for j in sorted(jobs, key=lambda j: j["run_id"]):  # one order: no two groups deadlock
+                lock = stack.enter_context(open(Path(j["jobs_dir"]) / f"{j['run_id']}.lock", "a+"))
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            cwd = os.getcwd()
+            # the runs are siblings, so a relative data.dir (the study's own data) means the
+            # same from any of them (runner.train_in_process: a run trains in its run dir)
+            os.chdir(dirs[0])
+            try:
+                metas = train_members(cfgs, dirs, resume=True)
+            finally:
+                os.chdir(cwd)
+    except Exception as e:  # a crashing group is a recorded outcome for each member; the study goes on
+        traceback.print_exc()
+        return [{"status": "failed", "final": {}, "error": f"{type(e).__name__}: {e}", "wall_s": time.time() - t0}
+                for _ in jobs]
+    return [{"status": m.get("status", "failed"), "final": m.get("final") or {}, "error": m.get("error"),
+             "accounting": m.get("accounting"), "tokens_per_s": m.get("tokens_per_s"), "wall_s": time.time() - t0}
+            for m in metas]
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -m sanlab.study.groups GROUP.json`: GROUP.json holds `{"jobs": [JOB, ...]}`
+    (`runner.Job` fields); each member's outcome goes to its job's outcome file."""
+    # lazy: the runner imports this module
+    from sanlab.study.runner import _die_with_parent
+
+    group = json.loads(Path(argv[0]).read_text())
+    parent = os.environ.get("SANLAB_PARENT_PID")
+    _die_with_parent()
+    if parent is not None and os.getppid() != int(parent):
+        return 1  # the study died before the death signal was armed
+    jobs = group["jobs"]
+    if jobs and jobs[0].get("threads"):
+        os.environ["OMP_NUM_THREADS"] = str(jobs[0]["threads"])
+    for job, outcome in zip(jobs, train_group(jobs)):
+        _write_json(Path(job["jobs_dir"]) / f"{job['run_id']}.outcome.json", outcome)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,128 @@
+"""`study run` trains an arm's sweep points and seeds as members of one batched model
+(`sanlab.study.groups`): the same records as solo runs (within the members' tolerance),
+resume after a kill, and `study plan` shows the groups."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sanlab.study.groups import plan_groups
+from sanlab.study.orchestrate import Study
+from sanlab.study.plan import build_arms, sweep_runs
+from sanlab.study.spec import StudySpec
+from sanlab.study.store import ResultStore
+from test_members import RTOL
+from test_study_e2e import SPEC
+
+
+def _spec(data: Path, members: int | str) -> StudySpec:
+    raw = tomllib.loads(SPEC.format(data=data))
+    raw["runner"]["members"] = members
+    return StudySpec.model_validate(raw)
+
+
+def _config(run) -> dict:  # noqa: ANN001
+    return json.loads(run.config.model_dump_json())
+
+
+def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path) -> None:
+    spec = _spec(study_data_dir, "auto")
+    san, iso = build_arms(spec)
+    runs = [*sweep_runs(spec, san, "muon", [0.5, 1, 2], str(study_data_dir)),
+            *sweep_runs(spec, iso, "muon", [1, 2], str(study_data_dir))]
+    configs = [_config(r) for r in runs]
+    assert plan_groups(configs, "auto") == [[0, 1, 2], [3, 4]]
+    assert plan_groups(configs, 2) == [[0], [1, 2], [3, 4]]  # at most 2 a group, split evenly
+    assert plan_groups(configs, 1) == [[i] for i in range(5)]
+    assert plan_groups(configs, "auto", workers=4) == [[0, 1, 2], [3, 4]]  # no group split below 2
+    four = [_config(r) for r in sweep_runs(spec, san, "muon", [0.25, 0.5, 1, 2], str(study_data_dir))]
+    assert plan_groups(four + configs[3:], "auto", workers=3) == [[0, 1], [2, 3], [4, 5]]  # the workers kept busy
+    assert plan_groups(four + configs[3:], "auto", workers=2) == [[0, 1, 2, 3], [4, 5]]
+    configs[1]["model"]["mixer"] = "mixit"  # members refuse it: solo
+    assert plan_groups(configs, "auto") == [[0, 2], [1], [3, 4]]
+    wide = [dict(c, model=dict(c["model"], d_model=512, n_heads=8, n_kv_heads=4)) for c in configs[3:]]
+    assert plan_groups(wide, "auto") == [[0], [1]]  # "auto": too wide to pay
+    assert plan_groups(wide, 8) == [[0, 1]]
+
+
+def test_runner_members_is_validated(study_data_dir: Path) -> None:
+    for bad in (0, -1, "many", True):
+        with pytest.raises(ValueError, match="members"):
+            _spec(study_data_dir, bad)
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return ResultStore(out).runs()
+
+
+def _assert_same_results(grouped: dict[str, dict], solo: dict[str, dict]) -> None:
+    assert grouped.keys() == solo.keys()
+    for rid, r in solo.items():
+        g = grouped[rid]
+        assert g["status"] == r["status"] and g["config"] == r["config"], rid
+        for k in ("val_loss", "train_loss"):
+            assert g["final"][k] == pytest.approx(r["final"][k], rel=RTOL["fp32"]), (rid, k)
+        assert g["final"]["tokens"] == r["final"]["tokens"]
+
+
+@pytest.fixture(scope="module")
+def solo_study(study_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("solo") / "study"
+    assert Study(_spec(study_data_dir, 1), out).run() == 0
+    for rid in _records(out):
+        assert "members" not in json.loads((out / "runs" / rid / "meta.json").read_text())
+    return _records(out)
+
+
+def test_a_grouped_study_records_what_a_solo_study_does(study_data_dir: Path, tmp_path: Path,
+                                                        solo_study: dict[str, dict]) -> None:
+    out = tmp_path / "study"
+    assert Study(_spec(study_data_dir, "auto"), out).run() == 0
+    records = _records(out)
+    _assert_same_results(records, solo_study)
+    batches = {rid: json.loads((out / "runs" / rid / "meta.json").read_text()).get("members", {}).get("batch", 1)
+               for rid in records}
+    assert sorted(batches.values()).count(2) >= 4  # both arms' sweep pairs trained as members
+
+
+@pytest.mark.slow
+def test_a_killed_grouped_study_resumes(study_data_dir: Path, tmp_path: Path, solo_study: dict[str, dict]) -> None:
+    raw = SPEC.format(data=study_data_dir) + 'members = "auto"\n'
+    (tmp_path / "spec.toml").write_text(raw)
+    out = tmp_path / "study"
+    cmd = [sys.executable, "-m", "sanlab", "study", "run", str(tmp_path / "spec.toml"), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 120
+    while not list((out / "runs").glob("*/checkpoints/latest/state.json")):  # a group is under way
+        assert proc.poll() is None, proc.stderr.read().decode()  # type: ignore[union-attr]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    import os
+
+    os.killpg(proc.pid, signal.SIGKILL)  # the study and its group workers, at once
+    proc.wait()
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    _assert_same_results(_records(out), solo_study)
+
+
+def test_study_plan_shows_the_groups(study_data_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "spec.toml").write_text(SPEC.format(data=study_data_dir))
+    plan = subprocess.run([sys.executable, "-m", "sanlab", "study", "plan", str(tmp_path / "spec.toml"), "--no-timing",
+                           "--format", "csv"], capture_output=True, text=True, timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "Member groups" in plan.stdout or "members" in plan.stdout
+    lines = [ln for ln in plan.stdout.splitlines() if ln.startswith("sweep,2,")]
+    assert len(lines) == 2, plan.stdout  # the SAN's and the iso-param arm's two sweep points
+    off = subprocess.run([sys.executable, "-m", "sanlab", "study", "plan", str(tmp_path / "spec.toml"),
+                          "--no-timing", "--format", "csv", "runner.members=1"], capture_output=True, text=True,
+                         timeout=120)
+    assert off.returncode == 0 and not [ln for ln in off.stdout.splitlines() if ln.startswith("sweep,2,")]
