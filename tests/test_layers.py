@@ -21,9 +21,11 @@ FORBIDDEN = {
 }
 # The only `python -m sanlab…` children: a study run's worker process (one run, isolated
 # from the others and from the study process: its own memory, signals and thread count),
-# started directly or as the ranks of torchrun on a GPU node, and the step timing of
+# started directly or as the ranks of torchrun on a GPU node; a group's worker process
+# (its runs trained as members of one model, sanlab.study.groups); and the step timing of
 # `study plan`, which times as many processes side by side as the study will run.
-WORKERS = {"study/runner.py": ["sanlab.study.runner", "sanlab.study.runner"], "study/speed.py": ["sanlab.study.speed"]}
+WORKERS = {"study/runner.py": ["sanlab.study.runner", "sanlab.study.runner", "sanlab.study.groups"],
+           "study/speed.py": ["sanlab.study.speed"]}
 
 
 def imported(path: Path) -> set[str]:

@@ -22,10 +22,12 @@ resumes from its own checkpoint (`train_members` lets a member that is ahead wai
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -44,6 +46,13 @@ AUTO_MAX_MEMBERS = 8
 AUTO_MIN_MEMBERS = 2
 # a group's time against its members' solo times one after another (one thread, M = 2..8)
 MEMBER_SPEEDUP = 1.05
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _class_key(cfg: Config) -> str:
@@ -171,12 +180,10 @@ def train_group(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: Sequence[str]) -> int:
     """`python -m sanlab.study.groups GROUP.json`: GROUP.json holds `{"jobs": [JOB, ...]}`
     (`runner.Job` fields); each member's outcome goes to its job's outcome file."""
-    # lazy: the runner imports this module
-    from sanlab.study.runner import _die_with_parent
 
     group = json.loads(Path(argv[0]).read_text())
     parent = os.environ.get("SANLAB_PARENT_PID")
-    _die_with_parent()
+    die_with_parent()
     if parent is not None and os.getppid() != int(parent):
         return 1  # the study died before the death signal was armed
     jobs = group["jobs"]

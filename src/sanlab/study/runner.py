@@ -28,13 +28,11 @@ Runners:
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import importlib
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import time
@@ -45,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
+from sanlab.study.groups import die_with_parent, plan_groups
 from sanlab.study.spec import RunnerSpec
 
 DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
@@ -178,13 +177,6 @@ def execute(job: Job) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runners
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 class LocalRunner:
     """`workers` concurrent runs on this machine, each in its own process."""
 
@@ -241,9 +233,6 @@ class LocalRunner:
         default trainer only."""
         if self.members == 1 or self.gpus or any(j.train_fn != DEFAULT_TRAIN_FN for j in jobs):
             return [[j] for j in jobs]
-        # lazy: the grouping reads configs with the trainer's resolution (torch)
-        from sanlab.study.groups import plan_groups
-
         return [[jobs[i] for i in g] for g in plan_groups([j.config for j in jobs], self.members, self.workers)]
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
@@ -329,7 +318,7 @@ def main(argv: Sequence[str]) -> int:
             return 0
     else:
         parent = os.environ.get("SANLAB_PARENT_PID")
-        _die_with_parent()
+        die_with_parent()
         if parent is not None and os.getppid() != int(parent):
             return 1  # the study died before the death signal was armed
         outcome = execute(job)
