@@ -210,7 +210,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "const float coef = -ri * ri * ri * dot_f32(g, xi, d) / d;", "const float coef = ri * ri * ri * dot_f32(g, xi, d) / d;",
       (T + "test_native.py",), "the compiled RMS norm's backward has a sign error"),
     M("native-gate-grad", "src/sanlab/model/csrc/norms.c",
-      "*dg = sigma * (1.0f - sigma) * total;", "*dg = sigma * total;",
+      "dg[q] = sigma * (1.0f - sigma) * total;", "dg[q] = sigma * total;",
       (T + "test_native.py",), "the compiled gate gradient uses σ instead of σ(1 − σ)"),
     M("native-rope-sign", "src/sanlab/model/csrc/norm_rope.c",
       "vstore(y + d, n1 * vload(gc1 + d) - n2 * vload(gs2 + d));", "vstore(y + d, n1 * vload(gc1 + d) + n2 * vload(gs2 + d));",
