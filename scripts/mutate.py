@@ -1308,9 +1308,9 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_eval_cli.py::test_sample_passes_the_temperature_through",),
       "sanlab sample samples at T = 1 whatever --temperature says"),
     # ---- the data axis, the world's bits and facts per parameter
-    M("axis-value-shared", "src/sanlab/study/orchestrate.py",
-      '        extra = [f"{point.key}={point.value}"]',
-      '        extra = [f"{point.key}={spec.data.axis_values[0]}"]',
+    M("axis-value-shared", "src/sanlab/study/spec.py",
+      '        return corpus, [f"{self.key}={value}"]',
+      '        return corpus, [f"{self.key}={self.values[0]}"]',
       (T + "test_study_axis.py::test_axis_study_prepares_each_value_once_and_tables_delta_against_it",),
       "every value of the data axis is prepared with the first value's setting (one corpus shared by all)"),
     M("axis-run-id-unprefixed", "src/sanlab/study/plan.py",

@@ -143,10 +143,8 @@ def prepare_config(spec: StudySpec, point: DataPoint | None = None) -> Any:
     from sanlab.data.prepare import PrepareConfig  # lazy: numpy; `sanlab study table` runs without it
 
     corpus, extra = spec.data.corpus, []
-    if point is not None and point.key == "corpus":
-        corpus = point.value
-    elif point is not None and point.key is not None:
-        extra = [f"{point.key}={point.value}"]
+    if point is not None and point.axis is not None:
+        corpus, extra = point.axis.prepare_settings(point.value, corpus)
     overrides = [f"corpus={corpus}", f"tokens={spec.data.tokens}",
                  f"seq_len={spec.data.seq_len}", f"vocab_size={spec.model.vocab_size}",
                  *spec.data.prepare, *extra]
@@ -163,9 +161,9 @@ def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
     if (data_dir / "manifest.json").is_file():
         _check_data(spec, data_dir)
         return data_dir
-    if point.key == "dir":
+    if point.axis is not None and not point.axis.prepares:
         raise DataError(f"data.axis.dir: {data_dir} is not a prepared data dir (no manifest.json)")
-    if spec.data.corpus is None and point.key != "corpus":
+    if spec.data.corpus is None and point.axis is None:
         raise DataError(f"data.dir: {data_dir} is not a prepared data dir (no manifest.json); "
                         "run `sanlab prepare` or set data.corpus so the study prepares it")
     cfg = prepare_config(spec, point)

@@ -12,7 +12,6 @@ reference's final run) share one run instead of training it twice.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -22,6 +21,7 @@ from sanlab.errors import ConfigError
 from sanlab.matching import layout_prefix, match, model_label
 from sanlab.study.spec import (
     ArmKind,
+    DataPoint,
     Optimizer,
     StudySpec,
     reference_name,
@@ -186,56 +186,12 @@ def run_id(arm: StudyArm, optimizer: str, lr: float, tokens: int, seed: int, dat
 # --------------------------------------------------------------------------- the data axis
 
 
-@dataclass(frozen=True)
-class DataPoint:
-    """One corpus the study trains on: the one corpus of a study without a data axis
-    (`key` None, `slug` ""), else one value of `data.axis`."""
-
-    key: str | None
-    value: Any
-    slug: str  # the run-id prefix and the data dir's name: "facts400"; "" without an axis
-    dir: str  # the prepared dir
-
-    @property
-    def label(self) -> str:
-        """`synth.facts=400`; "" without an axis."""
-        return "" if self.key is None else f"{self.key}={self.value}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "value": self.value, "slug": self.slug, "label": self.label, "dir": self.dir}
-
-
-_SLUG_BAD = re.compile(r"[^a-z0-9._]+")
-
-
-def axis_slug(key: str, value: Any) -> str:
-    """A value's name in run ids and dirs: the key's last part and the value (`facts400`);
-    a corpus by its name (`kjv`), a listed dir by its base name."""
-    if key == "dir":
-        raw = Path(str(value)).name or str(value)
-    elif key == "corpus":
-        raw = str(value)
-    else:
-        raw = f"{key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else f"{key.rsplit('.', 1)[-1]}{value}"
-    return _SLUG_BAD.sub("_", raw.lower()).strip("_.") or "value"
-
-
 def data_points(spec: StudySpec, study_dir: str | Path | None) -> list[DataPoint]:
     """The study's corpora in axis order: one without an axis, one per `data.axis` value
     (each with its own prepared dir). Raises `ConfigError` when two values share a slug."""
     base = default_data_dir(spec, study_dir)
-    key = spec.data.axis_key
-    if key is None:
-        return [DataPoint(None, None, "", base)]
-    points = []
-    for v in spec.data.axis_values:
-        slug = axis_slug(key, v)
-        points.append(DataPoint(key, v, slug, str(v) if key == "dir" else str(Path(base) / slug)))
-    slugs = [p.slug for p in points]
-    if len(set(slugs)) != len(slugs):
-        dup = next(s for s in slugs if slugs.count(s) > 1)
-        raise ConfigError(f"data.axis.{key}: two values are both named {dup!r} in run ids; use distinct values")
-    return points
+    axis = spec.data.typed_axis
+    return [DataPoint(None, None, "", base)] if axis is None else axis.points(base)
 
 
 def sweep_point(spec: StudySpec, points: list[DataPoint], point: DataPoint) -> DataPoint:

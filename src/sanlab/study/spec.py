@@ -12,10 +12,11 @@ naming the key).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Annotated, Any, ClassVar, Literal, Sequence, Union
 
-from pydantic import StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, PrivateAttr, StrictInt, Tag, TypeAdapter, model_validator
 
 from sanlab.config import (
     DataConfig,
@@ -27,6 +28,7 @@ from sanlab.config import (
     apply_overrides,
     load_toml,
 )
+from sanlab.errors import ConfigError
 
 Optimizer = Literal["muon", "adamw"]
 Matching = Literal["iso_param", "iso_flop", "iso_depth"]
@@ -39,6 +41,116 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_]*$")
 
 
 AXIS_FIXED = ("seq_len", "vocab_size")  # the models are built for these: never an axis
+
+_SLUG_BAD = re.compile(r"[^a-z0-9._]+")
+
+
+@dataclass(frozen=True)
+class DataPoint:
+    """One corpus the study trains on: the one corpus of a study without a data axis
+    (`key` None, `slug` ""), else one value of `data.axis` (`axis`, its typed view)."""
+
+    key: str | None
+    value: Any
+    slug: str  # the run-id prefix and the data dir's name: "facts400"; "" without an axis
+    dir: str  # the prepared dir
+    axis: "DataAxis | None" = field(default=None, compare=False, repr=False)
+
+    @property
+    def label(self) -> str:
+        """`synth.facts=400`; "" without an axis."""
+        return "" if self.key is None else f"{self.key}={self.value}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "value": self.value, "slug": self.slug, "label": self.label, "dir": self.dir}
+
+
+class _Axis(BaseModel):
+    """`data.axis` typed: its key, its values, and what each value is (`DataAxis`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    key: str
+    values: list[Any]
+    names_data: ClassVar[bool] = False  # the values name the data itself (data.dir / data.corpus may be unset)
+    prepares: ClassVar[bool] = True  # the study prepares each value's dir
+
+    def _name(self, value: Any) -> str:
+        return f"{self.key.rsplit('.', 1)[-1]}{value:g}" if isinstance(value, float) else f"{self.key.rsplit('.', 1)[-1]}{value}"
+
+    def slug(self, value: Any) -> str:
+        """A value's name in run ids and dirs: the key's last part and the value (`facts400`);
+        a corpus by its name (`kjv`), a listed dir by its base name."""
+        return _SLUG_BAD.sub("_", self._name(value).lower()).strip("_.") or "value"
+
+    def dir(self, value: Any, base: str) -> str:
+        """The value's prepared dir, `base/SLUG` (`base`: data.dir, else the study's data/)."""
+        return str(Path(base) / self.slug(value))
+
+    def prepare_settings(self, value: Any, corpus: str | None) -> tuple[str | None, list[str]]:
+        """(corpus, extra `sanlab prepare` settings) that prepare `value`'s dir."""
+        return corpus, [f"{self.key}={value}"]
+
+    def check_corpus(self, corpus: str | None) -> None:
+        if corpus is None:
+            raise ValueError(f"data.axis.{self.key} is a prepare setting: set data.corpus")
+
+    def points(self, base: str) -> list[DataPoint]:
+        """One data point per value, in order. Raises `ConfigError` when two values share a slug."""
+        points = [DataPoint(self.key, v, self.slug(v), self.dir(v, base), self) for v in self.values]
+        slugs = [p.slug for p in points]
+        if len(set(slugs)) != len(slugs):
+            dup = next(s for s in slugs if slugs.count(s) > 1)
+            raise ConfigError(f"data.axis.{self.key}: two values are both named {dup!r} in run ids; use distinct values")
+        return points
+
+
+class PrepareAxis(_Axis):
+    """`{"synth.facts" = [400, 1600]}`: one `sanlab prepare` setting, a dir prepared per value."""
+
+
+class CorporaAxis(_Axis):
+    """`{corpus = ["synth", "kjv"]}`: several corpora, a dir prepared per corpus."""
+
+    key: Literal["corpus"] = "corpus"
+    names_data: ClassVar[bool] = True
+
+    def _name(self, value: Any) -> str:
+        return str(value)
+
+    def prepare_settings(self, value: Any, corpus: str | None) -> tuple[str | None, list[str]]:
+        return str(value), []
+
+    def check_corpus(self, corpus: str | None) -> None:
+        if corpus is not None:
+            raise ValueError("data.axis.corpus lists the corpora: unset data.corpus")
+
+
+class DirsAxis(_Axis):
+    """`{dir = ["data/a", "data/b"]}`: prepared dirs, each used as it is."""
+
+    key: Literal["dir"] = "dir"
+    names_data: ClassVar[bool] = True
+    prepares: ClassVar[bool] = False
+
+    def _name(self, value: Any) -> str:
+        return Path(str(value)).name or str(value)
+
+    def dir(self, value: Any, base: str) -> str:
+        return str(value)
+
+    def check_corpus(self, corpus: str | None) -> None:
+        if corpus is not None:
+            raise ValueError("data.axis.dir lists prepared dirs: unset data.corpus")
+
+
+def _axis_kind(v: Any) -> str:
+    key = v.get("key") if isinstance(v, dict) else getattr(v, "key", None)
+    return {"dir": "dirs", "corpus": "corpora"}.get(key, "prepare")  # type: ignore[arg-type]
+
+
+DataAxis = Annotated[Union[Annotated[DirsAxis, Tag("dirs")], Annotated[CorporaAxis, Tag("corpora")],
+                           Annotated[PrepareAxis, Tag("prepare")]], Discriminator(_axis_kind)]
+_DATA_AXIS: TypeAdapter[Any] = TypeAdapter(DataAxis)
 
 
 class StudyData(DataConfig):
@@ -91,12 +203,21 @@ class StudyData(DataConfig):
     def axis_values(self) -> list[Any]:
         return list(self.axis.values())[0] if self.axis else []
 
+    _typed_axis: Any = PrivateAttr(None)
+
+    @property
+    def typed_axis(self) -> "DirsAxis | CorporaAxis | PrepareAxis | None":
+        """`axis` typed (built by the validator): None without an axis."""
+        return self._typed_axis
+
     @model_validator(mode="after")
     def _check_source(self) -> "StudyData":
         key = self.axis_key
-        if self.dir is None and self.corpus is None and key not in ("corpus", "dir"):
+        ax = self._typed_axis = None if key is None else _DATA_AXIS.validate_python(
+            {"key": key, "values": self.axis_values})
+        if self.dir is None and self.corpus is None and not (ax is not None and ax.names_data):
             raise ValueError("set data.dir (a prepared dir) or data.corpus (to prepare one)")
-        if (self.corpus is not None or key == "corpus") and (self.tokens is None or self.tokens <= 0):
+        if (self.corpus is not None or isinstance(ax, CorporaAxis)) and (self.tokens is None or self.tokens <= 0):
             raise ValueError("data.corpus needs data.tokens (how many tokens to prepare)")
         for item in self.prepare:
             if "=" not in item:
@@ -119,12 +240,7 @@ class StudyData(DataConfig):
                 raise ValueError(f"data.axis.{key} lists a value twice")
             if any(isinstance(v, (dict, list)) for v in values):
                 raise ValueError(f"data.axis.{key}: values must be strings or numbers")
-            if key == "dir" and self.corpus is not None:
-                raise ValueError("data.axis.dir lists prepared dirs: unset data.corpus")
-            if key == "corpus" and self.corpus is not None:
-                raise ValueError("data.axis.corpus lists the corpora: unset data.corpus")
-            if key not in ("dir", "corpus") and self.corpus is None:
-                raise ValueError(f"data.axis.{key} is a prepare setting: set data.corpus")
+            ax.check_corpus(self.corpus)
         return self
 
 
