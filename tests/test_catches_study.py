@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sanlab.study.plan import build_arms, final_runs, noise_arm, run_id
+from sanlab.study.plan import build_arms, data_points, final_runs, noise_arm, run_id
 from sanlab.study.spec import StudySpec
 from sanlab.study.table import gaps, locks
 
@@ -134,6 +134,6 @@ def test_a_gap_inside_the_floors_seed_spread_is_within_noise() -> None:
     records = _records(spec, {ref: base, other: {1: 3.01, 2: 2.99, 3: 3.03, 4: 2.97},
                               partner: {s: v - 0.02 for s, v in base.items()}})
     console = Console(record=True, width=250)
-    console.print(rich_table(gap_table(spec, arms, records, locks(spec, arms, {}, set()))))
+    console.print(rich_table(gap_table(spec, arms, records, locks(spec, arms, {}, set()), data_points(spec, None))))
     row = next(line for line in console.export_text().splitlines() if line.strip("│ ").startswith(partner))
     assert "within noise" in row, row

@@ -18,10 +18,10 @@ from rich.console import Console
 
 from sanlab.config import Config
 from sanlab.errors import ConfigError
-from sanlab.study.orchestrate import Study
+from sanlab.study.orchestrate import Study, check
 from sanlab.study.plan import build_arms, data_points, plan_study
 from sanlab.study.results import table_json
-from sanlab.study.spec import StudySpec
+from sanlab.study.spec import CorporaAxis, DirsAxis, PrepareAxis, StudySpec
 from sanlab.study.store import ResultStore
 
 import study_fakes
@@ -92,6 +92,36 @@ def test_two_values_with_one_name_are_refused() -> None:
     spec = make_spec(data={"axis": {"dir": ["a/x", "b/x"]}, "corpus": None})
     with pytest.raises(ConfigError, match="both named 'x'"):
         data_points(spec, None)
+
+
+def test_each_kind_of_axis_names_and_places_its_values(tmp_path: Path) -> None:
+    """The typed view of data.axis: a prepare key, corpora or prepared dirs; each value's slug,
+    its dir (under the data dir, or the listed dir itself) and the settings that prepare it.
+    The saved form stays the dict the spec gave."""
+    base = str(tmp_path / "data")
+    facts = make_spec(data={"axis": {"synth.facts": [64, 2.5e3]}}).data
+    assert isinstance(facts.typed_axis, PrepareAxis)
+    assert [(p.slug, p.dir, p.label) for p in facts.typed_axis.points(base)] == [
+        ("facts64", f"{base}/facts64", "synth.facts=64"), ("facts2500", f"{base}/facts2500", "synth.facts=2500.0")]
+    assert facts.typed_axis.prepare_settings(64, "synth") == ("synth", ["synth.facts=64"])
+    assert facts.model_dump()["axis"] == {"synth.facts": [64, 2.5e3]}
+    corpora = make_spec(data={"axis": {"corpus": ["synth", "KJV text"]}, "corpus": None}).data
+    assert isinstance(corpora.typed_axis, CorporaAxis)
+    assert [(p.slug, p.dir) for p in corpora.typed_axis.points(base)] == [
+        ("synth", f"{base}/synth"), ("kjv_text", f"{base}/kjv_text")]
+    assert corpora.typed_axis.prepare_settings("kjv", None) == ("kjv", [])
+    dirs = make_spec(data={"axis": {"dir": ["a/x1", "b/Run 2/"]}, "corpus": None}).data
+    assert isinstance(dirs.typed_axis, DirsAxis) and not dirs.typed_axis.prepares
+    assert [(p.slug, p.dir) for p in dirs.typed_axis.points(base)] == [("x1", "a/x1"), ("run_2", "b/Run 2/")]
+    assert make_spec(data={"axis": {}}).data.typed_axis is None
+
+
+def test_every_table_gets_the_study_dirs_points(tmp_path: Path) -> None:
+    """The points are computed once per study dir, with its dirs, and handed to the tables."""
+    spec = make_spec()
+    arms, points = check(spec, tmp_path)
+    assert [p.dir for p in points] == [str(tmp_path / "data" / s) for s in ("facts64", "facts128")]
+    assert points == data_points(spec, tmp_path) and len(arms) == 2
 
 
 def test_plan_runs_every_arm_sweep_seed_and_noise_pair_at_every_value(tmp_path: Path) -> None:

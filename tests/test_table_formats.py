@@ -294,7 +294,7 @@ def test_data_table_puts_facts_per_param_and_bits_per_param_where_their_names_sa
     facts, bits = 6400, 40446  # bits/fact 6.32: far from 1, so the two readings cannot coincide
     info = {"": {"world": {"facts": facts, "bits": bits, "bits_per_fact": bits / facts},
                  "train_tokens": 1000, "floor": {"val": 0.1}}}
-    t = data_table(spec, arms, info)
+    t = data_table(spec, arms, info, data_points(spec, None))
     assert t is not None
     cols, rows = _as_data(t)
     for a, row in zip(arms, rows):
@@ -329,7 +329,7 @@ def test_axis_table_marks_beyond_noise_only_against_a_noise_floor(floor: Any, ma
     Without a noise pair there is no floor, and nothing is marked, however large Δ is."""
     spec = _spec(data={"corpus": "synth", "tokens": 3000, "seq_len": 32, "axis": {"synth.facts": [64, 128]}},
                  noise={"enabled": floor is not None})
-    t = axis_table(spec, build_arms(spec), _axis_records(spec, -0.2, floor))
+    t = axis_table(spec, build_arms(spec), _axis_records(spec, -0.2, floor), data_points(spec, None))
     cells = [c for c in t.rows[0][3:]]
     assert len(cells) == 2 and all(c.startswith("-0.1985 ± 0.0007") for c in cells), cells
     assert all(c.endswith("*") == marked for c in cells), (floor, cells)

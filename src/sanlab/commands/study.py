@@ -86,12 +86,12 @@ def _plan(args: argparse.Namespace) -> int:
     if args.out:  # the timing caches speed.json there
         check_out_dir(args.out)
     spec = load_spec(args.spec, args.overrides)
-    check(spec, Path(args.out) if args.out else None)  # exactly what `study run` refuses
+    _, points = check(spec, Path(args.out) if args.out else None)  # exactly what `study run` refuses
     records: dict[str, Any] = ResultStore(args.out).runs() if args.out else {}
     plan = plan_study(spec, args.out, records)
     if records:
         plan = plan_study(spec, args.out, records,
-                          point_locks=locks_by_point(spec, plan.arms, records, set(records)))
+                          point_locks=locks_by_point(spec, plan.arms, records, set(records), points))
     if spec.runner.kind == "local" and not args.no_timing:
         plan.speeds, notes = arm_speeds(plan.runs, local_threads(spec.runner), args.out,
                                         side_by_side=spec.runner.workers)
@@ -104,7 +104,7 @@ def _plan(args: argparse.Namespace) -> int:
         dt = Table(f"Data axis {spec.data.axis_key} (each value prepared once, shared by every arm)")
         for col in ("value", "run-id prefix", "prepared dir"):
             dt.column(col)
-        for p in data_points(spec, args.out):
+        for p in points:
             ready = (Path(p.dir) / "manifest.json").is_file()
             dt.add_row(str(p.value), p.slug, p.dir + ("" if ready else " (to prepare)"))
         out.table(dt)
@@ -222,7 +222,7 @@ def _table(args: argparse.Namespace) -> int:
     spec = load_saved_spec(args.dir)
     _note_damaged(store)
     with Output(args.format) as out:
-        print_tables(spec, build_arms(spec), store.runs(), out, store.data())
+        print_tables(spec, build_arms(spec), store.runs(), data_points(spec, args.dir), out, store.data())
     return EXIT_OK
 
 

@@ -153,10 +153,9 @@ def prepare_config(spec: StudySpec, point: DataPoint | None = None) -> Any:
 
 
 def resolve_data(spec: StudySpec, study_dir: Path | None, *, prepare: bool,
-                 console: Console | None = None, point: DataPoint | None = None) -> Path:
-    """The prepared data dir (of one data point), preparing it first when the spec says
-    how and `prepare`; a dir that already holds a prepared corpus is used as it is."""
-    point = point or data_points(spec, study_dir)[0]
+                 console: Console | None = None, point: DataPoint) -> Path:
+    """The prepared data dir of one data point (`data_points`), preparing it first when the
+    spec says how and `prepare`; a dir that already holds a prepared corpus is used as it is."""
     data_dir = Path(point.dir)
     if (data_dir / "manifest.json").is_file():
         _check_data(spec, data_dir)
@@ -208,14 +207,16 @@ def _check_data(spec: StudySpec, data_dir: Path) -> None:
                         f"seq_len={manifest.get('seq_len')}")
 
 
-def check(spec: StudySpec, study_dir: Path | None) -> tuple[list[StudyArm], Path]:
+def check(spec: StudySpec, study_dir: Path | None) -> tuple[list[StudyArm], list[DataPoint]]:
     """Everything that can be wrong with the input before any run starts (used by both
     `study run` and `study plan`, so plan accepts exactly what run accepts): the arms and
     every data point's data (prepared, or how to prepare it). Returns the arms and the
-    first data point's dir."""
+    data points (`data_points`, computed once here)."""
     arms = build_arms(spec)
-    dirs = [resolve_data(spec, study_dir, prepare=False, point=p) for p in data_points(spec, study_dir)]
-    return arms, dirs[0]
+    points = data_points(spec, study_dir)
+    for p in points:
+        resolve_data(spec, study_dir, prepare=False, point=p)
+    return arms, points
 
 
 def portable_data_dir(data_dir: str | Path, study_dir: Path, run_dir: Path) -> str:
@@ -249,9 +250,8 @@ class Study:
 
     def check(self) -> None:
         """Everything that can be wrong with the input, before any run starts."""
-        self.arms, data_dir = check(self.spec, self.dir)
-        self.data_dir = str(data_dir)
-        self.points = data_points(self.spec, self.dir)
+        self.arms, self.points = check(self.spec, self.dir)
+        self.data_dir = str(Path(self.points[0].dir))
 
     # ---------------------------------------------------------------- execution
 
@@ -320,7 +320,7 @@ class Study:
     def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
         """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
         records = self.store.runs()
-        by_point = locks_by_point(self.spec, self.arms, records, set(records))
+        by_point = locks_by_point(self.spec, self.arms, records, set(records), self.points)
         for point in self.points:
             if sweep_point(self.spec, self.points, point) != point:
                 continue
@@ -371,7 +371,7 @@ class Study:
                                             point=p if p.key is not None else None)])
         self._execute(finals, "final + noise-floor runs")
         records = self.store.runs()
-        print_tables(self.spec, self.arms, records, Output.to_console(self.console), self.store.data())
+        print_tables(self.spec, self.arms, records, self.points, Output.to_console(self.console), self.store.data())
         bad = sorted(rid for rid in self.attempted if records[rid].get("status") not in FINAL_STATUSES)
         if bad:
             self.console.print(f"[red]{len(bad)} run(s) did not finish: {', '.join(bad)} "

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from sanlab.study import noise
 from sanlab.study.orchestrate import load_saved_spec
-from sanlab.study.plan import StudyArm, build_arms, data_points, noise_arm, plan_study, run_id
+from sanlab.study.plan import DataPoint, StudyArm, build_arms, data_points, noise_arm, plan_study, run_id
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore, live_status
 from sanlab.study.table import (
@@ -40,8 +40,8 @@ def run_rows(spec: StudySpec, study_dir: str | Path, records: Mapping[str, dict]
     meta.json says (`pending` without one). `study status` lists them and the report
     counts them, so the two always agree."""
     arms_plan = plan_study(spec, study_dir, records)
-    plan = plan_study(spec, study_dir, records,
-                      point_locks=locks_by_point(spec, arms_plan.arms, records, set(records)))
+    plan = plan_study(spec, study_dir, records, point_locks=locks_by_point(
+        spec, arms_plan.arms, records, set(records), data_points(spec, study_dir)))
     rows = []
     for r in plan.runs:
         rec = records.get(r.run_id)
@@ -56,7 +56,7 @@ def table_json(study_dir: str | Path) -> dict[str, Any]:
     """`sanlab study table STUDY_DIR --json`, as data (see `tables`)."""
     spec = load_saved_spec(study_dir)
     store = ResultStore(study_dir)
-    return tables(spec, build_arms(spec), store.runs(), store.data())
+    return tables(spec, build_arms(spec), store.runs(), data_points(spec, study_dir), store.data())
 
 
 def _arm(a: StudyArm) -> dict[str, Any]:
@@ -68,7 +68,7 @@ def _arm(a: StudyArm) -> dict[str, Any]:
             "state_mixer": m.state_mixer, "freeze": sorted((a.train or {}).get("freeze") or [])}
 
 
-def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict], points: list[DataPoint],
            data_info: Mapping[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """What `study table` shows, as data: the gaps (each with its verdict against the noise
     floor and the run ids of its seed pairs), the noise floor (with its size F,
@@ -79,8 +79,8 @@ def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
     on a data axis, Δ per arm against it (`axis`). Every gap, noise pair, sweep row and
     lock names its data point (`data`, its slug; "" without an axis)."""
     lock = locks(spec, arms, records, set(records))
-    by_point = locks_by_point(spec, arms, records, set(records))
-    rows, noise_rows = all_gaps(spec, arms, records)
+    by_point = locks_by_point(spec, arms, records, set(records), points)
+    rows, noise_rows = all_gaps(spec, arms, records, points)
     floors = floors_by_point(noise_rows)
     by_name = {a.name: a for a in arms}
     ref = arms[0]
@@ -95,7 +95,7 @@ def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
 
     sweep_title, warnings, sweep = "", [], []
     if spec.sweep.enabled:
-        for p in swept_points(spec):
+        for p in swept_points(spec, points):
             table, w = sweep_table(spec, arms, records, p if p.slug else None)
             sweep_title = sweep_title or str(table.title)
             warnings += w
@@ -114,16 +114,16 @@ def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
                   [{"arm": a, "optimizer": o, "lr": lr, "data": slug}
                    for slug, at in by_point.items() for (a, o), lr in at.items()]),
         "throughput": throughput(records),
-        "titles": {"gap": str(gap_table(spec, arms, records, lock).title), "sweep": sweep_title},
+        "titles": {"gap": str(gap_table(spec, arms, records, lock, points).title), "sweep": sweep_title},
         "sweep_warnings": warnings,
         "data": {"key": axis, "values": list(spec.data.axis_values), "sweep": sweep_note(spec) if axis else None,
                  "lock_at": spec.sweep.lock_at,
                  "points": [{**{k: v for k, v in p.to_dict().items() if k != "dir"},
                              "info": {k: v for k, v in (data_info or {}).get(p.slug, {}).items()
                                       if k not in ("type", "time", "dir")} or None}
-                            for p in data_points(spec, None)],
-                 "per_arm": data_rows(spec, arms, data_info or {})},
+                            for p in points],
+                 "per_arm": data_rows(spec, arms, data_info or {}, points)},
     }
     if axis:
-        out["axis"] = axis_rows(spec, arms, records)
+        out["axis"] = axis_rows(spec, arms, records, points)
     return out

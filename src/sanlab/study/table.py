@@ -25,7 +25,6 @@ from sanlab.study.plan import (
     StudyArm,
     cell_decision,
     cells,
-    data_points,
     noise_arm,
     round_lr,
     run_id,
@@ -131,10 +130,9 @@ def locks(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
 
 
 def locks_by_point(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-                   attempted: set[str]) -> dict[str, dict[tuple[str, str], float]]:
-    """Data slug -> the locks every data point trains at: its own sweep's, or those of
-    `sweep.lock_at`'s value (shared, not copied: one sweep decides them)."""
-    points = data_points(spec, None)
+                   attempted: set[str], points: list[DataPoint]) -> dict[str, dict[tuple[str, str], float]]:
+    """Data slug -> the locks every data point (of `points`, `data_points`) trains at: its
+    own sweep's, or those of `sweep.lock_at`'s value (shared, not copied: one sweep decides them)."""
     swept: dict[str, dict[tuple[str, str], float]] = {}
     out = {}
     for p in points:
@@ -168,12 +166,13 @@ def gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
     return out, noise
 
 
-def all_gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> tuple[list[Gap], list[Gap]]:
+def all_gaps(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+             points: list[DataPoint]) -> tuple[list[Gap], list[Gap]]:
     """`gaps` at every data point, points in axis order (each with its own noise pair)."""
-    by_point = locks_by_point(spec, arms, records, set(records))
+    by_point = locks_by_point(spec, arms, records, set(records), points)
     rows: list[Gap] = []
     noise_rows: list[Gap] = []
-    for p in data_points(spec, None):
+    for p in points:
         point = p if p.slug else None
         r, n = gaps(spec, arms, records, by_point[p.slug], point)
         rows += r
@@ -237,12 +236,12 @@ def _delta_cells(g: Gap, seeds: list[int]) -> tuple[Cell, Cell]:
 
 
 def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-              lock: Mapping[tuple[str, str], float]) -> Table:
+              lock: Mapping[tuple[str, str], float], points: list[DataPoint]) -> Table:
     """The gap table; with a data axis, every data point's gaps (`lock` is then unused:
     each point reads its own locks, `locks_by_point`) with a column for the axis value,
     each read against its own point's noise floor."""
     axis = spec.data.axis_key
-    rows, noise = all_gaps(spec, arms, records) if axis else gaps(spec, arms, records, lock)
+    rows, noise = all_gaps(spec, arms, records, points) if axis else gaps(spec, arms, records, lock)
     floors = floors_by_point(noise)
     ref = arms[0]
     seeds = ", ".join(f"s{s}" for s in spec.seeds)
@@ -274,10 +273,11 @@ def gap_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]
     return table
 
 
-def axis_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> list[dict[str, Any]]:
+def axis_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+              points: list[DataPoint]) -> list[dict[str, Any]]:
     """The data axis as data: per arm × optimizer × budget, Δ at every axis value
     (mean, sd and per seed, and the verdict against that value's own noise floor)."""
-    rows, noise_rows = all_gaps(spec, arms, records)
+    rows, noise_rows = all_gaps(spec, arms, records, points)
     floors = floors_by_point(noise_rows)
     out: dict[tuple[str, str, int], dict[str, Any]] = {}
     for g in rows:
@@ -301,7 +301,8 @@ def sweep_note(spec: StudySpec) -> str:
     return "each value with its own sweep"
 
 
-def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict]) -> Table:
+def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+               points: list[DataPoint]) -> Table:
     """Δ per arm against the data knob: one column per value, mean ± sd over seed pairs."""
     key = spec.data.axis_key
     ref = arms[0]
@@ -312,7 +313,7 @@ def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
     table.column("tokens", "right")
     for v in spec.data.axis_values:
         table.column(f"{key}={v}", "right")
-    for row in axis_rows(spec, arms, records):
+    for row in axis_rows(spec, arms, records, points):
         by = {str(c["data_value"]): c for c in row["values"]}
         cells_ = []
         for v in spec.data.axis_values:
@@ -328,11 +329,11 @@ def axis_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
 
 
 def data_rows(spec: StudySpec, arms: list[StudyArm],
-              data_info: Mapping[str, dict[str, Any]]) -> list[dict[str, Any]]:
+              data_info: Mapping[str, dict[str, Any]], points: list[DataPoint]) -> list[dict[str, Any]]:
     """Per data point × arm: the world's facts and bits (from `sanlab prepare`'s floor file,
     kept in the store's `data` records) per non-embedding parameter of the arm."""
     out = []
-    for p in data_points(spec, None):
+    for p in points:
         info = data_info.get(p.slug)
         if info is None:
             continue
@@ -350,10 +351,11 @@ def data_rows(spec: StudySpec, arms: list[StudyArm],
     return out
 
 
-def data_table(spec: StudySpec, arms: list[StudyArm], data_info: Mapping[str, dict[str, Any]]) -> Table | None:
+def data_table(spec: StudySpec, arms: list[StudyArm], data_info: Mapping[str, dict[str, Any]],
+               points: list[DataPoint]) -> Table | None:
     """The corpora and what each arm must store of them: facts and bits of information
     (facts × bits per fact, the generator's own distributions) per non-embedding parameter."""
-    rows = data_rows(spec, arms, data_info)
+    rows = data_rows(spec, arms, data_info, points)
     if not rows:
         return None
     key = spec.data.axis_key
@@ -412,9 +414,8 @@ def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict
     return rows
 
 
-def swept_points(spec: StudySpec) -> list[DataPoint]:
+def swept_points(spec: StudySpec, points: list[DataPoint]) -> list[DataPoint]:
     """The data points that run a sweep: the one corpus, every axis value, or `sweep.lock_at`'s."""
-    points = data_points(spec, None)
     return [p for p in points if sweep_point(spec, points, p) == p]
 
 
@@ -466,22 +467,22 @@ def throughput(records: Mapping[str, dict]) -> dict[str, float]:
     return {arm: statistics.fmean(v) for arm, v in per.items()}
 
 
-def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict], points: list[DataPoint],
                  out: Output, data_info: Mapping[str, dict[str, Any]] | None = None) -> None:
     """The sweep table (with its warnings; one per swept data point), the gap table, with
     a data axis the Δ-against-the-axis table, the data table (facts and bits per
     parameter, where the store holds the prepared data's world) and the measured throughput."""
     lock = locks(spec, arms, records, set(records))
     if spec.sweep.enabled:
-        for p in swept_points(spec):
+        for p in swept_points(spec, points):
             table, warnings = sweep_table(spec, arms, records, p if p.slug else None)
             out.table(table)
             for w in warnings:
                 out.note(w, style="yellow")
-    out.table(gap_table(spec, arms, records, lock))
+    out.table(gap_table(spec, arms, records, lock, points))
     if spec.data.axis:
-        out.table(axis_table(spec, arms, records))
-    dt = data_table(spec, arms, data_info or {})
+        out.table(axis_table(spec, arms, records, points))
+    dt = data_table(spec, arms, data_info or {}, points)
     if dt is not None:
         out.table(dt)
     tps = throughput(records)
