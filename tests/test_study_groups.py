@@ -91,6 +91,17 @@ def test_a_grouped_study_records_what_a_solo_study_does(study_data_dir: Path, tm
     batches = {rid: json.loads((out / "runs" / rid / "meta.json").read_text()).get("members", {}).get("batch", 1)
                for rid in records}
     assert sorted(batches.values()).count(2) >= 4  # both arms' sweep pairs trained as members
+    for rid, r in records.items():  # the record says how many members shared the step
+        assert r.get("members", 1) == batches[rid], rid
+
+
+def test_throughput_counts_a_group_as_what_its_process_trained() -> None:
+    from sanlab.study.table import throughput
+
+    records = {"a": {"arm": "san", "tokens_per_s": 1000.0, "members": 4},
+               "b": {"arm": "san", "tokens_per_s": 3000.0},
+               "c": {"arm": "ffn", "tokens_per_s": 500.0, "members": 1}}
+    assert throughput(records) == {"san": 3500.0, "ffn": 500.0}
 
 
 @pytest.mark.slow

@@ -173,7 +173,8 @@ def train_group(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{"status": "failed", "final": {}, "error": f"{type(e).__name__}: {e}", "wall_s": time.time() - t0}
                 for _ in jobs]
     return [{"status": m.get("status", "failed"), "final": m.get("final") or {}, "error": m.get("error"),
-             "accounting": m.get("accounting"), "tokens_per_s": m.get("tokens_per_s"), "wall_s": time.time() - t0}
+             "accounting": m.get("accounting"), "tokens_per_s": m.get("tokens_per_s"), "wall_s": time.time() - t0,
+             "members": len(jobs)}  # tokens_per_s is this member's; its group trained len(jobs)× that
             for m in metas]
 
 

@@ -459,11 +459,14 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
 
 def throughput(records: Mapping[str, dict]) -> dict[str, float]:
     """Measured training tokens/s per arm (mean over its finished runs): what sizes
-    `runner.tokens_per_s` for the next plan."""
+    `runner.tokens_per_s` for the next plan. A run trained as one of M members of a group
+    (`members` in its record) counts as its group's tokens/s, M × its own: what one
+    process trained, as a solo run's figure is."""
     per: dict[str, list[float]] = {}
     for r in records.values():
         if r.get("tokens_per_s"):
-            per.setdefault(r["arm"], []).append(float(r["tokens_per_s"]))
+            m = r.get("members")
+            per.setdefault(r["arm"], []).append(float(r["tokens_per_s"]) * (m if isinstance(m, int) and m > 1 else 1))
     return {arm: statistics.fmean(v) for arm, v in per.items()}
 
 
@@ -487,5 +490,5 @@ def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, di
         out.table(dt)
     tps = throughput(records)
     if tps:
-        out.note("measured throughput (training tokens/s per run): "
+        out.note("measured throughput (training tokens/s per process: a run, or a group of members in total): "
                  + ", ".join(f"{a.name} {tps[a.name]:,.0f}" for a in arms if a.name in tps))
