@@ -67,7 +67,7 @@ def arm_configs(shape: str) -> dict[str, Any]:
         arms = match(ref, s["seq_len"], targets=tuple({"iso_param": "params", "iso_flop": "flops",
                                                       "iso_depth": "depth"}[p] for p in s["partners"]),
                      policy="nearest")
-        out |= {p: a.config for p, a in zip(s["partners"], arms)}
+        out |= {p: a.config for p, a in zip(s["partners"], arms[1:])}  # arms[0] is the reference
     return out
 
 

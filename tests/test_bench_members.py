@@ -17,3 +17,12 @@ def test_members_and_solo_steppers_train_the_same_runs(load_benchmark, monkeypat
     for m, (model, _) in enumerate(solo.runs):
         for n, p in model.named_parameters():
             assert torch.equal(members.model.by_name[n][m], p.detach()), (m, n)
+
+
+def test_the_partner_rows_are_the_partners(load_benchmark):
+    """Each partner arm's row times that arm's matched config (the demo's: SAN 5L d64 against
+    iso-param 1 standard layer, iso-FLOP 2, iso-depth 5), not the reference's or a neighbour's."""
+    bm = load_benchmark("bench_members")
+    arms = bm.arm_configs("demo")
+    assert {a: (c.n_layers, c.state_mixer) for a, c in arms.items()} == {
+        "san": (5, "none"), "iso_param": (1, "swiglu"), "iso_flop": (2, "swiglu"), "iso_depth": (5, "swiglu")}
