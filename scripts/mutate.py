@@ -52,6 +52,7 @@ class Mutant:
     mutated: str
     tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
     what: str  # the bug, in words
+    needs: str = ""  # hardware its tests need ("amx"): elsewhere they skip, and it is untestable there
 
     @property
     def module(self) -> str:
@@ -185,7 +186,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # ---- the compiled kernels (csrc/): rebuilt from the mutated source on first use
     M("fused-amx-sees-next-token", "src/sanlab/model/csrc/attention_amx.c",
       "ok ? st[i] - lo : n1, ok ? i + 1 - lo : n1,", "ok ? st[i] - lo : n1, ok ? i + 2 - lo : n1,",
-      (T + "test_native.py",), "the AMX forward lets a token see the next one"),
+      (T + "test_native.py",), "the AMX forward lets a token see the next one", needs="amx"),
     M("fused-fp32-sees-next-token", "src/sanlab/model/csrc/attention.c",
       "softmax_row(Sm + (long)r * s.Tp, n0, n1, st[i] - lo, i + 1 - lo, &mx)",
       "softmax_row(Sm + (long)r * s.Tp, n0, n1, st[i] - lo, i + 2 - lo, &mx)",
@@ -196,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_native.py",), "the portable backward lets a row see the previous document"),
     M("fused-amx-split-dropped", "src/sanlab/model/csrc/attention_amx.c",
       "    if (al) t[n++] = (Term){al, lda, bh, ldb};\n", "",
-      (T + "test_native.py",), "the AMX products drop the a_lo·b_hi term (bf16 accuracy)"),
+      (T + "test_native.py",), "the AMX products drop the a_lo·b_hi term (bf16 accuracy)", needs="amx"),
     M("fused-lse-without-log-sum", "src/sanlab/model/csrc/attention.c",
       "a->lse[((long)b * s.H + h) * T + i] = mx + logf(l);", "a->lse[((long)b * s.H + h) * T + i] = mx;",
       (T + "test_native.py",), "the saved log-sum-exp is the row max (the backward's P unnormalised)"),
@@ -1482,11 +1483,27 @@ def _summary_line(output: str) -> str:
     return lines[-1].strip() if lines else ""
 
 
+_HARDWARE: dict[str, bool] = {}
+
+
+def has_hardware(tree: Path, needs: str) -> bool:
+    """Whether this machine has what a mutant's tests need (asked once, of the tree's kernels)."""
+    if needs not in _HARDWARE:
+        probe = {"amx": "from sanlab.model import native\n"
+                        "print(int(native.available() and bool(native.library().sanlab_amx_available())))"}[needs]
+        env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+        p = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True)
+        _HARDWARE[needs] = p.stdout.strip() == "1"
+    return _HARDWARE[needs]
+
+
 def run_mutant(tree: Path, m: Mutant, timeout: float, threads: int | None) -> Outcome:
     t0 = time.monotonic()
     reason = stale_reason(tree, m)
     if reason is not None:
         return Outcome(m, "stale", reason, 0.0)
+    if m.needs and not has_hardware(tree, m.needs):
+        return Outcome(m, "untestable", f"needs {m.needs.upper()}: its tests skip on this machine", 0.0)
     f = tree / m.path
     original = f.read_text()
     mutated = m.apply(original)
@@ -1531,9 +1548,9 @@ def module_table(mutants: list[Mutant], outcomes: list[Outcome] | None, modules:
     the totals. Without outcomes (`--list`) the caught column is left out."""
     head = ["module", "mutants"] + (["caught"] if outcomes is not None else [])
     status = {o.mutant.name: o.status for o in outcomes or []}
-    bad = any(s != "caught" for s in status.values())
-    if bad:
-        head += ["survived", "stale"]
+    bad = any(s in ("survived", "stale") for s in status.values())
+    kinds = (["survived", "stale"] if bad else []) + (["untestable"] if "untestable" in status.values() else [])
+    head += kinds
     extra = sorted({m.module for m in mutants} - set(modules))
     rows = []
     for mod in modules + extra:
@@ -1541,14 +1558,12 @@ def module_table(mutants: list[Mutant], outcomes: list[Outcome] | None, modules:
         row = [mod, str(len(mine))]
         if outcomes is not None:
             row.append(str(sum(status.get(m.name) == "caught" for m in mine)))
-            if bad:
-                row += [str(sum(status.get(m.name) == s for m in mine)) for s in ("survived", "stale")]
+            row += [str(sum(status.get(m.name) == s for m in mine)) for s in kinds]
         rows.append(row)
     total = ["total", str(len(mutants))]
     if outcomes is not None:
         total.append(str(sum(s == "caught" for s in status.values())))
-        if bad:
-            total += [str(sum(s == k for s in status.values())) for k in ("survived", "stale")]
+        total += [str(sum(s == k for s in status.values())) for k in kinds]
     widths = [max(len(r[i]) for r in [head, total, *rows]) for i in range(len(head))]
 
     def line(r: list[str]) -> str:
@@ -1642,18 +1657,21 @@ def main(argv: list[str] | None = None) -> int:
 
     order = {m.name: i for i, m in enumerate(mutants)}
     outcomes.sort(key=lambda o: order[o.mutant.name])
-    counts = {s: sum(o.status == s for o in outcomes) for s in ("caught", "survived", "stale")}
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("caught", "survived", "stale", "untestable")}
     for o in outcomes:
-        if o.status != "caught":
+        if o.status == "untestable":
+            print(f"\nUNTESTABLE HERE: {o.mutant.name} ({o.mutant.what}): {o.detail}")
+        elif o.status != "caught":
             print(f"\n{o.status.upper()}: {o.mutant.name} ({o.mutant.what}); ran {' '.join(o.mutant.tests)}")
             print(o.detail if o.status == "stale" else diff(o.mutant))
     print("\n" + module_table(mutants, outcomes, modules))
     if EQUIVALENT and not (args.only or args.module):
         print("\nequivalent mutants (no behaviour change; not run, not counted):")
         print("\n".join(equivalent_lines()))
-    print(f"\nmutate: {counts['caught']} caught, {counts['survived']} survived, {counts['stale']} stale "
+    here = f", {counts['untestable']} untestable on this machine" if counts["untestable"] else ""
+    print(f"\nmutate: {counts['caught']} caught, {counts['survived']} survived, {counts['stale']} stale{here} "
           f"of {len(outcomes)} mutants in {time.monotonic() - start:.0f} s ({jobs} jobs)")
-    return 0 if counts["caught"] == len(outcomes) else 1
+    return 0 if counts["caught"] + counts["untestable"] == len(outcomes) else 1
 
 
 if __name__ == "__main__":

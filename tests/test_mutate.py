@@ -59,6 +59,23 @@ def test_a_snippet_that_moved_is_stale_not_caught(tmp_path: Path) -> None:
     assert mutate.run_mutant(tmp_path, gone, 10, None).status == "stale"
 
 
+def test_a_mutant_whose_hardware_is_missing_is_untestable_not_survived(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The AMX kernel's mutants can only be caught where the AMX tests run; elsewhere the
+    run says so and changes nothing, and on an AMX machine they run as any other."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    m = mutate.Mutant("amx-only", "src/a.py", "x = 1", "x = 2", ("tests/test_a.py",), "an AMX bug", needs="amx")
+    monkeypatch.setitem(mutate._HARDWARE, "amx", False)
+    o = mutate.run_mutant(tmp_path, m, 60, None)
+    assert (o.status, (tmp_path / "src" / "a.py").read_text()) == ("untestable", "x = 1\n")
+    monkeypatch.setitem(mutate._HARDWARE, "amx", True)
+    assert mutate.run_mutant(tmp_path, m, 60, None).status == "survived"  # test_a checks nothing
+    assert {x.name for x in mutate.MUTANTS if x.needs} == {"fused-amx-sees-next-token", "fused-amx-split-dropped"}
+
+
 @pytest.mark.parametrize("m", mutate.EQUIVALENT, ids=lambda m: m.name)
 def test_every_equivalent_mutant_still_applies_and_says_why(m) -> None:  # noqa: ANN001
     assert mutate.stale_reason(ROOT, m) is None, f"{m.name} is stale: {mutate.stale_reason(ROOT, m)}"
