@@ -13,8 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/sanlab-device}
-PY=${PYTHON:-python3}
 DRY=${DRY_RUN:-0}
+# the machine's python3 on the GPU machine; for the dry run here, the project's .venv where there is one
+if [ "$DRY" = 1 ] && [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=${PYTHON:-python3}; fi
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
