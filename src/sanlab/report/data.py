@@ -9,6 +9,11 @@ Sources, all files (no tracking server):
                                     what `sanlab study table --json` prints)
     STUDY/runs/RUN_ID/metrics.jsonl training curves; meta.json: versions, git, device
     STUDY/analysis/*/analysis.json  `sanlab analyze` of the final pairs (`--analyze` runs it)
+    STUDY/analysis/GROUP/milestones/milestone-NNN/analysis.json
+                                    the same pairs' losses at a milestone checkpoint
+                                    (`--analyze --milestones`); never read as a final
+                                    analysis (the glob above does not reach them):
+                                    `load_milestone_analyses` reads them
 
 Results flow one way: the study computes, the report renders; nothing here recomputes a
 gap or a noise verdict. Anything missing (a run still going, no analysis yet) is simply
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +39,16 @@ from sanlab.analysis import cli as analysis
 from sanlab.analysis.output import write_outputs
 from sanlab.cliargs import ArgumentParser
 from sanlab.errors import DataError, SanlabError
-from sanlab.paths import check_out_dir
+from sanlab.paths import check_out_dir, staged_dir
 from sanlab.study.orchestrate import load_saved_spec
 from sanlab.study.results import run_rows, table_json
 from sanlab.study.store import ResultStore
 
 SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
 ANALYSIS_DIR = "analysis"
+MILESTONES_DIR = "milestones"  # STUDY/analysis/GROUP/milestones/milestone-NNN/: a group's milestone analyses
+MILESTONE_SKIP = "attention,stream,spectra"  # a milestone analysis is the losses only
+_MILESTONE = re.compile(r"^milestone-(\d{3})$")  # as `sanlab.analysis.rundir` names them
 
 
 @dataclass
@@ -257,13 +266,19 @@ def data_dir(data: StudyData, point: str = "") -> Path | None:
     return None
 
 
-def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "auto") -> str | None:
+def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "auto",
+                  milestone: int | None = None) -> str | None:
     """`sanlab analyze ARMS… --vs REFERENCE --out STUDY/analysis/GROUP` for one group, in
-    this process; None, or the one-line error of a run that cannot be analysed."""
-    out = data.dir / ANALYSIS_DIR / group.out_name
+    this process; None, or the one-line error of a run that cannot be analysed. With
+    `milestone` (a percent): the losses only at that milestone checkpoint (`--checkpoint
+    milestone-NNN --skip attention,stream,spectra`), into the group's `milestone_dir`,
+    written whole or not at all."""
+    out = data.dir / ANALYSIS_DIR / group.out_name if milestone is None else milestone_dir(data.dir, group, milestone)
     runs = [data.run_dir(r) for r in (*group.arms, group.reference)]
     argv = [*map(str, runs[:-1]), "--vs", str(runs[-1]), "--out", str(out), "--eval-rows", str(eval_rows)]
-    if not all(any((r / "checkpoints").glob("milestone-*")) for r in runs):
+    if milestone is not None:
+        argv += ["--checkpoint", f"milestone-{milestone:03d}", "--skip", MILESTONE_SKIP]
+    elif not all(any((r / "checkpoints").glob("milestone-*")) for r in runs):
         argv += ["--skip", "spectra"]
     ddir = data_dir(data, group.data)
     if ddir is not None:
@@ -275,7 +290,11 @@ def analyze_group(data: StudyData, group: PairGroup, *, eval_rows: int | str = "
         check_out_dir(out)
         result = analysis.analyze(parser.parse_args(argv))
         result["seconds"] = time.perf_counter() - t0
-        write_outputs(result, out)
+        if milestone is None:
+            write_outputs(result, out)
+        else:  # a kill mid-write leaves no analysis.json that the resume would keep
+            with staged_dir(out) as tmp:
+                write_outputs(result, tmp)
     except SanlabError as e:
         return " ".join(str(e).splitlines())
     return None
@@ -293,3 +312,74 @@ def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int |
         if err:
             errors.append(f"{g.out_name}: {err}")
     return errors
+
+
+# --------------------------------------------------------------------------- milestones
+
+
+def milestone_dir(study_dir: Path, group: PairGroup | str, pct: int) -> Path:
+    """Where the group's analysis at milestone `pct` goes: STUDY/analysis/GROUP/milestones/
+    milestone-NNN/, below the final analysis, so `analysis/*/analysis.json` never reads it."""
+    name = group if isinstance(group, str) else group.out_name
+    return study_dir / ANALYSIS_DIR / name / MILESTONES_DIR / f"milestone-{pct:03d}"
+
+
+def _run_milestones(run_dir: Path) -> set[int]:
+    root = run_dir / "checkpoints"
+    return {int(m.group(1)) for d in (root.iterdir() if root.is_dir() else [])
+            if (m := _MILESTONE.match(d.name)) and (d / "model.safetensors").is_file()}  # rundir.MODEL_FILE
+
+
+def group_milestones(data: StudyData, group: PairGroup) -> list[int]:
+    """The percents of the milestone checkpoints every run of the group has, but 0 (the
+    untrained model) and 100 (the final analysis has it)."""
+    have: set[int] | None = None
+    for rid in (*group.arms, group.reference):
+        ms = _run_milestones(data.run_dir(rid))
+        have = ms if have is None else have & ms
+    return sorted(p for p in have or () if 0 < p < 100)
+
+
+def _covers(a: dict[str, Any] | None, group: PairGroup, pct: int) -> bool:
+    """The analysis file is of that milestone and holds every run and pair of the group."""
+    if a is None or a.get("checkpoint") != f"milestone-{pct:03d}" or not isinstance(a.get("runs"), dict):
+        return False
+    pairs = {(c.get("run"), c.get("vs")) for c in a.get("comparisons") or [] if isinstance(c, dict)}
+    return all(r in a["runs"] for r in (*group.arms, group.reference)) and all(
+        (arm, group.reference) in pairs for arm in group.arms)
+
+
+def missing_milestone_analyses(data: StudyData) -> list[tuple[PairGroup, int]]:
+    """(group, percent) of every final pair group's milestone with no analysis file that
+    covers it yet; one that does is kept (the resume of `--analyze --milestones`)."""
+    return [(g, pct) for g in final_pair_groups(data) for pct in group_milestones(data, g)
+            if not _covers(read_json(milestone_dir(data.dir, g, pct) / "analysis.json"), g, pct)]
+
+
+def analyze_milestones(data: StudyData, todo: list[tuple[PairGroup, int]], *, eval_rows: int | str = "auto",
+                       log: Callable[[str], Any] = print) -> list[str]:
+    """`analyze_group` at each (group, milestone), one after another; the error lines."""
+    errors: list[str] = []
+    for i, (g, pct) in enumerate(todo, 1):
+        err = analyze_group(data, g, eval_rows=eval_rows, milestone=pct)
+        log(f"analysed milestone {pct}% [{i}/{len(todo)}] {', '.join(g.arms)} vs {g.reference}"
+            + (f": failed: {err}" if err else ""))
+        if err:
+            errors.append(f"{g.out_name} milestone-{pct:03d}: {err}")
+    return errors
+
+
+def load_milestone_analyses(study_dir: str | Path) -> dict[str, dict[int, dict[str, Any]]]:
+    """Group (`PairGroup.out_name`) -> percent -> that group's analysis at the milestone
+    (`sanlab report --analyze --milestones`), with "_path" added. A file that is not an
+    analysis of the milestone its dir names (its "checkpoint" key) is left out."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    root = Path(study_dir) / ANALYSIS_DIR
+    for path in sorted(root.glob(f"*/{MILESTONES_DIR}/milestone-*/analysis.json")):
+        m = _MILESTONE.match(path.parent.name)
+        a = read_json(path)
+        if m is None or a is None or a.get("checkpoint") != path.parent.name or not isinstance(a.get("runs"), dict):
+            continue
+        a["_path"] = str(path)
+        out.setdefault(path.parents[2].name, {})[int(m.group(1))] = a
+    return out
