@@ -738,6 +738,13 @@ MUTANTS: tuple[Mutant, ...] = (
       "if any((a, g.reference) not in have or a not in runs for a in g.arms) or g.reference not in runs]",
       "if all((a, g.reference) not in have for a in g.arms)]",
       (T + "test_report_data.py",), "a pair group counts as analysed when any one of its comparisons is"),
+    M("report-milestone-final-weights", "src/sanlab/report/data.py",
+      'argv += ["--checkpoint", f"milestone-{milestone:03d}", "--skip", MILESTONE_SKIP]',
+      'argv += ["--skip", MILESTONE_SKIP]',
+      (T + "test_report_milestones.py",), "a milestone analysis reads the final weights, not the milestone's"),
+    M("report-milestones-any-run", "src/sanlab/report/data.py",
+      "have = ms if have is None else have & ms", "have = ms if have is None else have | ms",
+      (T + "test_report_milestones.py",), "a group is analysed at a milestone only some of its runs have"),
     # ---- analysis identities
     M("delta-weight-by-group", "src/sanlab/analysis/losses.py",
       "weighted = k / n * (la - lb)", "weighted = (la - lb) / len(names)",
