@@ -134,3 +134,90 @@ def test_axis_verdict_rules() -> None:
     assert axis_kind._sign_verdict([-0.2, -0.2], math.hypot(0.001, 0.001), -1) == "reproduced"
     assert axis_kind._sign_verdict([0.2, 0.2], 0.001, -1) == "not reproduced"
     assert axis_kind._sign_verdict([0.001, -0.001], 0.001, -1) == "inconclusive"
+
+
+# --------------------------------------------------------------------------- storage regime (issue 45)
+
+# Per value and milestone percent: the context-grounded Δ of each seed pair, before the final
+# one (CONTEXT): facts64 settles at 50% (the 50 → 100 change is 0.001, within F + s = 0.0015),
+# facts128 still moves from 50% to the end.
+MILESTONE_CONTEXT = {"facts64": {25: {1: 0.10, 2: 0.11}, 50: {1: 0.011, 2: 0.013}},
+                     "facts128": {50: {1: 0.20, 2: 0.21}}}
+STORED = {"reference": (0.5, 0.05), "arm": (1.5, 0.05)}  # bits per parameter, its stderr
+
+
+def write_storage(study: Path, stored: dict[str, tuple[float, float]] = STORED) -> None:
+    t = table_json(study)
+    for g in t["gaps"]:
+        slug = g["data"]
+        for seed, ids in g["runs"].items():
+            s = int(seed)
+            group = study / "analysis" / f"final-{slug}-muon-2000-s{s}"
+            for pct, ctx in MILESTONE_CONTEXT[slug].items():
+                ex = {"memorization": (400, RECALL[slug][s]), "rag": (300, ctx[s]), "math": (300, ctx[s])}
+                rows = [{**r, "loss_above_floor": 2.5 + pct / 100} for r in _rows(ex)]
+                comp = {"run": ids["arm"], "vs": ids["reference"], "exercise": {"rows": _rows(ex)}, "region": {}}
+                runs = {rid: {"path": f"runs/{rid}", "losses": {"exercise": rows}} for rid in ids.values()}
+                out = group / "milestones" / f"milestone-{pct:03d}"
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "analysis.json").write_text(json.dumps({"checkpoint": f"milestone-{pct:03d}", "runs": runs,
+                                                               "comparisons": [comp], "sample": {}}))
+            for who, rid in (("reference", ids["reference"]), ("arm", ids["arm"])):
+                f = study / "runs" / rid / "eval" / "results-latest.json"
+                res = json.loads(f.read_text())
+                bpp, se = stored[who]
+                res["tasks"]["sanlab_closed_book_recall"] = {"metrics": {
+                    "stored_bits_per_param": bpp, "stored_bits_per_param_stderr": se, "stored_fraction": bpp / 4}}
+                res["tasks"]["sanlab_closed_book_recall_unseen"] = {"metrics": {"stored_bits_per_param": 0.01}}
+                res["builtin"] = {"fact_reads": {"median": 40.0, "p10": 20.0, "p90": 80.0, "epochs": 11.5}}
+                f.write_text(json.dumps(res))
+
+
+def test_axis_storage_regime_blocks_and_claim(tmp_path: Path) -> None:
+    study = tmp_path / "study"
+    assert Study(tsa.make_spec(), study, console=Console(width=200), train_fn="study_fakes:train").run() == 0
+    write_analyses(study)
+    write_storage(study)
+    record = tmp_path / "records" / "axis"
+    files = export(study, record, log=lambda _: None)
+    assert any("/milestones/milestone-025/analysis.json" in f for f in files)  # the export carries them
+    ax = load(record).data
+    assert sorted(ax.milestones) == [25, 50]
+    # the milestone analyses share run ids with the final ones and must not replace them
+    assert axis_kind.kind_series(ax, "facts64")["context"] == {1: pytest.approx(0.010), 2: pytest.approx(0.012)}
+
+    curve = axis_kind.learning_curve(ax, "facts64")
+    assert [r["pct"] for r in curve] == [25, 50, 100]
+    assert curve[0]["delta"]["context"] == {1: pytest.approx(0.10), 2: pytest.approx(0.11)}
+    assert curve[1]["above"][("san", "context")] == [pytest.approx(3.0), pytest.approx(3.0)]
+    assert curve[2]["above"][("san", "context")] == [pytest.approx(2.5), pytest.approx(2.5)]
+    assert axis_kind.settled(ax, "facts64", curve) == 50
+    assert axis_kind.settled(ax, "facts128", axis_kind.learning_curve(ax, "facts128")) is None
+
+    st = axis_kind.storage(ax, "facts128")
+    assert st["san"]["bpp"] == {1: 0.5, 2: 0.5} and st["san"]["control"] == {1: 0.01, 2: 0.01}
+    arm = next(k for k in st if k != "san")
+    assert st[arm]["bpp"] == {1: 1.5, 2: 1.5} and st[arm]["se"] == {1: 0.05, 2: 0.05}
+    stored = next(c for c in axis_kind.claims(ax) if "bits per parameter" in c.claim)
+    assert stored.verdict == "reproduced"  # Δ 1.0 per pair against 2·√2·0.05
+
+    text = axis_kind.BLOCKS["learning"](ax)
+    assert "stops moving at 50% of training" in text and "still moving between 50% and 100%" in text
+    assert "≈20 (10–40) reads per fact" in text  # the final median 40 scaled to 50%
+    assert "| 400 " not in text and "0.500 ± 0.0000 (0.125)" in axis_kind.BLOCKS["storage"](ax)
+    summary = axis_kind.BLOCKS["summary"](ax)
+    assert "| 128 |" in summary and "2.500 / 2.500" in summary and "0.500 ± 0.0000 / 1.500 ± 0.0000" in summary
+
+    assert readme(record, log=lambda _: None) == 0
+    assert readme(record, check=True, log=lambda _: None) == 0
+
+    # the partner recalling less than the SAN beyond 2 se, then within it
+    for bpp, verdict in ((0.2, "not reproduced"), (0.55, "inconclusive")):
+        for g in table_json(record / "study")["gaps"]:
+            for ids in g["runs"].values():
+                f = record / "study" / "runs" / ids["arm"] / "eval" / "results-latest.json"
+                res = json.loads(f.read_text())
+                res["tasks"]["sanlab_closed_book_recall"]["metrics"]["stored_bits_per_param"] = bpp
+                f.write_text(json.dumps(res))
+        stored = next(c for c in axis_kind.claims(load(record).data) if "bits per parameter" in c.claim)
+        assert stored.verdict == verdict

@@ -31,6 +31,7 @@ from sanlab.records.common import (
     SIGN_NOTE,
     Claim,
     ClaimSet,
+    RecordError,
     arm_label,
     finite,
     fmt,
@@ -59,6 +60,7 @@ class AxisRecord:
     key: str
     points: list[dict[str, Any]]  # the study table's data points: slug, value, label, info
     views: dict[str, StudyRecord] = field(default_factory=dict)
+    milestones: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # percent -> analyses
 
     @property
     def dir(self) -> Path:
@@ -105,6 +107,20 @@ def load_axis(record_dir: Path) -> AxisRecord:
     points = [p for p in data.get("points") or [] if p.get("slug")]
     out = AxisRecord(rec, str(data.get("key") or ""), points)
     out.views = {p["slug"]: _view(rec, p["slug"]) for p in points}
+    out.milestones = milestone_analyses(rec.study)
+    return out
+
+
+def milestone_analyses(study: Path) -> dict[int, list[dict[str, Any]]]:
+    """Percent -> the losses-only analyses of the final pairs at that milestone checkpoint
+    (`sanlab report --analyze --milestones`: STUDY/analysis/GROUP/milestones/milestone-NNN/)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(study.glob("analysis/*/milestones/milestone-*/analysis.json")):
+        pct = path.parent.name.removeprefix("milestone-")
+        a = read_json(path)
+        if not pct.isdigit() or not isinstance(a, dict) or not isinstance(a.get("runs"), dict):
+            raise RecordError(f"{path}: not a milestone analysis")
+        out.setdefault(int(pct), []).append(a)
     return out
 
 
@@ -233,6 +249,119 @@ def verdict_zero_shot(closed: tuple[float, float, int] | None, grounded: tuple[f
     return INCONCLUSIVE
 
 
+# --------------------------------------------------------------------------- storage
+
+
+RECALL = {"seen": "sanlab_closed_book_recall", "unseen": "sanlab_closed_book_recall_unseen"}
+
+
+def final_arms(view: StudyRecord) -> list[tuple[str, dict[int, str]]]:
+    """(label, seed -> final run id) of the reference and of each partner at the largest budget."""
+    gaps = view.gaps_at(view.largest)
+    ref = {int(s): ids["reference"] for g in gaps for s, ids in (g.get("runs") or {}).items()}
+    return [(view.reference, dict(sorted(ref.items())))] + [
+        (arm_label(g), {int(s): ids["arm"] for s, ids in sorted((g.get("runs") or {}).items(), key=lambda kv: int(kv[0]))})
+        for g in gaps]
+
+
+def _metric(res: dict[str, Any] | None, task: str, key: str) -> float | None:
+    v = ((((res or {}).get("tasks") or {}).get(task) or {}).get("metrics") or {}).get(key)
+    return float(v) if finite(v) else None
+
+
+def storage(ax: AxisRecord, slug: str) -> dict[str, dict[str, dict[int, float]]]:
+    """Arm label -> {bpp, se, fraction, control} -> seed -> value: the bits per non-embedding
+    parameter each final run recalls closed-book (`sanlab_closed_book_recall`: free
+    generation, exact match, chance-corrected, times each fact's bits), its sampling
+    stderr, the chance-corrected fraction of facts recalled, and the same estimate on the
+    unseen-fact control (≈ 0 for an honest count)."""
+    view = ax.at(slug)
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for label, ids in final_arms(view):
+        row: dict[str, dict[int, float]] = {"bpp": {}, "se": {}, "fraction": {}, "control": {}}
+        for seed, rid in ids.items():
+            res = eval_results(view, rid)
+            for key, task, metric in (("bpp", "seen", "stored_bits_per_param"),
+                                      ("se", "seen", "stored_bits_per_param_stderr"),
+                                      ("fraction", "seen", "stored_fraction"),
+                                      ("control", "unseen", "stored_bits_per_param")):
+                v = _metric(res, RECALL[task], metric)
+                if v is not None:
+                    row[key][seed] = v
+        out[label] = row
+    return out
+
+
+def fact_reads(ax: AxisRecord, slug: str) -> dict[str, Any] | None:
+    """How often the reference's first evaluated final run read each world fact (the
+    training rows stating it whole, a row read k times counted k times: `facts.json`)."""
+    view = ax.at(slug)
+    for rid in run_ids_at(view, "reference", view.largest):
+        reads = ((eval_results(view, rid) or {}).get("builtin") or {}).get("fact_reads")
+        if isinstance(reads, dict):
+            return reads
+    return None
+
+
+def _reads_text(r: dict[str, Any] | None, scale: float = 1.0) -> str:
+    if not r or not finite(r.get("median")):
+        return "–"
+    lo, hi = r.get("p10"), r.get("p90")
+    band = f" ({lo * scale:.0f}–{hi * scale:.0f})" if finite(lo) and finite(hi) else ""
+    return f"{r['median'] * scale:.0f}{band}"
+
+
+def learning_curve(ax: AxisRecord, slug: str) -> list[dict[str, Any]]:
+    """Per analysed point of training (each milestone, then the final checkpoint): its
+    percent, each arm's context-grounded and recall loss above the floor (per seed), and
+    the claims arm's Δ recall and Δ context-grounded (per seed pair)."""
+    view = ax.at(slug)
+    g = ax.claims_gap(slug)
+    points = {p: a for p, a in ax.milestones.items() if 0 < p < 100}
+    points[100] = view.analyses
+    rows = []
+    for pct in sorted(points):
+        runs: dict[str, Any] = {}
+        comps: dict[tuple[Any, Any], dict[str, Any]] = {}
+        for a in points[pct]:
+            runs.update(a.get("runs") or {})
+            comps.update(((c.get("run"), c.get("vs")), c) for c in a.get("comparisons") or [] if isinstance(c, dict))
+        above: dict[tuple[str, str], list[float]] = {}
+        for label, ids in final_arms(view):
+            for kind in ("context", "recall"):
+                v = [kind_losses(runs[r].get("losses") or {})[kind]["loss_above_floor"] for r in ids.values() if r in runs]
+                above[(label, kind)] = [x for x in v if finite(x)]
+        delta: dict[str, dict[int, float]] = {"recall": {}, "context": {}}
+        for seed, ids in ((g or {}).get("runs") or {}).items():
+            c = comps.get((ids["arm"], ids["reference"]))
+            if c is not None:
+                for kind, v in zip(("recall", "context"), kind_deltas(c)):
+                    if v is not None:
+                        delta[kind][int(seed)] = v
+        if any(above.values()) or delta["context"]:
+            rows.append({"pct": pct, "above": above, "delta": delta})
+    return rows
+
+
+def settled(ax: AxisRecord, slug: str, rows: list[dict[str, Any]]) -> int | None:
+    """The first analysed point of training from which the claims arm's context-grounded Δ
+    no longer moves: every later step's per-seed-pair change within the noise rule (|mean|
+    ≤ F + s, F that value's floor). None when it still moves at the last step, or without
+    two analysed points or a floor."""
+    floor = ax.at(slug).floor_size
+    pts = [r for r in rows if r["delta"]["context"]]
+    if len(pts) < 2 or floor is None:
+        return None
+    for i in range(len(pts) - 1):
+        steps = []
+        for a, b in zip(pts[i:], pts[i + 1:]):
+            ca, cb = a["delta"]["context"], b["delta"]["context"]
+            steps.append([cb[k] - ca[k] for k in paired(ca, cb)])
+        if all(s and noise.sign(s, floor) == 0 for s in steps):
+            return int(pts[i]["pct"])
+    return None
+
+
 # --------------------------------------------------------------------------- claims
 
 
@@ -338,6 +467,37 @@ def claim_zero_shot(ax: AxisRecord) -> Claim:
                  "context-grounded tasks (sciq) favour the SAN; recall tasks (lambada) favour FFN",
                  f"Δacc (arm − SAN) closed-book {txt(closed)}, grounded {txt(grounded)}",
                  verdict_zero_shot(closed, grounded))
+
+
+@CLAIMS.claim(
+    "stored", "The standard arm stores more bits per parameter than the SAN (largest world)",
+    "stored bits per parameter at the largest world: per seed pair, the partner's minus the SAN's closed-book "
+    "recall count (facts recalled by free generation, exact match, chance-corrected, times each fact's bits, per "
+    "non-embedding parameter); reproduced when every pair's difference is above twice its sampling stderr (both "
+    "runs' in quadrature), not reproduced when every pair's is below minus twice it, else inconclusive. Shown only "
+    "where the final runs were evaluated with the recall task.")
+def claim_stored(ax: AxisRecord) -> Claim | None:
+    if not ax.slugs:
+        return None
+    hi = ax.slugs[-1]
+    st = storage(ax, hi)
+    g = ax.claims_gap(hi)
+    ref = st.get(ax.at(hi).reference) or {}
+    arm = st.get(arm_label(g)) if g else None
+    if not ref.get("bpp") or not arm or not arm.get("bpp"):
+        return None
+    seeds = paired(ref["bpp"], arm["bpp"])
+    d = [arm["bpp"][k] - ref["bpp"][k] for k in seeds]
+    se = [math.hypot(arm["se"].get(k, math.nan), ref["se"].get(k, math.nan)) for k in seeds]
+    ok = [finite(e) for e in se]
+    verdict = (REPRODUCED if d and all(ok) and all(x > 2 * e for x, e in zip(d, se)) else
+               NOT_REPRODUCED if d and all(ok) and all(x < -2 * e for x, e in zip(d, se)) else INCONCLUSIVE)
+    return Claim(f"the standard arm recalls more bits per parameter than the SAN ({ax.label(hi)})",
+                 "the FFN is where facts are stored; a standard transformer stores 2.98 bits/param (SPEC §2)",
+                 f"stored bits/param SAN {fmt_ms(list(ref['bpp'].values()), '{:.3f}')}, {arm_label(g)} "
+                 f"{fmt_ms(list(arm['bpp'].values()), '{:.3f}')}; per pair Δ "
+                 + ", ".join(f"{x:+.3f} ± {e:.3f}".replace("-", "−") for x, e in zip(d, se)),
+                 verdict)
 
 
 RULES = CLAIMS.rules
@@ -472,6 +632,122 @@ def block_zero_shot(ax: AxisRecord) -> str:
     return "\n\n".join([head, md_table(cols, rows)])
 
 
+def _mean(xs: Any) -> float | None:
+    v = [x for x in xs if finite(x)]
+    return statistics.fmean(v) if v else None
+
+
+def block_storage(ax: AxisRecord) -> str:
+    rows = []
+    labels: list[str] = []
+    for slug in ax.slugs:
+        st, reads = storage(ax, slug), fact_reads(ax, slug)
+        labels = labels or list(st)
+        row = [str(ax.value(slug)), fmt(ax.per_arm(slug, ax.rec.reference).get("bits_per_param"), "{:.3f}"),
+               fmt((reads or {}).get("epochs"), "{:.1f}"), _reads_text(reads)]
+        row += [f"{fmt_ms(list(st[a]['bpp'].values()), '{:.3f}')} ({fmt(_mean(st[a]['fraction'].values()), '{:.3f}')})"
+                for a in labels if a in st]
+        row.append(fmt(_mean(v for a in st.values() for v in a["control"].values()), "{:+.3f}"))
+        rows.append(row)
+    if not any(any(r[4:-1]) and r[3] != "–" for r in rows) and all(r[-1] == "–" for r in rows):
+        return ("No recall counts (run `sanlab eval RUN_DIR --tasks builtin` on the final runs, then "
+                "`sanlab record export`).")
+    head = ("What the final runs store, counted independently of the loss: `sanlab_closed_book_recall` asks every "
+            "fact the run read (a sample of 400 in a larger world) closed-book and lets the model write the value "
+            "(greedy, exact match); each recalled fact counts its bits (log2 of its attribute's number of values), "
+            "corrected for a guess that is right 1/K of the time; per non-embedding parameter (the capacity scale of "
+            "SPEC §2: a standard transformer stores 2.98 bits/param). In brackets: the chance-corrected fraction of "
+            "facts recalled. The unseen control applies the same count to facts no row the run read states "
+            "(≈ 0 for an honest count). Passes: rows read / rows in the training split; reads per fact: training "
+            "rows read that state it whole (a row read k times counts k), median (p10–p90) over the world's facts.")
+    return "\n\n".join([head, md_table([ax.key, "world bits/param (SAN)", "passes over the text",
+                                        "reads per fact"] + [f"{a}: stored bits/param (recalled)" for a in labels]
+                                       + ["unseen control bits/param"], rows)])
+
+
+def block_learning(ax: AxisRecord) -> str:
+    """The learning-speed confound, measured: per world and analysed point of training, each
+    arm's distance to its floor and the claims arm's Δ by kind; where the context Δ settles."""
+    parts = []
+    for slug in ax.slugs:
+        view = ax.at(slug)
+        rows = learning_curve(ax, slug)
+        if not rows:
+            continue
+        labels = [a for a, _ in final_arms(view)]
+        reads = fact_reads(ax, slug)
+        g = ax.claims_gap(slug)
+        table = []
+        for r in rows:
+            tokens = int(view.largest * r["pct"] / 100) if view.largest else None
+            table.append([f"{r['pct']}%", fmt_tokens(tokens) if tokens else "–", _reads_text(reads, r["pct"] / 100)]
+                         + [fmt(_mean(r["above"].get((a, k), [])), "{:.3f}") for k in ("context", "recall")
+                            for a in labels]
+                         + [fmt_ms(list(r["delta"][k].values())) for k in ("context", "recall")])
+        at = settled(ax, slug, rows)
+        last = [r for r in rows if r["delta"]["context"]]
+        if at is not None:
+            tokens = int(view.largest * at / 100)
+            how = (f"The context-grounded Δ stops moving at {at}% of training ({fmt_tokens(tokens)} tokens, "
+                   f"≈{_reads_text(reads, at / 100)} reads per fact): every later change within the noise rule "
+                   f"(F {fmt(view.floor_size, '{:.4f}')}).")
+        elif len(last) >= 2:
+            a, b = last[-2]["delta"]["context"], last[-1]["delta"]["context"]
+            ch = [b[k] - a[k] for k in paired(a, b)]
+            how = (f"The context-grounded Δ is still moving between {last[-2]['pct']}% and {last[-1]['pct']}% of "
+                   f"training ({fmt_ms(ch)} against F {fmt(view.floor_size, '{:.4f}')}): the storage regime is "
+                   "not reached.")
+        else:
+            how = "Fewer than two analysed points of training: whether the context-grounded Δ settles is not measured."
+        cols = (["training", "tokens", "reads per fact"] + [f"{a} context above floor" for a in labels]
+                + [f"{a} recall above floor" for a in labels]
+                + [f"Δ context ({arm_label(g) if g else 'partner'})", "Δ recall"])
+        parts += [f"**{ax.label(slug)}**", md_table(cols, table), how]
+    if not parts:
+        return "No analysed pairs (run `sanlab report STUDY --analyze --milestones`)."
+    head = ("The learning-speed confound, measured: the final pairs analysed at each milestone checkpoint "
+            "(`sanlab report --analyze --milestones`) and at the end, on the same validation sample. Loss above "
+            "the floor: token-weighted over the context-grounded and the recall types, mean over seeds; Δ: the "
+            "claims arm against the SAN, mean ± sd over seed pairs. Reads per fact at a milestone scale the final "
+            f"count by the rows read (≈). {SIGN_NOTE}")
+    return "\n\n".join([head, *parts])
+
+
+def block_summary(ax: AxisRecord) -> str:
+    """One row per world: the numbers issue 45's table asks for, with the paper's direction."""
+    rows = []
+    for slug in ax.slugs:
+        view = ax.at(slug)
+        labels = [a for a, _ in final_arms(view)]
+        curve = learning_curve(ax, slug)
+        end = curve[-1] if curve and curve[-1]["pct"] == 100 else None
+        s = kind_series(ax, slug)
+        z = (zero_shot(ax, slug).get("closed-book") or {}).get("delta", {})
+        st = storage(ax, slug)
+        rows.append([str(ax.value(slug)), fmt(ax.x(slug), "{:.3f}"),
+                     fmt(ax.per_arm(slug, ax.rec.reference).get("bits_per_param"), "{:.3f}"),
+                     _reads_text(fact_reads(ax, slug)),
+                     " / ".join(fmt(_mean(end["above"].get((a, "context"), [])) if end else None, "{:.3f}")
+                                for a in labels),
+                     fmt_ms(list(s.get("recall", {}).values())), fmt_ms(list(s.get("context", {}).values())),
+                     fmt_ms(list(s.get("query_share", {}).values()), "{:.3f}"),
+                     fmt_ms(list(z.values()), "{:+.3f}"),
+                     " / ".join(fmt_ms(list((st.get(a) or {}).get("bpp", {}).values()), "{:.3f}") for a in labels)])
+    if not rows:
+        return "No data points."
+    labels = [a for a, _ in final_arms(ax.at(ax.slugs[0]))]
+    g = ax.claims_gap(ax.slugs[0])
+    rows.append(["paper", "", "", "many", "→ 0 (storage regime)", "< 0, growing with the world",
+                 "≈ 0 or > 0", "> token share, growing", "> 0 (standard ahead)", "standard > SAN"])
+    head = (f"Summary per world. Context distance: context-grounded loss above its floor ({' / '.join(labels)}); "
+            f"Δ recall, Δ context, query share and closed-book Δacc: {arm_label(g) if g else 'the partner'} against "
+            "the SAN (mean ± sd over seed pairs); stored bits/param: closed-book recall count per non-embedding "
+            f"parameter ({' / '.join(labels)}). The last row: the paper's direction. {SIGN_NOTE}")
+    return "\n\n".join([head, md_table([ax.key, "facts/param", "bits/param", "reads per fact",
+                                        "context distance to floor", "Δ recall", "Δ context", "query share",
+                                        "closed-book Δacc", "stored bits/param"], rows)])
+
+
 def block_claims(ax: AxisRecord) -> str:
     return CLAIMS.table(claims(ax), SIGN_NOTE)
 
@@ -486,6 +762,9 @@ BLOCKS: dict[str, Callable[[AxisRecord], str]] = {
     "regions": lambda ax: _each(ax, matched.block_regions),
     "exercises": lambda ax: _each(ax, matched.block_exercises),
     "zero-shot": block_zero_shot,
+    "storage": block_storage,
+    "learning": block_learning,
+    "summary": block_summary,
 }
 
 __all__ = ["AxisRecord", "BLOCKS", "CLAIMS", "RULES", "claims", "kind_series", "load_axis", "REGIONS"]
