@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sanlab.cli import main
@@ -103,7 +105,7 @@ needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec("lm_eval") is None, 
 @needs_lm_eval
 def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
     from sanlab.data.synth import SynthConfig, world_for
-    from sanlab.eval.builtin import facts_in, write_builtin_tasks
+    from sanlab.eval.builtin import Fact, _prefix, facts_in, write_builtin_tasks
     from sanlab.eval.run import open_run
 
     loaded = open_run(run)
@@ -115,17 +117,40 @@ def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
     # the rows the run read are the loader's first 6 batches of 4: their texts state every seen fact
     from sanlab.data.loader import Loader
 
+    from collections import Counter
+
     loader = Loader(loaded.data_dir, "train", batch_rows=4, seed=0)
-    read = set()
+    read: Counter = Counter()  # each read of a row (decoded per read here) adds its facts once
     for step in range(6):
         for r in loader.rows_for_step(step):
             ids = loader._gather(r[None])["tokens"][0].tolist()
-            read |= facts_in(loaded.tokenizer.decode(ids, skip_special_tokens=False), world)
+            read.update(facts_in(loaded.tokenizer.decode(ids, skip_special_tokens=False), world))
     unseen = [json.loads(line) for line in (out / "sanlab_closed_book_unseen.jsonl").read_text().splitlines()]
     seen = [json.loads(line) for line in (out / "sanlab_closed_book_qa.jsonl").read_text().splitlines()]
     assert unseen and seen and record["facts_seen"] == len(read)
     assert all((r["entity"], r["attr"]) in read for r in seen)
     assert not any((r["entity"], r["attr"]) in read for r in unseen)
+    # how often each fact was read, over every world fact (the unread ones count 0)
+    reads = record["fact_reads"]
+    assert reads["facts"] == record["facts_in_world"]
+    assert reads["mean"] * reads["facts"] == pytest.approx(sum(read.values()))
+    assert reads["max"] == max(read.values()) and reads["min"] == 0 and reads["median"] == 0
+    assert reads["epochs"] == pytest.approx(24 / loader.n_rows)
+    # free-generation recall: every seen fact (a pool under N_RECALL), each once; the control over unseen facts
+    recall = [json.loads(line) for line in (out / "sanlab_closed_book_recall.jsonl").read_text().splitlines()]
+    control = [json.loads(line) for line in (out / "sanlab_closed_book_recall_unseen.jsonl").read_text().splitlines()]
+    assert sorted((r["entity"], r["attr"]) for r in recall) == sorted(read)
+    assert len(control) == 400 == len({(r["entity"], r["attr"]) for r in control})
+    assert not any((r["entity"], r["attr"]) in read for r in control)
+    domains = {a: v["values"] for a, v in world.information()["attributes"].items()}
+    for r in recall + control:
+        e = world.by_name[r["entity"]]
+        assert r["values"] == domains[r["attr"]] and r["bits"] == pytest.approx(math.log2(r["values"]))
+        assert r["target"] in (e.facts[r["attr"]], f"a {e.facts[r['attr']]}", f"an {e.facts[r['attr']]}")
+        assert r["context"].endswith("</think>\n" + _prefix(Fact(e.name, r["attr"], e.facts[r["attr"]])))
+        assert r["reads"] == read[(r["entity"], r["attr"])]
+    assert record["recall"]["sanlab_closed_book_recall"]["pool"] == len(read)
+    assert record["recall"]["sanlab_closed_book_recall_unseen"]["pool"] == record["facts_unseen"]
     # grounded: the true answer is in the prompt; closed book: it is not
     g = [json.loads(line) for line in (out / "sanlab_grounded_qa.jsonl").read_text().splitlines()]
     for r in g + seen:
@@ -157,6 +182,12 @@ def test_eval_builtin_writes_results_and_prints_the_table(run: Path, capsys: pyt
     assert 0 <= acc <= 1 and rec["tasks"]["sanlab_grounded_qa"]["n_samples"]["effective"] == 4
     assert rec["tasks"]["sanlab_kjv_ppl"]["metrics"]["bits_per_byte"] > 0
     assert rec["builtin"]["facts_seen"] > 0
+    # the recall tasks by real greedy generation: exact match and the stored-bits count over 4 items
+    for task in ("sanlab_closed_book_recall", "sanlab_closed_book_recall_unseen"):
+        m = rec["tasks"][task]["metrics"]
+        assert 0 <= m["exact_match"] <= 1 and m["pool"] == rec["builtin"]["recall"][task]["pool"]
+        assert m["items"] == min(4, m["pool"]) == rec["tasks"][task]["n_samples"]["effective"]
+        assert m["stored_bits"] is not None and m["stored_bits_per_param"] is not None
 
 
 @needs_lm_eval
@@ -272,3 +303,144 @@ def test_results_table_shows_each_tasks_main_metric_with_its_stderr() -> None:
     assert [c.name for c in t.columns] == ["run", "sanlab_grounded_qa\nacc", "sanlab_cloze\nacc",
                                            "sanlab_kjv_ppl\nbits_per_byte"]
     assert t.rows == [["san", "0.2950 ± 0.0323", "0.0255 ± 0.0126", "4.5519"]]
+
+
+# --------------------------------------------------------------------------- facts read, stored bits
+
+
+def test_fact_reads_count_every_read_of_every_row_stating_the_fact() -> None:
+    """Row A states X and is read 3 times, row B states X and Y (read once), row C states
+    nothing (read 5 times): X was read 4 times, Y once, every other fact 0."""
+    from sanlab.data.synth import SynthConfig, state, world_for
+    from sanlab.eval.builtin import count_fact_reads, fact_reads_summary
+
+    world = world_for(SynthConfig())
+    x, y = world.people[3], world.people[5]
+    a = f"Notes. {state(random.Random(1), x, 'instrument')}"
+    b = f"{state(random.Random(2), x, 'instrument')} And {state(random.Random(3), y, 'birthplace')}"
+    reads = count_fact_reads([a, b, "Nothing stated here."], [3, 1, 5], world)
+    assert reads == {(x.name, "instrument"): 4, (y.name, "birthplace"): 1}
+    facts = [(e.name, k) for e in world.entities for k in e.facts]
+    s = fact_reads_summary([reads[f] for f in facts], 9, 3)
+    assert s["facts"] == len(facts) and s["mean"] == pytest.approx(5 / len(facts))
+    assert (s["min"], s["p10"], s["median"], s["p90"], s["max"], s["epochs"]) == (0, 0, 0, 0, 4, 3.0)
+    s = fact_reads_summary(list(range(11)), None, None)  # 0..10: the percentiles are the values
+    assert (s["p10"], s["median"], s["p90"], s["mean"], s["epochs"]) == (1, 5, 9, 5, None)
+
+
+def test_rows_read_keeps_how_often_each_row_was_read(train_data_dir: Path) -> None:
+    """Past one epoch a row is read more than once: rows_read returns each distinct row
+    once with its count, as the loader's replay gives it, and the split's row count."""
+    from collections import Counter
+
+    from sanlab.data.loader import Loader
+    from sanlab.data.shards import load_manifest
+    from sanlab.eval.builtin import rows_read
+
+    loader = Loader(train_data_dir, "train", batch_rows=64, seed=3)
+    steps = loader.n_rows * 5 // (2 * 64)  # 2.5 epochs
+    expect = Counter(int(r) for s in range(steps) for r in loader.rows_for_step(s))
+    rows, times, n_rows, how = rows_read(train_data_dir, load_manifest(train_data_dir), steps, 64, 3)
+    assert n_rows == loader.n_rows and int(times.sum()) == steps * 64 and set(times.tolist()) == {2, 3}
+    full = {tuple(loader._gather(np.array([r]))["tokens"][0].tolist()): k for r, k in expect.items()}
+    assert {tuple(r.tolist()): int(k) for r, k in zip(rows, times)} == full
+    assert f"read in {steps} steps ({steps * 64 / loader.n_rows:.2f} epochs)" in how
+
+
+def test_stored_bits_is_the_chance_corrected_count_of_bits_recalled() -> None:
+    """(correct, K, bits) per item: all right over a whole pool = Σ log2 K; all wrong =
+    −Σ log2 K / (K − 1); right exactly 1/K of the time = 0; a sample of a larger pool is
+    scaled by the pool's size; per parameter divides by the parameters."""
+    from sanlab.eval.builtin import stored_bits
+
+    ks = [2, 4, 16, 100]
+    right = stored_bits([(1, k, math.log2(k)) for k in ks], pool=4, params=1000)
+    total = sum(math.log2(k) for k in ks)
+    assert right["stored_bits"] == pytest.approx(total) and right["stored_fraction"] == pytest.approx(1)
+    assert right["stored_bits_per_param"] == pytest.approx(total / 1000) and right["items"] == 4
+    wrong = stored_bits([(0, k, math.log2(k)) for k in ks], pool=4)
+    assert wrong["stored_bits"] == pytest.approx(-sum(math.log2(k) / (k - 1) for k in ks))
+    assert wrong["stored_fraction"] == pytest.approx(-sum(1 / (k - 1) for k in ks) / 4)
+    assert wrong["stored_bits_per_param"] is None
+    # guessing: of K items of domain K, one is right
+    guess = [(int(i == 0), k, math.log2(k)) for k in ks for i in range(k)]
+    g = stored_bits(guess, pool=len(guess))
+    assert g["stored_bits"] == pytest.approx(0, abs=1e-9) and g["stored_fraction"] == pytest.approx(0, abs=1e-12)
+    # 10 items sampled from a pool of 1000, 5 right (K = 4, 2 bits): 1000 × mean(t × 2)
+    half = stored_bits([(i % 2, 4, 2.0) for i in range(10)], pool=1000, params=500)
+    t_right, t_wrong = 1.0, -1 / 3
+    assert half["stored_bits"] == pytest.approx(1000 * 2 * (t_right + t_wrong) / 2)
+    assert half["stored_bits_per_param"] == pytest.approx(half["stored_bits"] / 500)
+    assert half["stored_bits_stderr"] == pytest.approx(1000 * 2 * (4 / 3) / 2 * math.sqrt(10 / 9) / math.sqrt(10))
+
+
+def _fake_generation(monkeypatch: pytest.MonkeyPatch, answers: dict[str, str]) -> None:
+    """SanlabLM.generate_until answers each context with answers[context]."""
+    from sanlab.eval.adapter import SanlabLM
+
+    monkeypatch.setattr(SanlabLM, "generate_until", lambda self, reqs, disable_tqdm=False: [
+        answers[r.args[0]] for r in reqs])
+
+
+@needs_lm_eval
+def test_recall_is_exact_match_up_to_whitespace_and_counts_stored_bits(
+        run: Path, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Planted generations through lm-eval: the even items answered right with the
+    whitespace changed ('  a  potter '), the odd ones with another value; exact_match is
+    their share and the stored bits are the estimator's value on those outcomes over the
+    pool of unseen facts, per non-embedding parameter of the run."""
+    import shutil
+
+    from sanlab.accounting import count_params
+    from sanlab.eval.builtin import stored_bits, write_builtin_tasks
+    from sanlab.eval.run import open_run
+
+    copy = tmp_path / "san"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("eval"))
+    loaded = open_run(copy)
+    record = write_builtin_tasks(loaded, tmp_path / "tasks")
+    items = [json.loads(line) for line in (tmp_path / "tasks" / "sanlab_closed_book_recall_unseen.jsonl")
+             .read_text().splitlines()][:40]
+    answers = {it["context"]: ("  " + it["target"].replace(" ", "  ") + " " if i % 2 == 0 else " " + it["target"] + "x")
+               for i, it in enumerate(items)}
+    _fake_generation(monkeypatch, answers)
+    assert main(["eval", str(copy), "--tasks", "sanlab_closed_book_recall_unseen", "--limit", "40"]) == 0
+    capsys.readouterr()
+    m = json.loads((copy / "eval" / "results-latest-limit40.json").read_text())["tasks"][
+        "sanlab_closed_book_recall_unseen"]["metrics"]
+    assert m["exact_match"] == 0.5 and m["items"] == 40
+    pool = record["recall"]["sanlab_closed_book_recall_unseen"]["pool"]
+    assert pool == record["facts_unseen"] > 400
+    want = stored_bits([(int(i % 2 == 0), it["values"], it["bits"]) for i, it in enumerate(items)], pool)
+    params = count_params(loaded.run.config.model).non_embedding
+    assert m["stored_bits"] == pytest.approx(want["stored_bits"]) and m["stored_bits"] > 0
+    assert m["stored_fraction"] == pytest.approx(want["stored_fraction"])
+    assert m["stored_bits_per_param"] == pytest.approx(want["stored_bits"] / params)
+
+
+@needs_lm_eval
+def test_recall_control_asks_about_invented_people_when_every_fact_was_read(
+        run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that read every world fact: both unseen tasks ask about the same invented
+    people (none in the world), the recall pool is all their facts, K as in the world."""
+    from collections import Counter
+
+    import sanlab.eval.builtin as b
+    from sanlab.data.synth import SynthConfig, world_for
+    from sanlab.eval.run import open_run
+
+    world = world_for(SynthConfig())
+    every = Counter({(e.name, a): 2 for e in world.entities for a in e.facts})
+    monkeypatch.setattr(b, "count_fact_reads", lambda texts, times, w: every)
+    record = b.write_builtin_tasks(open_run(run), tmp_path)
+    assert record["facts_unseen"] == 0 and "invented people" in record["unseen_source"]
+    assert record["fact_reads"]["min"] == record["fact_reads"]["max"] == 2
+    mc = [json.loads(line) for line in (tmp_path / "sanlab_closed_book_unseen.jsonl").read_text().splitlines()]
+    gen = [json.loads(line) for line in (tmp_path / "sanlab_closed_book_recall_unseen.jsonl").read_text().splitlines()]
+    assert len(gen) == 400 and record["recall"]["sanlab_closed_book_recall_unseen"]["pool"] == 200 * 6
+    assert not any(r["entity"] in world.by_name for r in gen + mc)
+    assert len({r["entity"] for r in gen + mc}) <= 200  # the same 200 invented people
+    domains = {a: v["values"] for a, v in world.information()["attributes"].items()}
+    assert all(r["values"] == domains[r["attr"]] and r["reads"] == 0 for r in gen)
+    seen = [json.loads(line) for line in (tmp_path / "sanlab_closed_book_recall.jsonl").read_text().splitlines()]
+    assert len(seen) == 400 and record["recall"]["sanlab_closed_book_recall"]["pool"] == record["facts_in_world"]

@@ -17,12 +17,35 @@ of a sentence that ends in it ("… was born in" → " Vaelmor"):
     sanlab_closed_book_unseen  the same, over facts the run never saw stated: a control
                                that must sit at chance (25%) for an honest recall score.
 
+Free recall (lm-eval `generate_until`, greedy, stopped at "." / newline / <|im_end|>,
+`exact_match` with whitespace removed on both sides), the closed-book context up to the
+value ("… Kael Dral was born in" → "Vaelmor", "… works as" → "a potter"):
+
+    sanlab_closed_book_recall         every fact the run saw (a sample of N_RECALL = 400
+                                      when it saw more)
+    sanlab_closed_book_recall_unseen  the same over the unseen facts (or invented people)
+                                      `sanlab_closed_book_unseen` asks about: the control
+
+Stored bits by an independent count (`stored_bits`; `sanlab eval` adds them to these two
+tasks' metrics). Each item carries K, its attribute's number of equally likely values in
+this world, and log2 K bits. A guess is right at most 1/K of the time, so each outcome
+c ∈ {0, 1} is chance-corrected to t = (c − 1/K)/(1 − 1/K); over n items sampled
+uniformly from a pool of P facts, stored_fraction = mean(t) and stored_bits =
+P · mean(t · log2 K), an unbiased estimate of Σ over the pool of log2 K for the facts the
+model recalls (guessing: 0 in expectation; every fact of a whole pool right: Σ log2 K);
+stored_bits_per_param divides by the run's non-embedding parameters. The recall tasks
+draw from their own rng (RECALL_SEED), after every other task's draws, so adding them
+changed no other task's questions.
+
 Which facts a run saw: the training rows the run read up to the evaluated checkpoint
 (the loader's row order replayed from the checkpoint's step) are decoded and searched
 for any of each fact's sentence forms (names in the world are substring-free, so the
 search is exact); a statement cut by a row edge was never seen whole in one context and
-does not count. `facts.json` next to the tasks records the counts. A run dir without a
-recorded step counts every training row.
+does not count. Each distinct row is decoded once and counted as many times as the run
+read it, so `fact_reads` in `facts.json` (next to the tasks, with the other counts) says how
+often each world fact was read: a row read k times counts k; mean, median, p10, p90, min
+and max over every world fact (unread ones 0) and the epochs. A run dir without a
+recorded step counts every training row once.
 
 From the run's own corpus:
 
@@ -37,11 +60,13 @@ From the run's own corpus:
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -68,12 +93,17 @@ from sanlab.data.text import kjv_documents
 from sanlab.errors import DataError
 from sanlab.fileio import try_read_json_object
 
-BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen", "sanlab_cloze",
-                 "sanlab_kjv_ppl")
+BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen",
+                 "sanlab_closed_book_recall", "sanlab_closed_book_recall_unseen", "sanlab_cloze", "sanlab_kjv_ppl")
+# the free-generation recall tasks, each with the pool of facts its items are drawn from
+RECALL_TASKS = {"sanlab_closed_book_recall": "seen", "sanlab_closed_book_recall_unseen": "unseen"}
 TASK_VERSION = 1
 N_ITEMS = 200  # questions per task (fewer where fewer exist)
+N_RECALL = 400  # recall items per task: every fact of a pool this small or smaller, else a sample
 N_CHOICES = 4
 SEED = 20_240_601  # the tasks' own rng: the same questions for every run over the same data
+RECALL_SEED = SEED + 1  # the recall tasks' rng, apart, so adding them moved no other task's draws
+RECALL_STOP = (".", "\n", IM_END)  # a generated answer ends at the sentence's end
 
 # The sentence form of each fact with the value last: the prompt ends just before it.
 VALUE_LAST: dict[str, str] = {
@@ -134,18 +164,43 @@ def _checkpoint_step(run_path: Path, checkpoint: str) -> int | None:
 
 
 def rows_read(data_dir: Path, manifest: dict[str, Any], step: int | None, batch_rows: int,
-              seed: int) -> tuple[np.ndarray, str]:
-    """Token rows (n, seq_len + 1) of the training split a run read up to `step` (the
-    loader's order replayed), and how that was decided."""
+              seed: int) -> tuple[np.ndarray, np.ndarray, int, str]:
+    """The distinct token rows (n, seq_len + 1) of the training split a run read up to
+    `step` (the loader's order replayed), how many times it read each (n,), the rows in
+    the split, and how that was decided."""
     tokens = np.concatenate([s["tokens"] for s in open_split(data_dir, manifest, "train")])
     if step is None:
-        return tokens, "every training row (the checkpoint records no step)"
+        return tokens, np.ones(len(tokens), np.int64), len(tokens), "every training row (the checkpoint records no step)"
     loader = Loader(data_dir, "train", batch_rows=batch_rows, seed=seed, verify=False)
     rows = np.concatenate([loader.rows_for_step(s) for s in range(step)]) if step else np.zeros(0, np.int64)
-    rows = np.unique(rows)
+    rows, times = np.unique(rows, return_counts=True)
     epochs = step * batch_rows / loader.n_rows
-    return tokens[rows], (f"the {len(rows)} of {loader.n_rows} training rows read in {step} steps "
-                          f"({epochs:.2f} epochs); a fact counts as seen when one row states it whole")
+    return tokens[rows], times, loader.n_rows, (
+        f"the {len(rows)} of {loader.n_rows} training rows read in {step} steps "
+        f"({epochs:.2f} epochs); a fact counts as seen when one row states it whole")
+
+
+def count_fact_reads(texts: Iterable[str], times: Iterable[int], world: World) -> Counter[tuple[str, str]]:
+    """(entity, attribute) -> how many rows the run read that state the fact whole: each
+    distinct row's text (decoded once) with the number of times it was read; a row read
+    k times counts k, a row stating a fact twice counts once per read."""
+    reads: Counter[tuple[str, str]] = Counter()
+    for text, k in zip(texts, times):
+        for key in facts_in(text, world):
+            reads[key] += int(k)
+    return reads
+
+
+def fact_reads_summary(counts: Sequence[int], rows_read_total: int | None, rows_in_split: int | None) -> dict[str, Any]:
+    """How often the facts were read: `counts` has one entry per world fact (0 for one
+    never read); `epochs` = rows read (with repeats) / rows in the training split."""
+    a = np.asarray(counts, dtype=np.float64)
+    if not len(a):
+        a = np.zeros(1)
+    p10, median, p90 = (float(x) for x in np.percentile(a, [10, 50, 90]))
+    return {"facts": len(counts), "mean": float(a.mean()), "median": median, "p10": p10, "p90": p90,
+            "min": int(a.min()), "max": int(a.max()),
+            "epochs": rows_read_total / rows_in_split if rows_read_total is not None and rows_in_split else None}
 
 
 # --------------------------------------------------------------------------- questions
@@ -236,20 +291,82 @@ def invented_people(world: World, n: int, rng: random.Random) -> list[Entity]:
     return people
 
 
+def _closed_book_context(rng: random.Random, e: Entity, f: Fact) -> str:
+    """A closed-book question about f, a trace free of its value, then the answer
+    sentence up to the value ('… Kael Dral was born in')."""
+    what = "one of the people" if e.kind == "person" else "one of the cities"
+    noun = ATTRS[f.attr].noun
+    query = rng.choice(_MEMO_PREAMBLES) + ask(rng, e, f.attr)
+    trace = " ".join([f"The question is about {e.name}, {what} I know about.", f"It asks for {noun}.",
+                      "This is a closed-book question."])
+    return _chat(query, trace, _prefix(f))
+
+
 def closed_book_items(entities: dict[str, Entity], world: World, facts: list[Fact], n: int,
                       rng: random.Random) -> list[dict[str, Any]]:
     items = []
     for f in rng.sample(facts, min(n, len(facts))):
-        e = entities[f.entity]
-        what = "one of the people" if e.kind == "person" else "one of the cities"
-        noun = ATTRS[f.attr].noun
-        query = rng.choice(_MEMO_PREAMBLES) + ask(rng, e, f.attr)
-        trace = " ".join([f"The question is about {e.name}, {what} I know about.", f"It asks for {noun}.",
-                          "This is a closed-book question."])
+        context = _closed_book_context(rng, entities[f.entity], f)
         choices, label = _choices(rng, world, f, [])
-        items.append({"context": _chat(query, trace, _prefix(f)), "choices": choices, "label": label,
-                      "entity": f.entity, "attr": f.attr})
+        items.append({"context": context, "choices": choices, "label": label, "entity": f.entity, "attr": f.attr})
     return items
+
+
+def answer(f: Fact) -> str:
+    """The value as the value-last sentence states it: 'a potter' for an _ARTICLE attribute."""
+    return _a(f.value) if f.attr in _ARTICLE else f.value
+
+
+def recall_items(entities: dict[str, Entity], facts: list[Fact], n: int, rng: random.Random,
+                 domains: dict[str, int], reads: Counter[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Free-generation recall: the closed-book context of `closed_book_items`, the answer
+    (`target`) to generate. Every fact when the pool has at most n, else a sample of n.
+    Each item carries its attribute's domain size K (`values`: a fact is one of K equally
+    likely values), `bits` = log2 K, and `reads` (rows the run read stating the fact)."""
+    items = []
+    for f in facts if len(facts) <= n else rng.sample(facts, n):
+        k = int(domains[f.attr])
+        items.append({"context": _closed_book_context(rng, entities[f.entity], f), "target": answer(f),
+                      "entity": f.entity, "attr": f.attr, "values": k, "bits": math.log2(k) if k > 1 else 0.0,
+                      "reads": int((reads or {}).get((f.entity, f.attr), 0))})
+    return items
+
+
+def stored_bits(outcomes: Sequence[tuple[float, int, float]], pool: int,
+                params: int | None = None) -> dict[str, float | int | None]:
+    """Stored bits by an independent count, from one (correct 0/1, K, bits) per item, the
+    items a uniform sample of (or all of) a pool of `pool` facts.
+
+    A guess that does not know the fact is right at most 1/K of the time, so each item's
+    chance-corrected score is t = (c − 1/K)/(1 − 1/K) (1 when right, −1/(K − 1) when
+    wrong; 0 for a one-valued attribute, which holds no information); `stored_fraction`
+    is the mean of t and `stored_bits` = pool × mean(t × bits): an unbiased estimate of
+    Σ over the pool of log2 K for the facts the model recalls (a model that recalls none
+    and guesses scores 0 in expectation; one that recalls every fact of a fully sampled
+    pool scores Σ log2 K exactly; all wrong gives −pool × mean(bits / (K − 1))).
+    `stored_bits_per_param` divides by `params` (the run's non-embedding parameters).
+    The stderrs are the items' sample standard errors (scaled by pool for the bits)."""
+    terms, bits = [], []
+    for c, k, b in outcomes:
+        t = (float(c) - 1 / k) / (1 - 1 / k) if k > 1 else 0.0
+        terms.append(t)
+        bits.append(t * b)
+    n = len(terms)
+
+    def mean_err(x: list[float]) -> tuple[float | None, float | None]:
+        if not x:
+            return None, None
+        m = sum(x) / len(x)
+        err = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1) / len(x)) if len(x) > 1 else None
+        return m, err
+
+    frac, frac_err = mean_err(terms)
+    per_item, per_item_err = mean_err(bits)
+    total = None if per_item is None else pool * per_item
+    return {"stored_fraction": frac, "stored_fraction_stderr": frac_err, "stored_bits": total,
+            "stored_bits_stderr": None if per_item_err is None else pool * per_item_err,
+            "stored_bits_per_param": total / params if total is not None and params else None,
+            "items": n, "pool": pool}
 
 
 # --------------------------------------------------------------------------- the run's corpus
@@ -322,6 +439,27 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
+
+
+def _recall_yaml(max_gen_toks: int) -> str:
+    """Greedy generation up to the sentence's end, exact match with whitespace removed on
+    both sides (' a potter' = 'a potter')."""
+    until = ", ".join(json.dumps(s) for s in RECALL_STOP)
+    return f"""output_type: generate_until
+doc_to_text: context
+doc_to_target: target
+generation_kwargs:
+  until: [{until}]
+  max_gen_toks: {max_gen_toks}
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+    regexes_to_ignore: ['\\s+']
+"""
+
+
 _ROLLING = """output_type: loglikelihood_rolling
 doc_to_text: ""
 doc_to_target: text
@@ -355,17 +493,20 @@ def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - 
     _write(out, "sanlab_grounded_qa", grounded_items(world, N_ITEMS, rng), _MC)
     record["tasks"]["sanlab_grounded_qa"] = N_ITEMS
 
-    seen: set[tuple[str, str]] = set()
+    reads: Counter[tuple[str, str]] = Counter()
+    total = in_split = None
     if manifest["corpus"] == "synth":
         cfg = loaded.run.config
         step = _checkpoint_step(loaded.run.path, loaded.checkpoint)
-        rows, how = rows_read(data_dir, manifest, step, cfg.train.batch_rows, cfg.train.seed)
-        for text in loaded.tokenizer.decode_batch(rows.tolist(), skip_special_tokens=False):
-            seen |= facts_in(text, world)
+        rows, times, in_split, how = rows_read(data_dir, manifest, step, cfg.train.batch_rows, cfg.train.seed)
+        reads = count_fact_reads(loaded.tokenizer.decode_batch(rows.tolist(), skip_special_tokens=False), times, world)
+        total = int(times.sum())
         record["seen_from"] = how
         record["rows_read"] = int(len(rows))
     else:
         record["seen_from"] = f"the training corpus is {manifest['corpus']!r}, not the SYNTH world: no fact seen"
+    seen = set(reads)
+    record["fact_reads"] = fact_reads_summary([reads[(f.entity, f.attr)] for f in all_facts], total, in_split)
     facts_seen = [f for f in all_facts if (f.entity, f.attr) in seen]
     facts_unseen = [f for f in all_facts if (f.entity, f.attr) not in seen]
     record["facts_seen"], record["facts_unseen"] = len(facts_seen), len(facts_unseen)
@@ -385,6 +526,21 @@ def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - 
             record["tasks"][task] = len(items)
         else:
             record["skipped"][task] = "no such facts"
+
+    # the recall tasks: their own rng, after every draw of the tasks above
+    recall_rng = random.Random(RECALL_SEED)
+    domains = {a: int(r["values"]) for a, r in world.information()["attributes"].items()}
+    record["recall"] = {}
+    for task, facts in zip(RECALL_TASKS, (facts_seen, facts_unseen)):
+        if not facts:
+            record["skipped"][task] = "no such facts"
+            continue
+        items = recall_items(entities, facts, N_RECALL, recall_rng, domains, reads)
+        # room for the longest answer, its tokens as a generation may split them, and a stop
+        longest = max(len(loaded.encode(" " + it["target"])) for it in items)
+        _write(out, task, items, _recall_yaml(longest + 4))
+        record["tasks"][task] = len(items)
+        record["recall"][task] = {"pool": len(facts), "items": len(items), "max_gen_toks": longest + 4}
 
     cloze = [{"context": c, "target": t} for c, t in _val_documents(data_dir, manifest, N_ITEMS, loaded.tokenizer)]
     if cloze:

@@ -9,6 +9,8 @@ sanlab writes for each run (`sanlab.eval.builtin`). Each run's results go to
 atomically); a runs × tasks table is printed. A `--limit N` evaluation (a quick look at
 the first N examples) goes to its own `results-<checkpoint>-limit<N>.json`, marked
 `"limit": N`, so it never replaces a full evaluation's numbers, and the table says so.
+For the built-in recall tasks lm-eval logs each item's outcome, and the task's metrics
+gain the stored bits counted from them (`recall_metrics`, `sanlab.eval.builtin.stored_bits`).
 """
 
 from __future__ import annotations
@@ -149,8 +151,9 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     import lm_eval.evaluator
     from lm_eval.tasks import TaskManager
 
+    from sanlab.accounting import count_params
     from sanlab.eval.adapter import SanlabLM
-    from sanlab.eval.builtin import BUILTIN_TASKS, write_builtin_tasks
+    from sanlab.eval.builtin import BUILTIN_TASKS, RECALL_TASKS, write_builtin_tasks
     from sanlab.eval.run import open_run
     from sanlab.train.rundir import read_json, write_json
 
@@ -184,9 +187,10 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     # an error line outside a repository); the run dir's meta.json has the commit that matters
     lm_eval.evaluator.get_git_commit_hash = lambda: None
     t0 = time.time()
+    recall = [t for t in wanted if t in RECALL_TASKS]  # their stored bits need each item's outcome
     with _lm_eval_output(verbose):
         results = lm_eval.simple_evaluate(model=model, tasks=wanted, limit=args.limit, task_manager=manager,
-                                          bootstrap_iters=args.bootstrap_iters, log_samples=False)
+                                          bootstrap_iters=args.bootstrap_iters, log_samples=bool(recall))
     if model.truncated:
         say(f"sanlab: warning: {loaded.run.path}: {model.truncated} requests longer than seq_len="
             f"{loaded.seq_len} were truncated from the left")
@@ -203,6 +207,10 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
             # this task's own requests (a group's: its members'), not the run's total
             "truncated_requests": sum(model.truncated_by_task[t] for t in [task, *members.get(task, [])]),
         }
+        if task in recall and builtin_record is not None:
+            params = count_params(loaded.run.config.model).non_embedding
+            record["tasks"][task]["metrics"].update(
+                recall_metrics(results.get("samples", {}).get(task, []), builtin_record["recall"][task]["pool"], params))
     record["lm_eval_version"] = getattr(lm_eval, "__version__", None)
     if builtin_record is not None:
         record["builtin"] = builtin_record
@@ -213,6 +221,15 @@ def evaluate_run(path: Path, tasks: list[str], needs_defaults: bool, args: argpa
     except OSError as e:
         raise SanlabError(f"{out_file}: cannot write the results ({e.strerror or e})") from None
     return record
+
+
+def recall_metrics(samples: list[dict[str, Any]], pool: int, params: int) -> dict[str, Any]:
+    """A recall task's stored bits (`sanlab.eval.builtin.stored_bits`) from lm-eval's
+    logged samples: each one's exact match and its item's K and bits."""
+    from sanlab.eval.builtin import stored_bits  # lazy: torch, numpy (as above)
+
+    return stored_bits([(float(s["exact_match"]), int(s["doc"]["values"]), float(s["doc"]["bits"])) for s in samples],
+                       pool, params)
 
 
 def results_file(eval_dir: Path, checkpoint: str, limit: int | None) -> Path:
