@@ -372,6 +372,7 @@ def test_stored_bits_is_the_chance_corrected_count_of_bits_recalled() -> None:
     assert half["stored_bits"] == pytest.approx(1000 * 2 * (t_right + t_wrong) / 2)
     assert half["stored_bits_per_param"] == pytest.approx(half["stored_bits"] / 500)
     assert half["stored_bits_stderr"] == pytest.approx(1000 * 2 * (4 / 3) / 2 * math.sqrt(10 / 9) / math.sqrt(10))
+    assert half["stored_bits_per_param_stderr"] == pytest.approx(half["stored_bits_stderr"] / 500)
 
 
 def _fake_generation(monkeypatch: pytest.MonkeyPatch, answers: dict[str, str]) -> None:

@@ -345,7 +345,8 @@ def stored_bits(outcomes: Sequence[tuple[float, int, float]], pool: int,
     and guesses scores 0 in expectation; one that recalls every fact of a fully sampled
     pool scores Σ log2 K exactly; all wrong gives −pool × mean(bits / (K − 1))).
     `stored_bits_per_param` divides by `params` (the run's non-embedding parameters).
-    The stderrs are the items' sample standard errors (scaled by pool for the bits)."""
+    The stderrs are the items' sample standard errors (scaled by pool for the bits, and
+    by pool / params per parameter)."""
     terms, bits = [], []
     for c, k, b in outcomes:
         t = (float(c) - 1 / k) / (1 - 1 / k) if k > 1 else 0.0
@@ -363,9 +364,11 @@ def stored_bits(outcomes: Sequence[tuple[float, int, float]], pool: int,
     frac, frac_err = mean_err(terms)
     per_item, per_item_err = mean_err(bits)
     total = None if per_item is None else pool * per_item
+    total_err = None if per_item_err is None else pool * per_item_err
     return {"stored_fraction": frac, "stored_fraction_stderr": frac_err, "stored_bits": total,
-            "stored_bits_stderr": None if per_item_err is None else pool * per_item_err,
+            "stored_bits_stderr": total_err,
             "stored_bits_per_param": total / params if total is not None and params else None,
+            "stored_bits_per_param_stderr": total_err / params if total_err is not None and params else None,
             "items": n, "pool": pool}
 
 
