@@ -320,11 +320,13 @@ def answer(f: Fact) -> str:
 def recall_items(entities: dict[str, Entity], facts: list[Fact], n: int, rng: random.Random,
                  domains: dict[str, int], reads: Counter[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
     """Free-generation recall: the closed-book context of `closed_book_items`, the answer
-    (`target`) to generate. Every fact when the pool has at most n, else a sample of n.
+    (`target`) to generate. Every fact when the pool has at most n, else a sample of n, in
+    random order.
     Each item carries its attribute's domain size K (`values`: a fact is one of K equally
     likely values), `bits` = log2 K, and `reads` (rows the run read stating the fact)."""
     items = []
-    for f in facts if len(facts) <= n else rng.sample(facts, n):
+    # a whole pool shuffled too, so the first items (`--limit`) are a uniform sample of it
+    for f in rng.sample(facts, min(n, len(facts))):
         k = int(domains[f.attr])
         items.append({"context": _closed_book_context(rng, entities[f.entity], f), "target": answer(f),
                       "entity": f.entity, "attr": f.attr, "values": k, "bits": math.log2(k) if k > 1 else 0.0,
