@@ -137,3 +137,26 @@ def test_study_plan_shows_the_groups(study_data_dir: Path, tmp_path: Path) -> No
                           "--no-timing", "--format", "csv", "runner.members=1"], capture_output=True, text=True,
                          timeout=120)
     assert off.returncode == 0 and not [ln for ln in off.stdout.splitlines() if ln.startswith("sweep,2,")]
+
+
+def test_plan_total_spreads_groups_not_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's total with member groups: each group one unit (its runs summed / the
+    speed-up), spread over the workers longest first, the sweep before the rest."""
+    from types import SimpleNamespace
+
+    from sanlab.study import groups
+
+    class Cfg:
+        def model_dump_json(self) -> str:
+            return "{}"
+
+    secs = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "s": 4.0}
+    runs = [SimpleNamespace(run_id=k, phases=("sweep",) if k == "s" else ("final",), config=Cfg()) for k in secs]
+    plan = SimpleNamespace(runs=runs, run_seconds=lambda r: secs[r.run_id])
+    monkeypatch.setattr(groups, "plan_groups", lambda cfgs, setting, workers: (
+        [[0, 1, 2], [3]] if len(cfgs) == 4 else [[0]]))
+    # final: a group of three (30 / speed-up) and a solo run (10) on two workers; sweep: 4
+    assert groups.plan_seconds(plan, "auto", 2) == pytest.approx(4.0 + 30.0 / groups.MEMBER_SPEEDUP)
+    # one worker: everything one after another
+    assert groups.plan_seconds(plan, "auto", 1) == pytest.approx(4.0 + 30.0 / groups.MEMBER_SPEEDUP + 10.0)
+    assert [r[1] for r in groups.plan_table_rows(plan, "auto", 2)] == [["a", "b", "c"]]

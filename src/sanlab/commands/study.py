@@ -152,10 +152,15 @@ def _plan(args: argparse.Namespace) -> int:
            "`--no-timing` to skip)" if plan.speeds else
            f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
            "scaled by FLOPs/token)")
+    total_s = plan.total_seconds
+    if spec.runner.kind == "local" and spec.runner.members != 1 and not spec.runner.gpus_per_run:
+        from sanlab.study.groups import plan_seconds  # lazy: as plan_table_rows above
+
+        total_s = plan_seconds(plan, spec.runner.members, spec.runner.workers)
     ext_s = plan.extension_seconds
-    upto = f" (up to {_fmt_seconds(plan.total_seconds + ext_s)} with every extension)" if ext and ext_s else ""
+    upto = f" (up to {_fmt_seconds(total_s + ext_s)} with every extension)" if ext and ext_s else ""
     out.note(f"total: {len(plan.runs)} runs" + (f" + up to {ext} sweep extensions" if ext else "")
-             + f", {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(plan.total_seconds)}{upto} "
+             + f", {plan.total_flops:.3g} FLOPs; about {_fmt_seconds(total_s)}{upto} "
              f"with {plan.workers} run(s) in parallel, from {how}")
     out.close()
     return EXIT_OK

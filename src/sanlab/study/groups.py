@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from sanlab.config import Config, validate
+from sanlab.study.plan import makespan
 
 # "auto": measured at the demo shape (SAN 5L d64 T128 batch 16, bf16, one thread): M members
 # step in 1/1.06 (M = 2), 1/1.08-1.14 (M = 4), 1/1.16 (M = 8) of the time of M solo steps one
@@ -121,18 +122,33 @@ def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: 
     return sorted(groups, key=lambda g: g[0])
 
 
-def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[str], float]]:
-    """`study plan`'s member groups: (phase, run ids, estimated seconds) per group of two or
-    more, grouped as `study run` groups them (the sweep's runs apart from the final ones).
-    A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP."""
-    rows = []
+def _phase_units(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[Any], list[list[int]]]]:
+    """(phase, its planned runs, their groups) as `study run` groups them: the sweep's runs
+    apart from the final ones."""
+    out = []
     for phase in ("sweep", "final"):
         runs = [r for r in plan.runs if ("sweep" in r.phases) == (phase == "sweep")]
-        for g in plan_groups([json.loads(r.config.model_dump_json()) for r in runs], setting, workers):
-            if len(g) > 1:
-                rows.append((phase, [runs[i].run_id for i in g],
-                             sum(plan.run_seconds(runs[i]) for i in g) / MEMBER_SPEEDUP))
-    return rows
+        out.append((phase, runs, plan_groups([json.loads(r.config.model_dump_json()) for r in runs], setting, workers)))
+    return out
+
+
+def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[str], float]]:
+    """`study plan`'s member groups: (phase, run ids, estimated seconds) per group of two or
+    more. A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP."""
+    return [(phase, [runs[i].run_id for i in g], sum(plan.run_seconds(runs[i]) for i in g) / MEMBER_SPEEDUP)
+            for phase, runs, groups in _phase_units(plan, setting, workers) for g in groups if len(g) > 1]
+
+
+def plan_seconds(plan: Any, setting: int | str, workers: int) -> float:
+    """The study's wall time with member groups: per phase (the sweep, then the rest), each
+    group one unit (its estimate as in `plan_table_rows`), each run left solo another,
+    spread over the workers longest first (`sanlab.study.plan.makespan`). A few large groups
+    can take longer than their runs would solo: the workers balance coarser units."""
+    total = 0.0
+    for _, runs, groups in _phase_units(plan, setting, workers):
+        units = [sum(plan.run_seconds(runs[i]) for i in g) / (MEMBER_SPEEDUP if len(g) > 1 else 1.0) for g in groups]
+        total += makespan(units, workers)
+    return total
 
 
 # --------------------------------------------------------------------------- the worker

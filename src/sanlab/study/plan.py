@@ -236,6 +236,15 @@ def merge(runs: Iterable[PlannedRun]) -> list[PlannedRun]:
     return list(out.values())
 
 
+def makespan(seconds: Iterable[float], workers: int) -> float:
+    """Wall time of one batch of jobs on `workers` workers, each taking the longest job left
+    when it frees up (the batch waits for its last job)."""
+    ends = [0.0] * max(1, workers)
+    for t in sorted(seconds, reverse=True):
+        ends[ends.index(min(ends))] += t
+    return max(ends)
+
+
 def cell_key(data: str, arm: str, optimizer: str) -> tuple[str, ...]:
     """A sweep cell's key: (arm, optimizer), with the data slug first on a data axis."""
     return (data, arm, optimizer) if data else (arm, optimizer)
@@ -360,12 +369,7 @@ class StudyPlan:
         return float(sum(r.flops_per_token * r.tokens for r in self.runs))
 
     def makespan(self, runs: Iterable[PlannedRun]) -> float:
-        """Wall time of one batch of runs on `workers` workers, each taking the longest run
-        left when it frees up (the batch waits for its last run)."""
-        ends = [0.0] * max(1, self.workers)
-        for t in sorted((self.run_seconds(r) for r in runs), reverse=True):
-            ends[ends.index(min(ends))] += t
-        return max(ends)
+        return makespan([self.run_seconds(r) for r in runs], self.workers)
 
     @property
     def total_seconds(self) -> float:
