@@ -54,8 +54,8 @@ def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path)
 
 
 def test_runner_members_is_validated(study_data_dir: Path) -> None:
-    for bad in (0, -1, "many", True):
-        with pytest.raises(ValueError, match="members"):
+    for bad in (0, -1, "many", True, 2.5):
+        with pytest.raises(ValueError, match=r'runner.members must be "auto" or an integer >= 1'):
             _spec(study_data_dir, bad)
 
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, PrivateAttr, StrictInt, Tag, TypeAdapter, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, PrivateAttr, StrictInt, Tag, TypeAdapter, field_validator,
+                      model_validator)
 
 from sanlab.config import (
     DataConfig,
@@ -432,6 +433,13 @@ class RunnerSpec(StrictModel):
     tokens_per_s: float = 9000.0
     slurm: SlurmSpec = SlurmSpec()
     """SLURM settings (runner.kind = "slurm")."""
+
+    @field_validator("members", mode="before")
+    @classmethod
+    def _members(cls, v: Any) -> Any:
+        if v != "auto" and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"runner.members must be \"auto\" or an integer >= 1, got {v!r}")
+        return v
 
     @model_validator(mode="after")
     def _check(self) -> "RunnerSpec":
