@@ -211,6 +211,12 @@ def test_axis_storage_regime_blocks_and_claim(tmp_path: Path) -> None:
     assert readme(record, log=lambda _: None) == 0
     assert readme(record, check=True, log=lambda _: None) == 0
 
+    # without a noise pair at a size, "within noise" cannot be said there
+    ax2 = load(record).data
+    assert axis_kind.claim_context(ax2).verdict == "reproduced"
+    ax2.views["facts128"].tables["noise_floor"] = []
+    assert axis_kind.claim_context(ax2).verdict == "inconclusive"
+
     # the partner recalling less than the SAN beyond 2 se, then within it
     for bpp, verdict in ((0.2, "not reproduced"), (0.55, "inconclusive")):
         for g in table_json(record / "study")["gaps"]:

@@ -388,13 +388,13 @@ def claim_recall(ax: AxisRecord) -> Claim:
 @CLAIMS.claim(
     "context", "Context-grounded Δ ≈ 0 or favouring the SAN",
     "context-grounded Δ ≈ 0 or favouring the SAN: reproduced when at no world size the context-grounded types' "
-    "token-weighted Δ is below 0; not reproduced when at some size it is; inconclusive without analysed pairs at "
-    "every size.")
+    "token-weighted Δ is below 0; not reproduced when at some size it is; inconclusive without analysed pairs and a "
+    "noise pair at every size.")
 def claim_context(ax: AxisRecord) -> Claim:
     signs, missing = [], False
     for slug in ax.slugs:
         v = list(kind_series(ax, slug).get("context", {}).values())
-        if not v:
+        if not v or ax.at(slug).floor_size is None:  # without a noise pair nothing is within noise either
             missing = True
             continue
         signs.append(noise.sign(v, ax.at(slug).floor_size))
