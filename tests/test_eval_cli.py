@@ -147,7 +147,10 @@ def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
         e = world.by_name[r["entity"]]
         assert r["values"] == domains[r["attr"]] and r["bits"] == pytest.approx(math.log2(r["values"]))
         assert r["target"] in (e.facts[r["attr"]], f"a {e.facts[r['attr']]}", f"an {e.facts[r['attr']]}")
-        assert r["context"].endswith("</think>\n" + _prefix(Fact(e.name, r["attr"], e.facts[r["attr"]])))
+        # "… was born in" opens a birthplace and a birth-year statement alike: recall names the attribute
+        ending = {"birthplace": f"The birthplace of {e.name} is", "birth_year": f"The birth year of {e.name} is"}.get(
+            r["attr"], _prefix(Fact(e.name, r["attr"], e.facts[r["attr"]])))
+        assert r["context"].endswith("</think>\n" + ending)
         assert r["reads"] == read[(r["entity"], r["attr"])]
     assert record["recall"]["sanlab_closed_book_recall"]["pool"] == len(read)
     assert record["recall"]["sanlab_closed_book_recall_unseen"]["pool"] == record["facts_unseen"]

@@ -232,9 +232,17 @@ def _choices(rng: random.Random, world: World, f: Fact, prefer: list[str]) -> tu
     return picked, label
 
 
-def _prefix(f: Fact) -> str:
-    """The value-last sentence up to the value: 'Kael Dral was born in'."""
-    form = VALUE_LAST[f.attr]
+# The recall tasks' answer sentence where the value-last form is ambiguous in the corpus:
+# "{e} was born in {v}." states a birthplace and, as one of its forms, a birth year too, so
+# free generation after "… was born in" may rightly write either. These corpus forms name
+# the attribute before the value.
+RECALL_FORM: dict[str, str] = {"birthplace": "The birthplace of {e} is {v}.",
+                               "birth_year": "The birth year of {e} is {v}."}
+
+
+def _prefix(f: Fact, form: str | None = None) -> str:
+    """The value-last sentence (`form`, default VALUE_LAST's) up to the value: 'Kael Dral was born in'."""
+    form = form or VALUE_LAST[f.attr]
     cut = form.index("{av}" if f.attr in _ARTICLE else "{v}")
     return form[:cut].rstrip().format(e=f.entity)
 
@@ -291,15 +299,15 @@ def invented_people(world: World, n: int, rng: random.Random) -> list[Entity]:
     return people
 
 
-def _closed_book_context(rng: random.Random, e: Entity, f: Fact) -> str:
+def _closed_book_context(rng: random.Random, e: Entity, f: Fact, form: str | None = None) -> str:
     """A closed-book question about f, a trace free of its value, then the answer
-    sentence up to the value ('… Kael Dral was born in')."""
+    sentence (`form`, default VALUE_LAST's) up to the value ('… Kael Dral was born in')."""
     what = "one of the people" if e.kind == "person" else "one of the cities"
     noun = ATTRS[f.attr].noun
     query = rng.choice(_MEMO_PREAMBLES) + ask(rng, e, f.attr)
     trace = " ".join([f"The question is about {e.name}, {what} I know about.", f"It asks for {noun}.",
                       "This is a closed-book question."])
-    return _chat(query, trace, _prefix(f))
+    return _chat(query, trace, _prefix(f, form))
 
 
 def closed_book_items(entities: dict[str, Entity], world: World, facts: list[Fact], n: int,
@@ -319,8 +327,9 @@ def answer(f: Fact) -> str:
 
 def recall_items(entities: dict[str, Entity], facts: list[Fact], n: int, rng: random.Random,
                  domains: dict[str, int], reads: Counter[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
-    """Free-generation recall: the closed-book context of `closed_book_items`, the answer
-    (`target`) to generate. Every fact when the pool has at most n, else a sample of n, in
+    """Free-generation recall: the closed-book context of `closed_book_items` (ending in
+    RECALL_FORM's sentence where the value-last one is ambiguous), the answer (`target`)
+    to generate. Every fact when the pool has at most n, else a sample of n, in
     random order.
     Each item carries its attribute's domain size K (`values`: a fact is one of K equally
     likely values), `bits` = log2 K, and `reads` (rows the run read stating the fact)."""
@@ -328,7 +337,8 @@ def recall_items(entities: dict[str, Entity], facts: list[Fact], n: int, rng: ra
     # a whole pool shuffled too, so the first items (`--limit`) are a uniform sample of it
     for f in rng.sample(facts, min(n, len(facts))):
         k = int(domains[f.attr])
-        items.append({"context": _closed_book_context(rng, entities[f.entity], f), "target": answer(f),
+        context = _closed_book_context(rng, entities[f.entity], f, RECALL_FORM.get(f.attr))
+        items.append({"context": context, "target": answer(f),
                       "entity": f.entity, "attr": f.attr, "values": k, "bits": math.log2(k) if k > 1 else 0.0,
                       "reads": int((reads or {}).get((f.entity, f.attr), 0))})
     return items
