@@ -140,9 +140,9 @@ def test_axis_verdict_rules() -> None:
 
 # Per value and milestone percent: the context-grounded Δ of each seed pair, before the final
 # one (CONTEXT): facts64 settles at 50% (the 50 → 100 change is 0.001, within F + s = 0.0015),
-# facts128 still moves from 50% to the end.
+# facts128 holds still from 25% to 50% and moves again from 50% to the end: not settled.
 MILESTONE_CONTEXT = {"facts64": {25: {1: 0.10, 2: 0.11}, 50: {1: 0.011, 2: 0.013}},
-                     "facts128": {50: {1: 0.20, 2: 0.21}}}
+                     "facts128": {25: {1: 0.20, 2: 0.21}, 50: {1: 0.20, 2: 0.21}}}
 STORED = {"reference": (0.5, 0.05), "arm": (1.5, 0.05)}  # bits per parameter, its stderr
 
 
@@ -218,12 +218,14 @@ def test_axis_storage_regime_blocks_and_claim(tmp_path: Path) -> None:
     assert axis_kind.claim_context(ax2).verdict == "inconclusive"
 
     # the partner recalling less than the SAN beyond 2 se, then within it
-    for bpp, verdict in ((0.2, "not reproduced"), (0.55, "inconclusive")):
+    # (by seed pair: one pair clearing 2 se is not enough)
+    for bpp, verdict in (({1: 0.2, 2: 0.2}, "not reproduced"), ({1: 0.55, 2: 0.55}, "inconclusive"),
+                         ({1: 1.5, 2: 0.55}, "inconclusive")):
         for g in table_json(record / "study")["gaps"]:
-            for ids in g["runs"].values():
+            for seed, ids in g["runs"].items():
                 f = record / "study" / "runs" / ids["arm"] / "eval" / "results-latest.json"
                 res = json.loads(f.read_text())
-                res["tasks"]["sanlab_closed_book_recall"]["metrics"]["stored_bits_per_param"] = bpp
+                res["tasks"]["sanlab_closed_book_recall"]["metrics"]["stored_bits_per_param"] = bpp[int(seed)]
                 f.write_text(json.dumps(res))
         stored = next(c for c in axis_kind.claims(load(record).data) if "bits per parameter" in c.claim)
         assert stored.verdict == verdict
