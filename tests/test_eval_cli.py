@@ -160,6 +160,47 @@ def test_builtin_tasks_state_what_training_saw(run: Path) -> None:
         assert len(r["choices"]) == 4 and len(set(r["choices"])) == 4
         truth = r["choices"][r["label"]]
         assert (truth in r["context"]) == (r in g), r
+    # every grounded item fits the run's rows whole, its key note kept (distractors dropped first)
+    from sanlab.eval.builtin import VALUE_LAST, _a
+
+    for r in g:
+        e = world.by_name[r["entity"]]
+        v = e.facts[r["attr"]]
+        assert "- " + VALUE_LAST[r["attr"]].format(e=e.name, v=v, av=_a(v)) in r["context"]
+        if r["notes_dropped"]:  # shortened only as far as needed: it fits, or it is down to the key alone
+            longest = max(len(loaded.encode(r["context"] + " " + c)) for c in r["choices"])
+            assert 1 + longest <= loaded.seq_len or r["context"].count("\n- ") == 1
+    assert record["grounded_notes_dropped"] == sum(r["notes_dropped"] for r in g) > 0
+
+
+def test_grounded_items_drop_distractors_not_draws() -> None:
+    """Fitting an item to short rows drops its distractor notes (the other facts before the
+    same-attribute ones, never the key) after every draw, so the tasks written after it
+    ask the same questions whatever it drops."""
+    import random
+
+    from sanlab.data.synth import SynthConfig, world_for
+    from sanlab.eval.builtin import SEED, grounded_items
+
+    world = world_for(SynthConfig())
+    a, b, c = random.Random(SEED), random.Random(SEED), random.Random(SEED)
+    whole = grounded_items(world, 20, a)
+    bare = grounded_items(world, 20, b, lambda ctx, ch: False)
+    short = grounded_items(world, 20, c, lambda ctx, ch: ctx.count("\n- ") <= 2)
+    assert a.random() == b.random() == c.random()  # the same draws, whatever was dropped
+    for w, x, y in zip(whole, bare, short):
+        assert (w["choices"], w["label"]) == (x["choices"], x["label"]) == (y["choices"], y["label"])
+        n = w["context"].count("\n- ")
+        assert w["notes_dropped"] == 0 and x["notes_dropped"] == n - 1 and x["context"].count("\n- ") == 1
+        assert y["notes_dropped"] == max(0, n - 2)
+        truth = w["choices"][w["label"]]
+        assert truth in x["context"] and truth in y["context"]  # the key stays
+        # a same-attribute distractor outlives the others: with two notes left, the one beside the
+        # key states a peer's value of the asked attribute (the choices offer the peers' values)
+        kept = [ln[2:] for ln in y["context"].split("\n") if ln.startswith("- ")]
+        other = [k for k in kept if truth not in k]
+        assert len(kept) == min(n, 2) and len(other) == 1
+        assert any(ch in other[0] for i, ch in enumerate(w["choices"]) if i != w["label"]), (other, w["choices"])
 
 
 def test_facts_in_finds_exactly_the_stated_facts() -> None:

@@ -11,6 +11,7 @@ of a sentence that ends in it ("… was born in" → " Vaelmor"):
     sanlab_grounded_qa         the fact is in the prompt (rag-style notes with distractor
                                facts, some about the same attribute); the trace quotes
                                the relevant line up to the answer. Reading, not recall.
+                               Distractors are dropped until an item fits the run's rows.
     sanlab_closed_book_qa      recall only: a closed-book question, a trace free of the
                                value (as the corpus's memorization exercises), then the
                                answer sentence. Only facts the run's training data stated.
@@ -66,7 +67,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -98,6 +99,7 @@ BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_b
 # the free-generation recall tasks, each with the pool of facts its items are drawn from
 RECALL_TASKS = {"sanlab_closed_book_recall": "seen", "sanlab_closed_book_recall_unseen": "unseen"}
 TASK_VERSION = 1
+GROUNDED_VERSION = 2  # 2: distractor notes dropped until the item fits the run's rows (1 cut them from the left)
 N_ITEMS = 200  # questions per task (fewer where fewer exist)
 N_RECALL = 400  # recall items per task: every fact of a pool this small or smaller, else a sample
 N_CHOICES = 4
@@ -254,7 +256,14 @@ def _chat(query: str, trace: str, answer_start: str | None) -> str:
     return head if answer_start is None else f"{head}\n{END_THINK}\n{answer_start}"
 
 
-def grounded_items(world: World, n: int, rng: random.Random) -> list[dict[str, Any]]:
+def grounded_items(world: World, n: int, rng: random.Random,
+                   fits: Callable[[str, list[str]], bool] | None = None) -> list[dict[str, Any]]:
+    """Reading questions: the fact's value-last sentence among distractor notes (the same
+    attribute of 1–3 other entities, then 2–8 other facts). `fits(context, choices)`: whether
+    an item fits the run's rows; while it does not, a distractor is dropped (the other facts
+    first, then the same-attribute ones), so no note is cut from the left of a short row,
+    the key least of all. The draws come first, so the items of every other task are the
+    same whatever `fits` drops."""
     items = []
     for _ in range(n):
         e = rng.choice(world.people) if rng.random() < 0.7 else rng.choice(world.cities)
@@ -265,6 +274,7 @@ def grounded_items(world: World, n: int, rng: random.Random) -> list[dict[str, A
         same_kind = [x for x in world.entities if x.name != e.name and attr in x.facts]
         peers = rng.sample(same_kind, min(len(same_kind), rng.randint(1, 3)))
         notes = [state(rng, x, attr) for x in peers]
+        near = set(notes)
         for _ in range(rng.randint(2, 8)):
             x = rng.choice(world.entities)
             a = rng.choice(list(x.facts))
@@ -273,12 +283,24 @@ def grounded_items(world: World, n: int, rng: random.Random) -> list[dict[str, A
         rng.shuffle(notes)
         notes.insert(rng.randrange(len(notes) + 1), key)
         question = ask(rng, e, attr)
-        query = f"Use the notes below to answer the question.\n\n" + "\n".join(f"- {s}" for s in notes) + \
-            f"\n\nQuestion: {question}"
         trace = f"The question asks for {ATTRS[attr].noun} of {e.name}. The relevant line is \"{_prefix(f)}"
         choices, label = _choices(rng, world, f, [x.facts[attr] for x in peers])
-        items.append({"context": _chat(query, trace, None), "choices": choices, "label": label,
-                      "entity": e.name, "attr": attr})
+
+        def context(kept: list[str]) -> str:
+            query = "Use the notes below to answer the question.\n\n" + "\n".join(f"- {s}" for s in kept) + \
+                f"\n\nQuestion: {question}"
+            return _chat(query, trace, None)
+
+        dropped = 0
+        while fits is not None and not fits(context(notes), choices):
+            drop = next((s for s in notes if s != key and s not in near), None) or \
+                next((s for s in notes if s != key), None)
+            if drop is None:
+                break
+            notes.remove(drop)
+            dropped += 1
+        items.append({"context": context(notes), "choices": choices, "label": label,
+                      "entity": e.name, "attr": attr, "notes_dropped": dropped})
     return items
 
 
@@ -426,9 +448,9 @@ def kjv_validation(manifest: dict[str, Any]) -> list[dict[str, str]] | None:
 # --------------------------------------------------------------------------- writing
 
 
-def _yaml(task: str, data: Path, body: str) -> str:
+def _yaml(task: str, data: Path, body: str, version: int = TASK_VERSION) -> str:
     return (f"task: {task}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {json.dumps(str(data))}\n"
-            f"test_split: test\n{body}metadata:\n  version: {TASK_VERSION}.0\n")
+            f"test_split: test\n{body}metadata:\n  version: {version}.0\n")
 
 
 _MC = """output_type: multiple_choice
@@ -485,9 +507,10 @@ metric_list:
 """
 
 
-def _write(out: Path, task: str, rows: list[dict[str, Any]], body: str) -> None:
+def _write(out: Path, task: str, rows: list[dict[str, Any]], body: str, version: int = TASK_VERSION) -> None:
     data = (out / f"{task}.jsonl").resolve()
-    for path, text in ((data, "".join(json.dumps(r) + "\n" for r in rows)), (out / f"{task}.yaml", _yaml(task, data, body))):
+    for path, text in ((data, "".join(json.dumps(r) + "\n" for r in rows)),
+                       (out / f"{task}.yaml", _yaml(task, data, body, version))):
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
@@ -505,7 +528,12 @@ def write_builtin_tasks(loaded, out: Path) -> dict[str, Any]:  # noqa: ANN001 - 
     all_facts = [Fact(e.name, a, v) for e in world.entities for a, v in e.facts.items()]
     record: dict[str, Any] = {"tasks": {}, "skipped": {}, "world": synth.model_dump(), "facts_in_world": len(all_facts)}
 
-    _write(out, "sanlab_grounded_qa", grounded_items(world, N_ITEMS, rng), _MC)
+    def fits(context: str, choices: list[str]) -> bool:  # BOS + the prompt + its longest answer in one row
+        return 1 + max(len(loaded.encode(context + " " + c)) for c in choices) <= loaded.seq_len
+
+    grounded = grounded_items(world, N_ITEMS, rng, fits)
+    _write(out, "sanlab_grounded_qa", grounded, _MC, GROUNDED_VERSION)
+    record["grounded_notes_dropped"] = sum(it["notes_dropped"] for it in grounded)
     record["tasks"]["sanlab_grounded_qa"] = N_ITEMS
 
     reads: Counter[tuple[str, str]] = Counter()
