@@ -100,6 +100,7 @@ def test_axis_record_claims_curve_and_check(tmp_path: Path) -> None:
     assert s["query_share"][1] == pytest.approx(0.1 * -0.50 / -0.20)
     assert ax.x("facts64") == pytest.approx(76 / ax.rec.tables["arms"][0]["params_non_embedding"])
 
+    assert axis_kind.BLOCKS["storage"](ax).startswith("No recall counts")  # no recall task was run
     verdicts = [c.verdict for c in axis_kind.claims(ax)]
     # recall Δ grows (−0.2 per pair, beyond √2·F); context ≥ 0 at both sizes (SAN ahead at 64,
     # within noise at 128); recall − context < 0 at 128; query − aggregate falls by 0.28;

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from sanlab.analysis.output import load_milestone_analyses
 from sanlab.cli import main
+from sanlab.errors import DataError
 from sanlab.records.study import load_study
 from sanlab.records.studycopy import copy_study
 from sanlab.report import data as report_data
@@ -69,7 +71,7 @@ def test_each_shared_milestone_but_0_and_100_is_analysed_apart_from_the_final(st
 
 
 def test_a_milestones_losses_are_what_analyze_gives_at_that_checkpoint(study: Path, tmp_path: Path) -> None:
-    by_pct = report_data.load_milestone_analyses(study)[GROUP]
+    by_pct = load_milestone_analyses(study / "analysis")[GROUP]
     assert sorted(by_pct) == [25, 50]
     final = json.loads((study / "analysis" / GROUP / "analysis.json").read_text())
     for pct in (25, 50):
@@ -113,7 +115,8 @@ def test_a_rerun_keeps_what_is_there_and_redoes_only_what_is_missing(study: Path
     other = json.loads(kept)
     other["checkpoint"] = "latest"
     (ms / "milestone-025" / "analysis.json").write_text(json.dumps(other))
-    assert 25 not in report_data.load_milestone_analyses(d)[GROUP]
+    with pytest.raises(DataError, match="not a `sanlab analyze --checkpoint milestone-025` analysis"):
+        load_milestone_analyses(d / "analysis")
     assert [p for _, p in report_data.missing_milestone_analyses(report_data.load(d))] == [25]
 
 
@@ -130,13 +133,13 @@ def test_only_milestones_every_run_of_the_group_has(study: Path, tmp_path: Path)
 def test_the_record_copy_carries_them_with_portable_paths(study: Path, tmp_path: Path) -> None:
     out = tmp_path / "record"
     written = copy_study(study, out, log=lambda s: None)
-    copied = report_data.load_milestone_analyses(out / "study")
+    copied = load_milestone_analyses(out / "study" / "analysis")
     assert sorted(copied[GROUP]) == [25, 50]
     assert f"study/analysis/{GROUP}/milestones/milestone-050/analysis.json" in written
     for pct, a in copied[GROUP].items():
         assert {r: v["path"] for r, v in a["runs"].items()} == {r.name: f"runs/{r.name}" for r in _runs(study)}
         assert a["sample"]["data_dir"] == "data" and a["sample"]["entropy_floor_file"] == "data/entropy_floor.json"
-        orig = report_data.load_milestone_analyses(study)[GROUP][pct]
+        orig = load_milestone_analyses(study / "analysis")[GROUP][pct]
         assert a["comparisons"] == orig["comparisons"]
     assert [Path(a["_path"]).parent.name for a in report_data.load_analyses(out / "study")] == [GROUP]
     assert [a["checkpoint"] for a in load_study(out, "matched").analyses] == ["latest"]  # the record's reader

@@ -27,10 +27,16 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
+from sanlab.errors import DataError
+from sanlab.fileio import read_json
 from sanlab.tables import Output, Table
+
+MILESTONE_NAME = re.compile(r"^milestone-(\d{3})$")  # a milestone checkpoint, and its analysis dir
+MILESTONES_DIR = "milestones"  # ANALYSIS/GROUP/milestones/milestone-NNN/: a final pair group's milestone analyses
 
 # A region or exercise type with fewer scored tokens in the sample is too thin to read (the
 # tables say so, the report greys it, `--eval-rows auto` takes enough rows). Here, not in
@@ -214,3 +220,25 @@ def print_tables(result: dict, out: Output) -> None:
             ))  # fmt: skip
         if c.get("recorded_val_delta") is not None:
             out.note(f"recorded final val-loss Δ (meta.json): {c['recorded_val_delta']:+.4f}")
+
+
+def milestone_analysis_dir(group_dir: Path, pct: int) -> Path:
+    """Where a final pair group's analysis at milestone `pct` goes: below the group's final
+    analysis, so the readers of `ANALYSIS/*/analysis.json` never take it for a final one."""
+    return Path(group_dir) / MILESTONES_DIR / f"milestone-{pct:03d}"
+
+
+def load_milestone_analyses(analysis_dir: Path, error: type[DataError] = DataError) -> dict[str, dict[int, dict]]:
+    """Group -> percent -> that group's analysis at the milestone (`sanlab report --analyze
+    --milestones`), with "_path" added; `error` (one line) names a file that is not an
+    analysis of the milestone its dir names."""
+    out: dict[str, dict[int, dict]] = {}
+    for path in sorted(Path(analysis_dir).glob(f"*/{MILESTONES_DIR}/milestone-*/analysis.json")):
+        m = MILESTONE_NAME.match(path.parent.name)
+        a = read_json(path, error)
+        if m is None or not isinstance(a, dict) or a.get("checkpoint") != path.parent.name \
+                or not isinstance(a.get("runs"), dict):
+            raise error(f"{path}: not a `sanlab analyze --checkpoint {path.parent.name}` analysis")
+        a["_path"] = str(path)
+        out.setdefault(path.parents[2].name, {})[int(m.group(1))] = a
+    return out

@@ -7,7 +7,6 @@ recorded final metrics, and `config.data.dir` where the held-out documents live.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,13 +18,13 @@ from tokenizers import Tokenizer
 
 from sanlab.config import Config, validate
 from sanlab.data.tokenizer import TOKENIZER_FILE, encoding_difference, load_tokenizer
+from sanlab.analysis.output import MILESTONE_NAME
 from sanlab.errors import CheckpointError, ConfigError, DataError
 from sanlab.fileio import read_json_object
 from sanlab.model.lm import LM
 from sanlab.train.checkpoint import verify
 
 MODEL_FILE = "model.safetensors"
-_MILESTONE = re.compile(r"^milestone-(\d{3})$")
 
 
 def checkpoint_name(name: str) -> str:
@@ -81,7 +80,7 @@ class RunDir:
 
     def milestones(self) -> list[tuple[float, str]]:
         """(fraction of training, name) of every milestone checkpoint, in training order."""
-        out = [(int(m.group(1)) / 100, n) for n in self.checkpoints() if (m := _MILESTONE.match(n))]
+        out = [(int(m.group(1)) / 100, n) for n in self.checkpoints() if (m := MILESTONE_NAME.match(n))]
         return sorted(out)
 
     def checkpoint_file(self, name: str) -> Path:

@@ -132,10 +132,12 @@ def _plan(args: argparse.Namespace) -> int:
                      str(r.seed), f"{r.flops_per_token * r.tokens / 1e15:.3g}",
                      Cell(_fmt_seconds(plan.run_seconds(r)), fields={"s": plan.run_seconds(r)}), r.note)
     out.table(runs)
+    total_s = plan.total_seconds
     if spec.runner.kind == "local" and spec.runner.members != 1 and not spec.runner.gpus_per_run:
         # lazy: the grouping reads the run configs with the trainer's resolution (torch)
-        from sanlab.study.groups import plan_table_rows
+        from sanlab.study.groups import plan_seconds, plan_table_rows
 
+        total_s = plan_seconds(plan, spec.runner.members, spec.runner.workers)
         rows = plan_table_rows(plan, spec.runner.members, spec.runner.workers)
         if rows:
             gt = Table(f"Member groups (runner.members = {spec.runner.members}): each trains as one batched model")
@@ -152,11 +154,6 @@ def _plan(args: argparse.Namespace) -> int:
            "`--no-timing` to skip)" if plan.speeds else
            f"{plan.tokens_per_s:g} tokens/s for the reference arm (runner.tokens_per_s; other arms "
            "scaled by FLOPs/token)")
-    total_s = plan.total_seconds
-    if spec.runner.kind == "local" and spec.runner.members != 1 and not spec.runner.gpus_per_run:
-        from sanlab.study.groups import plan_seconds  # lazy: as plan_table_rows above
-
-        total_s = plan_seconds(plan, spec.runner.members, spec.runner.workers)
     ext_s = plan.extension_seconds
     upto = f" (up to {_fmt_seconds(total_s + ext_s)} with every extension)" if ext and ext_s else ""
     out.note(f"total: {len(plan.runs)} runs" + (f" + up to {ext} sweep extensions" if ext else "")

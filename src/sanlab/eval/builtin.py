@@ -64,6 +64,7 @@ import json
 import math
 import random
 import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,8 +97,8 @@ from sanlab.fileio import try_read_json_object
 
 BUILTIN_TASKS = ("sanlab_grounded_qa", "sanlab_closed_book_qa", "sanlab_closed_book_unseen",
                  "sanlab_closed_book_recall", "sanlab_closed_book_recall_unseen", "sanlab_cloze", "sanlab_kjv_ppl")
-# the free-generation recall tasks, each with the pool of facts its items are drawn from
-RECALL_TASKS = {"sanlab_closed_book_recall": "seen", "sanlab_closed_book_recall_unseen": "unseen"}
+# the free-generation recall tasks: over the facts the run saw, and over the unseen control
+RECALL_TASKS = ("sanlab_closed_book_recall", "sanlab_closed_book_recall_unseen")
 TASK_VERSION = 1
 GROUNDED_VERSION = 2  # 2: distractor notes dropped until the item fits the run's rows (1 cut them from the left)
 N_ITEMS = 200  # questions per task (fewer where fewer exist)
@@ -391,9 +392,7 @@ def stored_bits(outcomes: Sequence[tuple[float, int, float]], pool: int,
     def mean_err(x: list[float]) -> tuple[float | None, float | None]:
         if not x:
             return None, None
-        m = sum(x) / len(x)
-        err = math.sqrt(sum((v - m) ** 2 for v in x) / (len(x) - 1) / len(x)) if len(x) > 1 else None
-        return m, err
+        return statistics.fmean(x), statistics.stdev(x) / math.sqrt(len(x)) if len(x) > 1 else None
 
     frac, frac_err = mean_err(terms)
     per_item, per_item_err = mean_err(bits)

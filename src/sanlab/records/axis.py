@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from sanlab.analysis.kinds import kind_deltas, kind_losses, recall_types
+from sanlab.analysis.output import load_milestone_analyses
 from sanlab.records import matched
 from sanlab.records.common import (
     INCONCLUSIVE,
@@ -113,14 +114,11 @@ def load_axis(record_dir: Path) -> AxisRecord:
 
 def milestone_analyses(study: Path) -> dict[int, list[dict[str, Any]]]:
     """Percent -> the losses-only analyses of the final pairs at that milestone checkpoint
-    (`sanlab report --analyze --milestones`: STUDY/analysis/GROUP/milestones/milestone-NNN/)."""
+    (`sanlab report --analyze --milestones`), every group's together (they are keyed by run)."""
     out: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(study.glob("analysis/*/milestones/milestone-*/analysis.json")):
-        pct = path.parent.name.removeprefix("milestone-")
-        a = read_json(path)
-        if not pct.isdigit() or not isinstance(a, dict) or not isinstance(a.get("runs"), dict):
-            raise RecordError(f"{path}: not a milestone analysis")
-        out.setdefault(int(pct), []).append(a)
+    for by_pct in load_milestone_analyses(study / "analysis", RecordError).values():
+        for pct, a in by_pct.items():
+            out.setdefault(pct, []).append(a)
     return out
 
 
@@ -640,16 +638,18 @@ def _mean(xs: Any) -> float | None:
 def block_storage(ax: AxisRecord) -> str:
     rows = []
     labels: list[str] = []
+    found = False
     for slug in ax.slugs:
         st, reads = storage(ax, slug), fact_reads(ax, slug)
         labels = labels or list(st)
+        found = found or reads is not None or any(v for a in st.values() for v in a.values())
         row = [str(ax.value(slug)), fmt(ax.per_arm(slug, ax.rec.reference).get("bits_per_param"), "{:.3f}"),
                fmt((reads or {}).get("epochs"), "{:.1f}"), _reads_text(reads)]
         row += [f"{fmt_ms(list(st[a]['bpp'].values()), '{:.3f}')} ({fmt(_mean(st[a]['fraction'].values()), '{:.3f}')})"
                 for a in labels if a in st]
         row.append(fmt(_mean(v for a in st.values() for v in a["control"].values()), "{:+.3f}"))
         rows.append(row)
-    if not any(any(r[4:-1]) and r[3] != "–" for r in rows) and all(r[-1] == "–" for r in rows):
+    if not found:
         return ("No recall counts (run `sanlab eval RUN_DIR --tasks builtin` on the final runs, then "
                 "`sanlab record export`).")
     head = ("What the final runs store, counted independently of the loss: `sanlab_closed_book_recall` asks every "

@@ -9,7 +9,7 @@ analyses each of those groups' losses at every milestone checkpoint its runs sha
 0% or 100%), into `STUDY_DIR/analysis/GROUP/milestones/milestone-NNN/`: how the loss
 against the floor and Δ by exercise type move during training (the learning-speed
 confound). The report itself does not draw them; records read them
-(`sanlab.report.data.load_milestone_analyses`).
+(`sanlab.analysis.output.load_milestone_analyses`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ Sources, all files (no tracking server):
                                     the same pairs' losses at a milestone checkpoint
                                     (`--analyze --milestones`); never read as a final
                                     analysis (the glob above does not reach them):
-                                    `load_milestone_analyses` reads them
+                                    `sanlab.analysis.output.load_milestone_analyses`
 
 Results flow one way: the study computes, the report renders; nothing here recomputes a
 gap or a noise verdict. Anything missing (a run still going, no analysis yet) is simply
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Any, Callable
 
 from sanlab import fileio
 from sanlab.analysis import cli as analysis
-from sanlab.analysis.output import write_outputs
+from sanlab.analysis.output import milestone_analysis_dir, write_outputs
 from sanlab.cliargs import ArgumentParser
 from sanlab.errors import DataError, SanlabError
 from sanlab.paths import check_out_dir, staged_dir
@@ -46,9 +45,7 @@ from sanlab.study.store import ResultStore
 
 SPEC_FILE = "study.json"  # the name `sanlab.study.orchestrate` writes
 ANALYSIS_DIR = "analysis"
-MILESTONES_DIR = "milestones"  # STUDY/analysis/GROUP/milestones/milestone-NNN/: a group's milestone analyses
 MILESTONE_SKIP = "attention,stream,spectra"  # a milestone analysis is the losses only
-_MILESTONE = re.compile(r"^milestone-(\d{3})$")  # as `sanlab.analysis.rundir` names them
 
 
 @dataclass
@@ -317,25 +314,20 @@ def analyze_groups(data: StudyData, groups: list[PairGroup], *, eval_rows: int |
 # --------------------------------------------------------------------------- milestones
 
 
-def milestone_dir(study_dir: Path, group: PairGroup | str, pct: int) -> Path:
+def milestone_dir(study_dir: Path, group: PairGroup, pct: int) -> Path:
     """Where the group's analysis at milestone `pct` goes: STUDY/analysis/GROUP/milestones/
-    milestone-NNN/, below the final analysis, so `analysis/*/analysis.json` never reads it."""
-    name = group if isinstance(group, str) else group.out_name
-    return study_dir / ANALYSIS_DIR / name / MILESTONES_DIR / f"milestone-{pct:03d}"
-
-
-def _run_milestones(run_dir: Path) -> set[int]:
-    root = run_dir / "checkpoints"
-    return {int(m.group(1)) for d in (root.iterdir() if root.is_dir() else [])
-            if (m := _MILESTONE.match(d.name)) and (d / "model.safetensors").is_file()}  # rundir.MODEL_FILE
+    milestone-NNN/ (`sanlab.analysis.output.milestone_analysis_dir`)."""
+    return milestone_analysis_dir(study_dir / ANALYSIS_DIR / group.out_name, pct)
 
 
 def group_milestones(data: StudyData, group: PairGroup) -> list[int]:
     """The percents of the milestone checkpoints every run of the group has, but 0 (the
     untrained model) and 100 (the final analysis has it)."""
+    from sanlab.analysis.rundir import RunDir  # lazy: torch; only `--milestones` reads checkpoints
+
     have: set[int] | None = None
     for rid in (*group.arms, group.reference):
-        ms = _run_milestones(data.run_dir(rid))
+        ms = {round(100 * f) for f, _ in RunDir.open(data.run_dir(rid)).milestones()}
         have = ms if have is None else have & ms
     return sorted(p for p in have or () if 0 < p < 100)
 
@@ -367,19 +359,3 @@ def analyze_milestones(data: StudyData, todo: list[tuple[PairGroup, int]], *, ev
         if err:
             errors.append(f"{g.out_name} milestone-{pct:03d}: {err}")
     return errors
-
-
-def load_milestone_analyses(study_dir: str | Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """Group (`PairGroup.out_name`) -> percent -> that group's analysis at the milestone
-    (`sanlab report --analyze --milestones`), with "_path" added. A file that is not an
-    analysis of the milestone its dir names (its "checkpoint" key) is left out."""
-    out: dict[str, dict[int, dict[str, Any]]] = {}
-    root = Path(study_dir) / ANALYSIS_DIR
-    for path in sorted(root.glob(f"*/{MILESTONES_DIR}/milestone-*/analysis.json")):
-        m = _MILESTONE.match(path.parent.name)
-        a = read_json(path)
-        if m is None or a is None or a.get("checkpoint") != path.parent.name or not isinstance(a.get("runs"), dict):
-            continue
-        a["_path"] = str(path)
-        out.setdefault(path.parents[2].name, {})[int(m.group(1))] = a
-    return out

@@ -132,23 +132,25 @@ def _phase_units(plan: Any, setting: int | str, workers: int) -> list[tuple[str,
     return out
 
 
+def _unit_seconds(plan: Any, runs: list[Any], group: list[int]) -> float:
+    """A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP (a run left
+    solo: its own)."""
+    return sum(plan.run_seconds(runs[i]) for i in group) / (MEMBER_SPEEDUP if len(group) > 1 else 1.0)
+
+
 def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[str], float]]:
-    """`study plan`'s member groups: (phase, run ids, estimated seconds) per group of two or
-    more. A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP."""
-    return [(phase, [runs[i].run_id for i in g], sum(plan.run_seconds(runs[i]) for i in g) / MEMBER_SPEEDUP)
+    """`study plan`'s member groups: (phase, run ids, estimated seconds) per group of two or more."""
+    return [(phase, [runs[i].run_id for i in g], _unit_seconds(plan, runs, g))
             for phase, runs, groups in _phase_units(plan, setting, workers) for g in groups if len(g) > 1]
 
 
 def plan_seconds(plan: Any, setting: int | str, workers: int) -> float:
     """The study's wall time with member groups: per phase (the sweep, then the rest), each
-    group one unit (its estimate as in `plan_table_rows`), each run left solo another,
-    spread over the workers longest first (`sanlab.study.plan.makespan`). A few large groups
-    can take longer than their runs would solo: the workers balance coarser units."""
-    total = 0.0
-    for _, runs, groups in _phase_units(plan, setting, workers):
-        units = [sum(plan.run_seconds(runs[i]) for i in g) / (MEMBER_SPEEDUP if len(g) > 1 else 1.0) for g in groups]
-        total += makespan(units, workers)
-    return total
+    group one unit and each run left solo another, spread over the workers longest first
+    (`sanlab.study.plan.makespan`). A few large groups can take longer than their runs
+    would solo: the workers balance coarser units."""
+    return sum(makespan([_unit_seconds(plan, runs, g) for g in groups], workers)
+               for _, runs, groups in _phase_units(plan, setting, workers))
 
 
 # --------------------------------------------------------------------------- the worker
