@@ -38,6 +38,7 @@ import argparse
 import math
 import multiprocessing as mp
 import os
+import queue as queue_mod
 import resource
 import time
 from typing import Any
@@ -315,7 +316,18 @@ def run_job(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     procs = [ctx.Process(target=_child, args=(j, queue, barrier)) for j in jobs]
     for p in procs:
         p.start()
-    out = [queue.get() for _ in procs]
+    out: list[dict[str, Any]] = []
+    while len(out) < len(procs):
+        try:
+            out.append(queue.get(timeout=1.0))
+        except queue_mod.Empty:
+            # a child that died (its traceback is on stderr) would leave the others at the barrier
+            failed = [p for p in procs if p.exitcode not in (None, 0)]
+            if failed:
+                for p in procs:
+                    p.kill()
+                raise SystemExit(f"bench_members: a timing process failed (exit code {failed[0].exitcode}); "
+                                 f"see its error above")
     for p in procs:
         p.join()
     return out
@@ -376,12 +388,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="demo,probe,facts")
     p.add_argument("--members", default="1,2,4,8,16")
-    p.add_argument("--partner-members", default="8", help="member counts for the partner arms")
+    p.add_argument("--partner-members", default="8", help="member counts for the partner arms (0: none)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per mode (after one warmup step)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
     a = p.parse_args(argv)
+    for flag in ("members", "partner_members"):
+        try:
+            counts = [int(x) for x in getattr(a, flag).split(",") if x.strip() not in ("", "0")]
+        except ValueError:
+            counts = [0]
+        if any(c < 1 for c in counts):
+            p.error(f"--{flag.replace('_', '-')} takes member counts >= 1, comma-separated (0 or empty: none)")
+        setattr(a, flag, counts)
     from sanlab.accounting import accounting_summary
 
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.precision}; "
@@ -394,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
         s = SHAPES[shape]
         for arm, cfg in arm_configs(shape).items():
             counts = a.members if arm in ("san", "standard") else a.partner_members
+            if not counts:
+                continue
             print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
                   f"batch {s['batch']} vocab {cfg.vocab_size}")
             flops = accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
             print(f"{'M':>3} {'mode':<11} {'tok/s total':>12} {'per member':>11} {'vs runner':>10} "
                   f"{'% peak':>7} {'RSS MiB':>8}")
-            for M in (int(x) for x in counts.split(",")):
+            for M in counts:
                 res = measure(shape, arm, M, a)
                 ref = res["runner"]["tps"]
                 for k, v in res.items():

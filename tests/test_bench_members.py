@@ -26,3 +26,37 @@ def test_the_partner_rows_are_the_partners(load_benchmark):
     arms = bm.arm_configs("demo")
     assert {a: (c.n_layers, c.state_mixer) for a, c in arms.items()} == {
         "san": (5, "none"), "iso_param": (1, "swiglu"), "iso_flop": (2, "swiglu"), "iso_depth": (5, "swiglu")}
+
+
+def test_a_failed_timing_process_ends_the_benchmark_instead_of_hanging(load_benchmark):
+    """A child that dies (here: a shape it does not know) would leave its partner waiting at
+    the start barrier and the parent at the queue forever; the parent notices and exits."""
+    import threading
+
+    bm = load_benchmark("bench_members")
+    job = dict(shape="no-such-shape", arm="san", bf16=False, steps=1, M=1, threads=1, kinds=["solo"])
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            bm.run_job([job, dict(job)])
+        except BaseException as e:  # noqa: BLE001 - the SystemExit is what is checked
+            raised.append(e)
+
+    t = threading.Thread(target=run, daemon=True)  # (a hang leaves it blocked: the test fails, not hangs)
+    t.start()
+    t.join(timeout=90)
+    assert not t.is_alive(), "run_job still waiting 90 s after its children failed"
+    assert len(raised) == 1 and isinstance(raised[0], SystemExit)
+    assert "a timing process failed" in str(raised[0])
+
+
+def test_member_counts_are_checked_before_anything_runs(load_benchmark, capsys):
+    import pytest
+
+    bm = load_benchmark("bench_members")
+    for bad in ("-2", "two", "4,-1"):
+        with pytest.raises(SystemExit) as e:
+            bm.main(["--members", bad])
+        assert e.value.code == 2
+        assert "member counts >= 1" in capsys.readouterr().err
