@@ -326,6 +326,7 @@ def run_job(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if failed:
                 for p in procs:
                     p.kill()
+                    p.join()
                 raise SystemExit(f"bench_members: a timing process failed (exit code {failed[0].exitcode}); "
                                  f"see its error above")
     for p in procs:
@@ -384,24 +385,28 @@ def measure(shape: str, arm: str, M: int, a: argparse.Namespace) -> dict[str, di
     return {k: {"tps": median(v["tps"]), "rss": max(v["rss"])} for k, v in res.items()}
 
 
+def member_counts(text: str) -> list[int]:
+    """A comma-separated list of member counts >= 1 ("0" or empty: none), for argparse."""
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip() not in ("", "0")]
+    except ValueError:
+        counts = [0]
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: member counts are integers >= 1, comma-separated (0: none)")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="demo,probe,facts")
-    p.add_argument("--members", default="1,2,4,8,16")
-    p.add_argument("--partner-members", default="8", help="member counts for the partner arms (0: none)")
+    p.add_argument("--members", default="1,2,4,8,16", type=member_counts)
+    p.add_argument("--partner-members", default="8", type=member_counts,
+                   help="member counts for the partner arms (0: none)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per mode (after one warmup step)")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
     a = p.parse_args(argv)
-    for flag in ("members", "partner_members"):
-        try:
-            counts = [int(x) for x in getattr(a, flag).split(",") if x.strip() not in ("", "0")]
-        except ValueError:
-            counts = [0]
-        if any(c < 1 for c in counts):
-            p.error(f"--{flag.replace('_', '-')} takes member counts >= 1, comma-separated (0 or empty: none)")
-        setattr(a, flag, counts)
     from sanlab.accounting import accounting_summary
 
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.precision}; "

@@ -359,6 +359,9 @@ MUTANTS: tuple[Mutant, ...] = (
       "cfgs = [OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)) for m in range(M)]",
       "cfgs = [OptimConfig(lr=0.02) for m in range(M)]",
       (T + "test_bench_members.py",), "bench_members times its members on other LRs than its solo runs"),
+    M("bench-members-waits-on-dead-children", "benchmarks/bench_members.py",
+      "failed = [p for p in procs if p.exitcode not in (None, 0)]", "failed = []",
+      (T + "test_bench_members.py",), "bench_members waits forever when a timing process dies"),
     # ---- loader
     M("loader-boundary-counts", "src/sanlab/data/loader.py",
       "mask = (seg[:, 1:] == seg[:, :-1]) & (targets != PAD_ID)", "mask = targets != PAD_ID",
