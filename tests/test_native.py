@@ -357,8 +357,14 @@ def _qkv_case(B, H, Hkv, T, D, dtype, seed=0):  # noqa: ANN001, ANN202
     return seg, qkv, gq, gk, cos, sin, dy
 
 
+QKV_SHAPES = [(2, 4, 2, 37, 32), (2, 8, 4, 150, 32), (1, 4, 1, 70, 64),
+              (2, 2, 2, 33, 16),  # D one AVX-512 vector (the demo's heads): the rows' one-vector path
+              (2, 4, 2, 45, 8),   # half a vector (the facts axis' heads)
+              (1, 2, 1, 20, 4)]   # a quarter: the loops
+
+
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("B,H,Hkv,T,D", [(2, 4, 2, 37, 32), (2, 8, 4, 150, 32), (1, 4, 1, 70, 64), (2, 2, 2, 33, 16)])
+@pytest.mark.parametrize("B,H,Hkv,T,D", QKV_SHAPES)
 def test_qkv_attention_matches_norm_rope_then_attention(B, H, Hkv, T, D, mode):
     """`qkv_attention` (QK-norm and RoPE inside the kernel) against the composite formula
     in fp64: the output and the gradients of the QKV product and of both gains."""
@@ -375,11 +381,12 @@ def test_qkv_attention_matches_norm_rope_then_attention(B, H, Hkv, T, D, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_qkv_attention_in_bf16(mode):
+@pytest.mark.parametrize("D", [32, 16, 8])
+def test_qkv_attention_in_bf16(D, mode):
     """Under autocast the QKV product is bf16: y and dQKV come back in bf16, as close to
     the fp64 formula (on the same bf16 inputs) as their bf16 rounding allows, the gains'
     gradients in fp32 at the kernel's own accuracy."""
-    B, H, Hkv, T, D = 2, 4, 2, 80, 32
+    B, H, Hkv, T = 2, 4, 2, 80
     seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.bfloat16, seed=1)
     ref, (dqkv, dgq, dgk) = _qkv_reference(qkv.float(), gq, gk, 1e-6, seg, H, Hkv, dy.float())
     leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
@@ -592,7 +599,10 @@ def test_the_kernels_built_for_other_x86_cpus(march, tmp_path, monkeypatch):
     assert native.library().sanlab_amx_available() == 0  # (no AMX in such a build)
     for shape in [(2, 8, 4, 256, 32), (2, 4, 2, 37, 32), (1, 4, 1, 100, 64), (3, 2, 2, 130, 16), (1, 2, 1, 300, 128)]:
         test_fused_attention_matches_the_formula(*shape, mode=1)
-    test_qkv_attention_matches_norm_rope_then_attention(2, 4, 2, 37, 32, mode=1)
+    for shape in QKV_SHAPES:
+        test_qkv_attention_matches_norm_rope_then_attention(*shape, mode=1)
+    for D in (16, 8):  # (AVX2: 8 floats a vector, so D = 8 and 4 take the one-vector path)
+        test_qkv_attention_in_bf16(D, mode=1)
     test_native_norm_rope_matches_the_formula(torch.bfloat16)
     test_native_rms_norm_matches_the_formula(torch.bfloat16)
     test_native_gated_residual_matches_the_formula(torch.bfloat16)

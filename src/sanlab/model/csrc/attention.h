@@ -80,6 +80,105 @@ static inline void tables(const QKNorm *nm, int b, int t, const float **c, const
     *sn = nm->sin + b * nm->csb + t * nm->cst;
 }
 
+/* The QK-norm and RoPE of a row that fits one vector of W floats (D = W: the d16 heads of
+   the demo and probe models at W = VL, the d8 heads of the facts axis at W = VL/2): the
+   rotate-half as a swap of the two halves, (x₁, x₂) -> (x₂, x₁), and the tables as (c, c)
+   and (−s, s), instead of a scalar loop over D/2 (which also stalled the vector loads that
+   read the row back). The same formulas in the same order as the loops below. Built where
+   the compiler has __builtin_shufflevector (GCC 12+, clang); elsewhere the loops run. */
+#if (defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)) && VL >= 8
+#define QK_FAST 1
+typedef float vfh __attribute__((vector_size(VL / 2 * sizeof(float))));
+typedef int32_t vih __attribute__((vector_size(VL / 2 * sizeof(int32_t))));
+typedef uint16_t vhh __attribute__((vector_size(VL / 2 * sizeof(uint16_t))));
+typedef float vfq __attribute__((vector_size(VL / 4 * sizeof(float))));
+#if VL == 16
+#define SWAP_F(x) __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7)
+#define DUP_F(h) __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7)
+#define SWAP_H(x) __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3)
+#define DUP_H(h) __builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3)
+#else /* VL == 8 */
+#define SWAP_F(x) __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3)
+#define DUP_F(h) __builtin_shufflevector(h, h, 0, 1, 2, 3, 0, 1, 2, 3)
+#define SWAP_H(x) __builtin_shufflevector(x, x, 2, 3, 0, 1)
+#define DUP_H(h) __builtin_shufflevector(h, h, 0, 1, 0, 1)
+#endif
+
+/* One row of W floats of an fp32 or bf16 array from element `off`, times `scale` */
+static inline vf qk_load_f(const void *p, int bf16, long off, float scale) { return getv(p, bf16, off) * scale; }
+
+static inline vfh qk_load_h(const void *p, int bf16, long off, float scale)
+{
+    vfh x;
+    if (bf16) {
+        vhh h;
+        memcpy(&h, (const uint16_t *)p + off, sizeof h);
+        x = (vfh)(__builtin_convertvector(h, vih) << 16);
+    } else {
+        memcpy(&x, (const float *)p + off, sizeof x);
+    }
+    return x * scale;
+}
+
+static inline float qk_hsum_h(vfh v)
+{
+    float s = 0.0f;
+    for (int i = 0; i < VL / 2; i++) s += v[i];
+    return s;
+}
+
+/* Both widths from one body: T the vector type, HT the type of its half, the suffix's
+   load, horizontal sum, swap and duplicate. Forward: dst = RoPE(x·r ⊙ γ), x the raw row
+   (r from it when `write_r`); backward: see emit_qk_grad. */
+#define QK_WIDTH(SUF, T, HT, LOAD, HSUM, SWAP, DUP)                                                                 \
+    static inline void qk_fwd_##SUF(const Input *x, long off, const QKNorm *nm, float *rs, int write_r, float scale, \
+                                    const float *g, const float *c, const float *sn, float *dst)                    \
+    {                                                                                                               \
+        const int W = (int)(sizeof(T) / sizeof(float));                                                            \
+        const T v = LOAD(x->base, x->bf16, off, 1.0f);                                                              \
+        if (write_r) *rs = 1.0f / sqrtf(HSUM(v * v) / W + nm->eps);                                                 \
+        HT ch, sh;                                                                                                  \
+        T gv;                                                                                                       \
+        memcpy(&ch, c, sizeof ch);                                                                                  \
+        memcpy(&sh, sn, sizeof sh);                                                                                 \
+        memcpy(&gv, g, sizeof gv);                                                                                  \
+        const T n = v * (*rs * scale) * gv, cv = DUP(ch), sv = DUP(sh);                                            \
+        T sgn;                                                                                                      \
+        for (int i = 0; i < W; i++) sgn[i] = i < W / 2 ? -1.0f : 1.0f;                                              \
+        const T out = n * cv + SWAP(n) * (sv * sgn);                                                                \
+        memcpy(dst, &out, sizeof out);                                                                              \
+    }                                                                                                               \
+    static inline void qk_bwd_##SUF(const Input *x, long off, float r, const float *g, const float *c,             \
+                                    const float *sn, float *grad, float mul, float *acc, const Output *o, long oo)  \
+    {                                                                                                               \
+        const int W = (int)(sizeof(T) / sizeof(float));                                                            \
+        const T n = LOAD(x->base, x->bf16, off, r);                                                                 \
+        HT ch, sh;                                                                                                  \
+        T gv, gr, ac;                                                                                               \
+        memcpy(&ch, c, sizeof ch);                                                                                  \
+        memcpy(&sh, sn, sizeof sh);                                                                                 \
+        memcpy(&gv, g, sizeof gv);                                                                                  \
+        memcpy(&gr, grad, sizeof gr);                                                                               \
+        memcpy(&ac, acc, sizeof ac);                                                                                \
+        T sgn;                                                                                                      \
+        for (int i = 0; i < W; i++) sgn[i] = i < W / 2 ? 1.0f : -1.0f;                                              \
+        const T gm = gr * mul, u = gm * DUP(ch) + SWAP(gm) * (DUP(sh) * sgn);                                       \
+        ac = ac + n * u;                                                                                            \
+        memcpy(acc, &ac, sizeof ac);                                                                                \
+        const T gu = u * gv;                                                                                        \
+        const float dot = HSUM(gu * n) / W;                                                                         \
+        const T dx = (gu - n * dot) * r;                                                                            \
+        if (o->bf16) {                                                                                              \
+            for (int i = 0; i < W; i++) put1(o->base, 1, oo + i, dx[i]);                                            \
+        } else {                                                                                                    \
+            memcpy((float *)o->base + oo, &dx, sizeof dx);                                                          \
+        }                                                                                                           \
+    }
+
+QK_WIDTH(f, vf, vfh, qk_load_f, hsum, SWAP_F, DUP_F)
+QK_WIDTH(h, vfh, vfq, qk_load_h, qk_hsum_h, SWAP_H, DUP_H)
+#endif
+
 /* Row (b, head, t) of q (is_q) or k into dst[0, D), times `scale`: as given, or through
    the QK-norm (its r is written forward, read backward: `write_r`). */
 static inline void load_qk(const Attn *a, int is_q, int b, int head, int t, float scale, int write_r, float *dst)
@@ -91,13 +190,24 @@ static inline void load_qk(const Attn *a, int is_q, int b, int head, int t, floa
         load_row(dst, x->base, x->bf16, at(x, b, head, t), D, scale);
         return;
     }
-    load_row(dst, x->base, x->bf16, at(x, b, head, t), D, 1.0f);
     const int nh = is_q ? a->s.H : a->s.Hkv, half = D / 2;
     float *rs = (is_q ? nm->rq : nm->rk) + ((long)b * a->s.T + t) * nh + head;
-    if (write_r) *rs = 1.0f / sqrtf(dot_f32(dst, dst, D) / D + nm->eps);
-    const float r = *rs * scale, *g = gains(nm, is_q, b, D);
+    const float *g = gains(nm, is_q, b, D);
     const float *c, *sn;
     tables(nm, b, t, &c, &sn);
+#ifdef QK_FAST
+    if (D == VL) {
+        qk_fwd_f(x, at(x, b, head, t), nm, rs, write_r, scale, g, c, sn, dst);
+        return;
+    }
+    if (D == VL / 2) {
+        qk_fwd_h(x, at(x, b, head, t), nm, rs, write_r, scale, g, c, sn, dst);
+        return;
+    }
+#endif
+    load_row(dst, x->base, x->bf16, at(x, b, head, t), D, 1.0f);
+    if (write_r) *rs = 1.0f / sqrtf(dot_f32(dst, dst, D) / D + nm->eps);
+    const float r = *rs * scale;
     int d = 0;
     for (; d + VL <= half; d += VL) {
         const vf n1 = vload(dst + d) * r * vload(g + d), n2 = vload(dst + half + d) * r * vload(g + half + d);
@@ -130,6 +240,16 @@ static inline void emit_qk_grad(const Attn *a, int is_q, int b, int head, int t,
     const float r = (is_q ? nm->rq : nm->rk)[((long)b * a->s.T + t) * nh + head], *g = gains(nm, is_q, b, D);
     const float *c, *sn;
     tables(nm, b, t, &c, &sn);
+#ifdef QK_FAST
+    if (D == VL) {
+        qk_bwd_f(x, at(x, b, head, t), r, g, c, sn, grad, mul, acc, o, at_out(o, b, head, t));
+        return;
+    }
+    if (D == VL / 2) {
+        qk_bwd_h(x, at(x, b, head, t), r, g, c, sn, grad, mul, acc, o, at_out(o, b, head, t));
+        return;
+    }
+#endif
     float n[1024];
     load_row(n, x->base, x->bf16, at(x, b, head, t), D, r);
     int d = 0;
