@@ -768,19 +768,110 @@ def test_fused_head_loss_is_exact_across_chunks(monkeypatch, group):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-rows", "accelerator-where"])
-def test_fused_head_loss_with_an_underflowing_target_probability(monkeypatch, sync_free):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [64, 37])  # a whole number of vectors, and a tail
+def test_compiled_head_rows_match_the_formula(dtype, V):
+    """The compiled rows of the fused head (`csrc/head.c`) against fp64 autograd through
+    the plain formula on the same logits: lse, the target logit and the gradient
+    w·(1 + 2c·lse)·softmax − w·onehot(t), written in the logits' dtype; with no gradient
+    buffer the same lse. Independent of the thread count (bit for bit)."""
+    import sanlab.model.loss as kern
+    from sanlab.model import native
+
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    g = torch.Generator().manual_seed(V)
+    n, c = 21, 1e-4  # (the default z-loss: 1 + 2c·lse ≈ 1, so row 0's target entry nearly cancels)
+    logits = (3 * torch.randn(n, V, generator=g)).to(dtype)
+    logits[0, 5] = 40.0  # a row whose target (5) takes p ≈ 1: the target entry cancels
+    targets = torch.randint(0, V, (n,), generator=g)
+    targets[0] = 5
+    weights = torch.rand(n, generator=g) / n
+    weights[3] = 0.0  # a masked row
+    l64 = logits.double().requires_grad_(True)
+    lse64 = torch.logsumexp(l64, -1)
+    loss = (weights.double() * (lse64 - l64.gather(-1, targets[:, None]).squeeze(-1) + c * lse64.square())).sum()
+    (want,) = torch.autograd.grad(loss, l64)
+    results = []
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            grad = torch.full((n, V), float("nan"), dtype=dtype)
+            lse, x_t = kern._compiled_rows(logits, targets, weights, c, grad)
+            results.append((lse, x_t, grad))
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    lse, x_t, grad = results[0]
+    torch.testing.assert_close(lse.double(), lse64.detach(), rtol=2e-7, atol=2e-6)
+    assert torch.equal(x_t, logits.float().gather(-1, targets[:, None]).squeeze(-1))
+    tol = 1e-6 if dtype == torch.float32 else 4e-3  # (bf16: the gradient's own rounding, 2⁻⁹ a value)
+    assert float((grad.double() - want).abs().max() / want.abs().max()) < tol
+    # the cancelling entry to fp32 rounding of w (not of w·(1 + 2c·lse)·p_t, ~125× larger here)
+    assert float((grad[0, 5].double() - want[0, 5]).abs()) <= (2e-7 * float(weights[0]) if dtype == torch.float32
+                                                             else tol * float(want[0, 5].abs()))
+    assert not grad[3].any()  # w = 0: no gradient
+    lse_only, x_t_only = kern._compiled_rows(logits, targets, weights, c, None)
+    assert torch.equal(lse_only, lse) and torch.equal(x_t_only, x_t)
+    bad = targets.clone()
+    bad[7] = V  # a target outside the vocabulary is refused, not read out of bounds
+    with pytest.raises(RuntimeError, match="refused its arguments"):
+        kern._compiled_rows(logits, bad, weights, c, None)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled-rows", "torch-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_head_loss_in_fp32_and_bf16_matches_fp64(dtype, compiled, monkeypatch):
+    """The whole fused head in fp32 and from bf16 hidden states, both ways of forming the
+    rows (the compiled kernel where the CPU kernels are built, the torch formulas
+    elsewhere), against fp64 autograd through the plain formula on the same inputs,
+    over several chunks and dW groups."""
+    import sanlab.model.loss as kern
+    from sanlab.model import native
+    from sanlab.model.lm import head_loss
+
+    if compiled and not native.available():
+        pytest.skip(native.unavailable_reason())
+    if not compiled:
+        monkeypatch.setattr(kern, "_compiled", lambda x, w: False)
+    monkeypatch.setattr(kern, "_loss_chunk_rows", lambda n, v, device: 7)
+    monkeypatch.setattr(kern, "_dw_group_rows", lambda n, v, chunk, device: 14)
+    torch.manual_seed(1)
+    V, d = 45, 16
+    x = torch.randn(2, 12, d).to(dtype).requires_grad_(True)
+    weight = torch.randn(V, d, requires_grad=True)
+    targets = torch.randint(0, V, (2, 12))
+    mask = torch.rand(2, 12) > 0.2
+    loss, ce = head_loss(x, weight, targets, mask, z_loss=1e-2)
+    x64 = x.detach().double().requires_grad_(True)
+    w64 = weight.detach().to(dtype).double().requires_grad_(True)  # (the head runs in x's dtype)
+    ref, ref_ce = _reference_loss(x64, w64, targets, mask, 1e-2)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(loss.double(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(ce.double(), ref_ce, rtol=tol, atol=tol)
+    for a, b in zip(torch.autograd.grad(loss, (x, weight)), torch.autograd.grad(ref, (x64, w64))):
+        assert float((a.double() - b).norm() / b.norm()) < tol
+
+
+@pytest.mark.parametrize("sync_free,compiled", [(False, False), (True, False), (False, True)],
+                         ids=["cpu-rows", "accelerator-where", "compiled-rows"])
+def test_fused_head_loss_with_an_underflowing_target_probability(monkeypatch, sync_free, compiled):
     """A target whose softmax probability is below fp32's normal range (its logit 100 or
     1000 below the row's top) still gets its exact cross-entropy and gradient, in fp32
     and from bf16 inputs; lse = x_t − log p_t alone would give inf there. Both ways of
     recomputing those rows: the CPU's (only those rows) and the accelerators' (every
-    row's logsumexp, kept where needed, no host sync)."""
+    row's logsumexp, kept where needed, no host sync); and the compiled rows, whose lse
+    is max + log Σ exp."""
     import sanlab.model.loss as kern
     from sanlab.model.lm import head_loss
 
     lse_from_target = kern._lse_from_target
     monkeypatch.setattr(kern, "_lse_from_target",
                         lambda logits, x_t, p_t, **_: lse_from_target(logits, x_t, p_t, sync_free))
+    if not compiled:  # (the compiled rows form lse as max + log Σ exp: no underflow to recompute)
+        monkeypatch.setattr(kern, "_compiled", lambda x, w: False)
 
     torch.manual_seed(0)
     V, d = 40, 8

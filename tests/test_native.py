@@ -637,7 +637,7 @@ def test_the_ctypes_structs_mirror_the_header():
 
     header = _header_structs()
     assert list(header) == ["sanlab_tensor", "sanlab_attn_args", "sanlab_norm_rope_args", "sanlab_rms_norm_args",
-                            "sanlab_gated_residual_args"]
+                            "sanlab_gated_residual_args", "sanlab_head_ce_args"]
     assert len(header) == len(native.STRUCTS)
     for (cname, cfields), struct in zip(header.items(), native.STRUCTS):
         assert [f for f, _ in cfields] == [f for f, _ in struct._fields_], cname

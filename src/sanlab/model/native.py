@@ -106,14 +106,23 @@ class GatedResidualArgs(ctypes.Structure):
                 ("dg", _P), ("nthreads", _I32), ("group_count", _I64), ("sigmas", _P)]
 
 
+class HeadCEArgs(ctypes.Structure):
+    """`sanlab_head_ce_args`: the head's cross-entropy and z-loss over a chunk of logits."""
+
+    _fields_ = [("n", _I64), ("V", _I32), ("logits", _P), ("logits_bf16", _I32), ("ld", _I64), ("targets", _P),
+                ("weights", _P), ("c", _F32), ("lse", _P), ("x_t", _P), ("grad", _P), ("grad_bf16", _I32),
+                ("ld_grad", _I64), ("nthreads", _I32)]
+
+
 # in the order of `sanlab_abi_sizes`
-STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, AttnArgs, NormRoPEArgs, RMSNormArgs, GatedResidualArgs)
+STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, AttnArgs, NormRoPEArgs, RMSNormArgs, GatedResidualArgs,
+                                               HeadCEArgs)
 # entry point -> the struct it takes
 ENTRY_POINTS: dict[str, type[ctypes.Structure]] = {
     "sanlab_attn_fwd": AttnArgs, "sanlab_attn_bwd": AttnArgs,
     "sanlab_norm_rope_fwd": NormRoPEArgs, "sanlab_norm_rope_bwd": NormRoPEArgs,
     "sanlab_rms_norm_fwd": RMSNormArgs, "sanlab_rms_norm_bwd": RMSNormArgs,
-    "sanlab_gated_residual_bwd": GatedResidualArgs,
+    "sanlab_gated_residual_bwd": GatedResidualArgs, "sanlab_head_ce": HeadCEArgs,
 }
 
 

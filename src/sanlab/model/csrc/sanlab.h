@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define SANLAB_ABI_VERSION 4
+#define SANLAB_ABI_VERSION 5
 
 /* A strided operand, its last dim contiguous: element (b, h, t, d) at
    data + (b·sb + h·sh + t·st + d) elements; fp32, or bf16 where bf16 is 1. */
@@ -123,6 +123,28 @@ typedef struct {
     const float *sigmas;
 } sanlab_gated_residual_args;
 
+/* The head's cross-entropy and z-loss over a chunk of logits (head.c): logits (n, V), row i
+   at logits + i·ld elements, fp32 or bf16; per row lse (log Σ exp) and x_t (the target's
+   logit) in fp32; with grad set, the gradient of Σ_i w_i·(lse_i − x_t,i) + c·w_i·lse_i²
+   with respect to the logits, row i at grad + i·ld_grad in grad_bf16's dtype. A target
+   outside [0, V) is refused (1). */
+typedef struct {
+    int64_t n;
+    int32_t V;
+    const void *logits;
+    int32_t logits_bf16;
+    int64_t ld;
+    const int64_t *targets; /* (n) */
+    const float *weights;   /* (n): w */
+    float c;
+    float *lse;             /* (n) */
+    float *x_t;             /* (n) */
+    void *grad;             /* NULL: no gradient */
+    int32_t grad_bf16;
+    int64_t ld_grad;
+    int32_t nthreads;
+} sanlab_head_ce_args;
+
 int sanlab_abi_version(void);
 /* sizeof of the structs above, in their order, into sizes[0, n); returns how many there are */
 int sanlab_abi_sizes(int64_t *sizes, int n);
@@ -134,5 +156,6 @@ int sanlab_norm_rope_bwd(const sanlab_norm_rope_args *a);
 int sanlab_rms_norm_fwd(const sanlab_rms_norm_args *a);
 int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a);
 int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a);
+int sanlab_head_ce(const sanlab_head_ce_args *a);
 
 #endif
