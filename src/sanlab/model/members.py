@@ -7,7 +7,7 @@ a slice: `member_state(m)` is a solo model's state dict.
 
 How each part runs (benchmarks/bench_members.py measured the choice):
 - the linear layers as batched matmuls (`torch.bmm` on (M, B·T, d)), under autocast as
-  the solo model's `F.linear`;
+  the solo model's `F.linear`, with its backward's products (`_BmmLinear`);
 - the embedding as one lookup in the (M·V, d) table, tokens offset by their member;
 - the kernels with per-member weights run once over all members, the members folded into
   their batch (M·B rows): the compiled RMS norm with one gain per member's rows
@@ -230,10 +230,46 @@ def member_residual(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor
     return h
 
 
+class _BmmLinear(torch.autograd.Function):
+    """y = x wᵀ per member (x (M, N, k), w (M, n, k), one dtype) with `F.linear`'s products:
+    y and dx = dy w as batched products (equal to the solo ones, bit for bit, measured at
+    1 and 2 threads), dW = dyᵀ x as one `mm` per member, the solo backward's own call.
+    The BLAS blocks a weight gradient's sum over the rows differently for (xᵀ dy)ᵀ, which
+    autograd through bmm(x, wᵀ) forms, and for a batched dyᵀ x at 2 threads: in bf16 1–4
+    values of a (128, 64) gradient then round the other way (the demo's QKV product, 2048
+    rows), and a member's run drifted from its solo run's from the first step."""
+
+    @staticmethod
+    def forward(ctx, x, w):  # type: ignore[override]
+        ctx.save_for_backward(x, w)
+        return torch.bmm(x, w.transpose(1, 2))
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w = ctx.saved_tensors
+        dx = torch.bmm(dy, w) if ctx.needs_input_grad[0] else None
+        dw = None
+        if ctx.needs_input_grad[1]:
+            dw = torch.empty(w.shape, dtype=dy.dtype, device=dy.device)
+            for m in range(w.shape[0]):
+                torch.mm(dy[m].t(), x[m], out=dw[m])
+        return dx, dw
+
+
 def bmm_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`F.linear` per member: x (M, ..., k), w (M, n, k) -> (M, ..., n)."""
+    """`F.linear` per member: x (M, ..., k), w (M, n, k) -> (M, ..., n); under autocast in
+    its dtype, as `F.linear` (the casts' gradients flow back to x's and w's dtypes)."""
     M, k = x.shape[0], x.shape[-1]
-    return torch.bmm(x.reshape(M, -1, k), w.transpose(1, 2)).view(*x.shape[:-1], w.shape[1])
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        x, w = x.to(dt), w.to(dt)
+    elif x.dtype != w.dtype:
+        dt = torch.promote_types(x.dtype, w.dtype)
+        x, w = x.to(dt), w.to(dt)
+    with torch.autocast(dev, enabled=False):
+        y = _BmmLinear.apply(x.reshape(M, -1, k), w)
+    return y.view(*x.shape[:-1], w.shape[1])
 
 
 # --------------------------------------------------------------------------- the model
