@@ -22,6 +22,40 @@ class InProcessRunner:
             on_done(job, train_in_process(job))
 
 
+class GroupingInProcessRunner:
+    """The local runner's grouping (`LocalRunner._groups`: sweep points as members of one
+    model), each group trained in this process by the group worker's own function
+    (`sanlab.study.groups.train_group`), each single run by `train_in_process`."""
+
+    groups: list[list[str]] = []
+
+    def __init__(self, spec: Any) -> None:
+        from sanlab.study.runner import LocalRunner
+
+        self.local = LocalRunner(spec)
+
+    def run(self, jobs: Any, on_done: Any) -> None:
+        from dataclasses import asdict
+
+        from sanlab.study.groups import train_group
+        from sanlab.study.runner import Job, train_in_process
+
+        jobs = [Job(**{**asdict(j), "threads": 1}) for j in jobs]
+        for group in self.local._groups(list(jobs)):
+            GroupingInProcessRunner.groups.append([j.run_id for j in group])
+            for job in group:
+                job.write()  # (as the local runner does: the jobs dir, where the run locks live)
+            outcomes = [train_in_process(group[0])] if len(group) == 1 else train_group([asdict(j) for j in group])
+            for job, outcome in zip(group, outcomes):
+                on_done(job, outcome)
+
+
+def use_grouping_runner(monkeypatch: pytest.MonkeyPatch) -> type[GroupingInProcessRunner]:
+    monkeypatch.setattr("sanlab.probes.runner.LocalRunner", GroupingInProcessRunner)
+    GroupingInProcessRunner.groups = []
+    return GroupingInProcessRunner
+
+
 def use_in_process_runner(monkeypatch: pytest.MonkeyPatch) -> type[InProcessRunner]:
     monkeypatch.setattr("sanlab.probes.runner.LocalRunner", InProcessRunner)
     InProcessRunner.calls = []

@@ -73,6 +73,33 @@ def test_one_task_trains_scores_and_writes_results(tmp_path: Path, in_process: A
         assert cell["points"][0]["wall_s"] == rerun_cell["points"][0]["wall_s"] == meta["wall_time_s"] > 0
 
 
+def test_a_cells_sweep_points_train_as_members_with_the_solo_results(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the local runner's grouping (runner.members "auto", one worker), a cell's three
+    sweep points train as the members of one model: each point's run dir is an ordinary
+    scored run (probe.json; meta.json says it trained in a batch of 3), and the probe's
+    results (every point's losses and accuracies, the selected LR) equal the same suite's
+    with every point trained solo, value for value."""
+    from probe_helpers import use_grouping_runner
+
+    items = ["modadd", "--arms", "standard", *TINY[:-2], "sweep.grid=[0.5,1,2]", "sweep.max_extensions=0",
+             "task.p=7", "runner.workers=1"]
+    runner = use_grouping_runner(monkeypatch)
+    assert main(["probe", *items, "--out", str(tmp_path / "members")]) == 0
+    assert [len(g) for g in runner.groups] == [3]
+    use_in_process_runner(monkeypatch)
+    assert main(["probe", *items, "--out", str(tmp_path / "solo")]) == 0
+    grouped, solo = (json.loads((tmp_path / d / "probe-modadd.json").read_text())["cells"] for d in ("members", "solo"))
+    keys = ("multiplier", "lr", "status", "val_accuracy", "test_accuracy", "test_correct", "val_loss")
+    assert [[p[k] for k in keys] for p in grouped[0]["points"]] == [[p[k] for k in keys] for p in solo[0]["points"]]
+    assert grouped[0]["test_accuracy"] == solo[0]["test_accuracy"] and grouped[0]["lr"] == solo[0]["lr"]
+    for p in grouped[0]["points"]:
+        run = tmp_path / "members" / p["run_dir"]
+        assert json.loads((run / "meta.json").read_text())["members"]["batch"] == 3
+        assert json.loads((run / "probe.json").read_text())["test_correct"] == p["test_correct"]
+        assert p["wall_s"] == json.loads((run / "meta.json").read_text())["wall_time_s"] > 0
+
+
 def test_each_cell_sweeps_with_boundary_extension(tmp_path: Path, in_process: Any) -> None:
     items = [i for i in TINY if not i.startswith("sweep.")]
     assert _probe(tmp_path, "modadd", "--arms", "standard", *items, "task.p=5", "task.train_frac=0.8",

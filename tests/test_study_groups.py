@@ -53,6 +53,19 @@ def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path)
     assert plan_groups(wide, 8) == [[0, 1]]
 
 
+def test_which_train_fns_can_train_members() -> None:
+    """The trainer's runs, and runs of a train_fn that says how a member's run finishes
+    (the probe suite's scoring), may train as members; any other train_fn, or one that
+    does not resolve, trains solo."""
+    from sanlab.probes.runner import TRAIN_FN, score_run
+    from sanlab.study.runner import DEFAULT_TRAIN_FN, _resolve, groupable
+
+    assert groupable(DEFAULT_TRAIN_FN) and groupable(TRAIN_FN)
+    assert _resolve(TRAIN_FN).finish_member is score_run
+    assert not groupable("study_fakes:train")  # (a stand-in trainer: no finishing step)
+    assert not groupable("no_such_module:train") and not groupable("sanlab.probes.runner:no_such_fn")
+
+
 def test_runner_members_is_validated(study_data_dir: Path) -> None:
     for bad in (0, -1, "many", True, 2.5):
         with pytest.raises(ValueError, match=r'runner.members must be "auto" or an integer >= 1'):

@@ -12,8 +12,11 @@ Runs are ordinary trainer runs (`sanlab.train.trainer.train`: checkpoints, resum
 metrics.jsonl, divergence handling), executed by the study's local runner
 (`sanlab.study.runner.LocalRunner`): one process per run, `runner.workers` at a time,
 one CPU thread each by default (tiny models gain little from a second thread, and two
-single-threaded runs use two cores fully). Each run dir gets a `probe.json` with its
-val / test accuracy. Rerunning the same command reuses every finished run.
+single-threaded runs use two cores fully); a cell's pending sweep points train as the
+members of one batched model in one process where the runner groups them
+(`runner.members`, "auto" by default: `sanlab.study.groups`), each scored after training
+as a solo run is (`score_run`). Each run dir gets a `probe.json` with its val / test
+accuracy. Rerunning the same command reuses every finished run.
 """
 
 from __future__ import annotations
@@ -303,11 +306,19 @@ def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, f
     `train_fn`); the accuracies come back in `meta["final"]`.
     """
     # lazy: torch; the config reference (sanlab.configref, the docs build) reads this module without it
-    from sanlab.probes.evaluate import run_accuracy
-    from sanlab.train.rundir import read_json, write_json
     from sanlab.train.trainer import train
 
-    meta = dict(train(cfg, out_dir, resume=resume, force=force))
+    return score_run(cfg, out_dir, dict(train(cfg, out_dir, resume=resume, force=force)))
+
+
+def score_run(cfg: Config, out_dir: str | Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """A trained run's meta with its val and test accuracy (probe.json, computed once per
+    finished training): what `train_and_score` does after the trainer, and what the study
+    runner does for a probe run that trained as a member of a batched model
+    (`sanlab.study.runner.groupable`)."""
+    from sanlab.probes.evaluate import run_accuracy
+    from sanlab.train.rundir import read_json, write_json
+
     if meta.get("status") != "completed":
         return meta
     path = Path(out_dir) / PROBE_FILE
@@ -321,6 +332,9 @@ def train_and_score(cfg: Config, out_dir: str | Path, *, resume: bool = False, f
                      RUN_WALL: meta.get("wall_time_s")}
     return meta
 
+
+# the probe runs' sweep points train as members of one model where the runner groups them
+train_and_score.finish_member = score_run  # type: ignore[attr-defined]
 
 ProgressFn = Callable[[Cell, Point, int], None]
 

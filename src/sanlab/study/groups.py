@@ -15,7 +15,8 @@ on the CPU where it pays: models up to `AUTO_MAX_D` wide, at most `AUTO_MAX_MEMB
 group, groups of at least `AUTO_MIN_MEMBERS` (smaller ones run solo), and a class of runs
 is split into more groups while there are fewer groups than workers. Runs the members
 engine refuses (`members_unsupported`: other mixers, frozen weights, torch.compile, ...),
-GPU runs, and runs with a custom `train_fn` run solo. A killed grouped study resumes: the
+GPU runs, and runs of a `train_fn` that cannot finish a member's run (`runner.groupable`:
+the trainer's runs and the probe suite's scored runs can) run solo. A killed grouped study resumes: the
 next `study run` groups the runs still to do again (perhaps otherwise), and each member
 resumes from its own checkpoint (`train_members` lets a member that is ahead wait).
 """
@@ -162,6 +163,26 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _finish(job: dict[str, Any], cfg: Config, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """A member's meta after its train_fn's own finishing step (`runner.groupable`: the
+    probe suite scores a completed run), run in the member's run dir as a solo worker
+    runs its train_fn; a finishing step that raises fails this member only."""
+    from sanlab.study.runner import DEFAULT_TRAIN_FN, _resolve
+
+    train_fn = job.get("train_fn", DEFAULT_TRAIN_FN)
+    if train_fn == DEFAULT_TRAIN_FN:
+        return meta
+    cwd = os.getcwd()
+    os.chdir(run_dir)
+    try:
+        return dict(_resolve(train_fn).finish_member(cfg, run_dir, meta))  # type: ignore[attr-defined]
+    except Exception as e:
+        traceback.print_exc()
+        return {**meta, "status": "failed", "error": f"{type(e).__name__}: {e}"}
+    finally:
+        os.chdir(cwd)
+
+
 def train_group(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Train the jobs (`runner.Job` fields) as members of one model under their locks and
     return each one's outcome as `runner.train_in_process` returns a solo run's; never raises."""
@@ -184,6 +205,7 @@ def train_group(jobs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             os.chdir(dirs[0])
             try:
                 metas = train_members(cfgs, dirs, resume=True)
+                metas = [_finish(j, c, d, dict(m)) for j, c, d, m in zip(jobs, cfgs, dirs, metas)]
             finally:
                 os.chdir(cwd)
     except Exception as e:  # a crashing group is a recorded outcome for each member; the study goes on

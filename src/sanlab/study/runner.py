@@ -106,6 +106,19 @@ def _resolve(path: str) -> Callable[..., dict[str, Any]]:
     return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
 
+def groupable(train_fn: str) -> bool:
+    """Whether runs of `train_fn` may train as members of one model: the trainer's own
+    runs, and a train_fn that says how a member's run is finished after the members
+    trained (`fn.finish_member(cfg, run_dir, meta) -> meta`, what it does after the
+    trainer: the probe suite's scoring)."""
+    if train_fn == DEFAULT_TRAIN_FN:
+        return True
+    try:
+        return callable(getattr(_resolve(train_fn), "finish_member", None))
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
 def train_in_process(job: Job) -> dict[str, Any]:
     """Train (or return / resume) one run in this process; never raises.
 
@@ -229,11 +242,20 @@ class LocalRunner:
                 else _failed(f"worker exited with code {rc} (see {jobs[0].log_file})") for j in jobs]
 
     def _groups(self, jobs: list[Job]) -> list[list[Job]]:
-        """The jobs as groups of members (`sanlab.study.groups.plan_groups`); CPU runs of the
-        default trainer only."""
-        if self.members == 1 or self.gpus or any(j.train_fn != DEFAULT_TRAIN_FN for j in jobs):
+        """The jobs as groups of members (`sanlab.study.groups.plan_groups`), each group of
+        one train_fn that can train members (`groupable`); CPU runs only."""
+        if self.members == 1 or self.gpus:
             return [[j] for j in jobs]
-        return [[jobs[i] for i in g] for g in plan_groups([j.config for j in jobs], self.members, self.workers)]
+        by_fn: dict[str, list[Job]] = {}
+        for j in jobs:
+            by_fn.setdefault(j.train_fn, []).append(j)
+        groups: list[list[Job]] = []
+        for fn, same in by_fn.items():
+            if not groupable(fn):
+                groups += [[j] for j in same]
+                continue
+            groups += [[same[i] for i in g] for g in plan_groups([j.config for j in same], self.members, self.workers)]
+        return groups
 
     def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
         """Run every job, calling `on_done(job, outcome)` in this thread as each finishes
