@@ -196,3 +196,25 @@ def test_mixer_options_are_typed_by_the_mixer_s_spec_once_when_the_config_valida
     assert wider.non_embedding - with_opts.non_embedding == 2 * 3 * cfg.d_model
     with pytest.raises(ConfigError, match=r"model: mixer_options \(mixer mlp\): d_hidden"):
         load_config(None, ["model.mixer=mlp", "model.mixer_options.d_hidden=0"])
+
+
+def test_assigning_a_model_field_validates_and_a_refused_value_leaves_the_config_as_it_was() -> None:
+    """`cfg.d_model = 32` works (it raised AttributeError 'ffn': the alias validator dropped
+    the field on assignment); `cfg.ffn = True` sets the state mixer as on input; a refused
+    assignment raises and keeps every field as it was (pydantic had already stored it)."""
+    import pydantic
+
+    m = ModelConfig(d_model=64, n_heads=4)
+    m.d_model = 32
+    assert m.d_model == 32 and m.head_dim == 8 and m.ffn is False and m.state_mixer == "none"
+    m.ffn = True
+    assert m.ffn is True and m.state_mixer == "swiglu" and "ffn" not in m.model_dump()
+    m.state_mixer = "none"
+    assert m.ffn is False
+    with pytest.raises(pydantic.ValidationError, match="does not divide d_model=33"):
+        m.d_model = 33
+    assert m.d_model == 32 and m.model_dump() == ModelConfig(d_model=32, n_heads=4).model_dump()
+    cfg = Config()
+    with pytest.raises(pydantic.ValidationError):
+        cfg.train.batch_rows = -1
+    assert cfg.train.batch_rows == Config().train.batch_rows

@@ -156,6 +156,7 @@ class ModelConfig(StrictModel):
             data["state_mixer"] = "none"
         elif given in (None, "none"):
             data["state_mixer"] = ffn_type or "swiglu"
+        data["ffn"] = None  # (the field's value is set from state_mixer after validation)
         return data
 
     @field_validator("layout", mode="before")

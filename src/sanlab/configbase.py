@@ -91,6 +91,17 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False, allow_inf_nan=False,
                               use_attribute_docstrings=True)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A validated assignment that is refused leaves the config as it was (pydantic sets
+        the field before the model's after-validators run, and kept the refused value)."""
+        before = dict(self.__dict__)
+        try:
+            super().__setattr__(name, value)
+        except ValidationError:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
     @model_validator(mode="after")
     def _finite(self) -> "StrictModel":
         # Typed float fields are refused by pydantic itself (allow_inf_nan=False); this
