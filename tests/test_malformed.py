@@ -110,7 +110,7 @@ CASES: dict[str, tuple[str, str]] = {
                                    "different config: train.steps"),
     # ---- train: data
     "data dir missing": ("train {nodata} data.dir={root}/nowhere --out {root}/new", "no such directory"),
-    "data dir is a file": ("train {nodata} data.dir={root}/file.txt --out {root}/new", "no such directory"),
+    "data dir is a file": ("train {nodata} data.dir={root}/file.txt --out {root}/new", "a file, not a directory"),
     "data dir not prepared": ("train {nodata} data.dir={root}/other --out {root}/new", "not a prepared data dir"),
     "manifest rows lie": ("train {nodata} data.dir={root}/lie-rows --out {root}/new", "splits.train.rows is"),
     "manifest bytes lie": ("train {nodata} data.dir={root}/lie-bytes --out {root}/new", "bytes, but"),

@@ -132,6 +132,19 @@ def test_not_a_study_dir_is_one_line_exit_2(tmp_path: Path, capsys: pytest.Captu
     assert not (tmp_path / "report").exists()
 
 
+def test_report_out_that_is_a_file_is_one_line_exit_2(fake_study: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--out` naming an existing file, given relative to the working directory: one line
+    that says it is a file (it said "File exists"), exit 2, the file untouched."""
+    (tmp_path / "afile").write_text("mine\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", str(fake_study), "--out", "afile"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["sanlab: error: cannot write the report to afile: it is a file, not a directory"]
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
 def test_corrupt_results_line_is_reported_and_skipped(fake_study: Path, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     study = tmp_path / "study"

@@ -92,7 +92,8 @@ def make_report(study_dir: Path, out: Path | None = None, *, analyze: bool = Fal
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise DataError(f"cannot write the report to {out}: {e.strerror}") from None
+        why = "it is a file, not a directory" if out.exists() and not out.is_dir() else e.strerror
+        raise DataError(f"cannot write the report to {out}: {why}") from None
     if analyze:
         todo = missing_analyses(data)
         if todo:

@@ -128,7 +128,8 @@ def _loader(cfg: Config, split: str, rows: int, d: dist.Dist) -> Any:
     if cfg.data.dir is None:
         raise ConfigError("data.dir is not set (point it at a directory made by `sanlab prepare`)")
     if not Path(cfg.data.dir).is_dir():
-        raise DataError(f"data.dir={cfg.data.dir}: no such directory")
+        what = "a file, not a directory made by `sanlab prepare`" if Path(cfg.data.dir).exists() else "no such directory"
+        raise DataError(f"data.dir={cfg.data.dir}: {what}")
     # sha256 of every data file once per run: rank 0's train loader checks the whole
     # manifest (all splits); the val loader and the other ranks read the same files, so
     # they check sizes only (hashing is ~1 s/GB, minutes per loader at paper scale).
