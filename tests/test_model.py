@@ -821,6 +821,30 @@ def test_compiled_head_rows_match_the_formula(dtype, V):
         kern._compiled_rows(logits, bad, weights, c, None)
 
 
+def test_compiled_head_rows_carry_a_non_finite_logit_into_that_rows_loss_only():
+    """A NaN or +inf logit makes its row's lse NaN (so the loss is NaN and the trainer's
+    divergence check trips), a −inf logit is a zero probability; the other rows are
+    untouched."""
+    import sanlab.model.loss as kern
+    from sanlab.model import native
+
+    if not native.available():
+        pytest.skip(native.unavailable_reason())
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 37, generator=g)
+    targets, weights = torch.tensor([0, 3, 5, 7]), torch.full((4,), 0.25)
+    clean, _ = kern._compiled_rows(logits, targets, weights, 1e-4, None)
+    for bad, finite in ((float("nan"), False), (float("inf"), False), (float("-inf"), True)):
+        hit = logits.clone()
+        hit[1, 20] = bad
+        grad = torch.empty(4, 37)
+        lse, _ = kern._compiled_rows(hit, targets, weights, 1e-4, grad)
+        assert bool(torch.isfinite(lse[1])) is finite and bool(torch.isfinite(grad[1]).all()) is finite
+        assert torch.equal(lse[[0, 2, 3]], clean[[0, 2, 3]])
+    kept = torch.cat([logits[1, :20], logits[1, 21:]])
+    torch.testing.assert_close(lse[1], torch.logsumexp(kept, 0), rtol=1e-6, atol=1e-6)  # (the −inf case)
+
+
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled-rows", "torch-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_head_loss_in_fp32_and_bf16_matches_fp64(dtype, compiled, monkeypatch):
