@@ -58,10 +58,10 @@ def test_which_train_fns_can_train_members() -> None:
     (the probe suite's scoring), may train as members; any other train_fn, or one that
     does not resolve, trains solo."""
     from sanlab.probes.runner import TRAIN_FN, score_run
-    from sanlab.study.runner import DEFAULT_TRAIN_FN, _resolve, groupable
+    from sanlab.study.groups import DEFAULT_TRAIN_FN, groupable, resolve
 
     assert groupable(DEFAULT_TRAIN_FN) and groupable(TRAIN_FN)
-    assert _resolve(TRAIN_FN).finish_member is score_run
+    assert resolve(TRAIN_FN).finish_member is score_run
     assert not groupable("study_fakes:train")  # (a stand-in trainer: no finishing step)
     assert not groupable("no_such_module:train") and not groupable("sanlab.probes.runner:no_such_fn")
 

@@ -315,7 +315,8 @@ def score_run(cfg: Config, out_dir: str | Path, meta: dict[str, Any]) -> dict[st
     """A trained run's meta with its val and test accuracy (probe.json, computed once per
     finished training): what `train_and_score` does after the trainer, and what the study
     runner does for a probe run that trained as a member of a batched model
-    (`sanlab.study.runner.groupable`)."""
+    (`sanlab.study.groups.groupable`)."""
+    # lazy: torch; the config reference (sanlab.configref, the docs build) reads this module without it
     from sanlab.probes.evaluate import run_accuracy
     from sanlab.train.rundir import read_json, write_json
 

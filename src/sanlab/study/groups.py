@@ -15,7 +15,7 @@ on the CPU where it pays: models up to `AUTO_MAX_D` wide, at most `AUTO_MAX_MEMB
 group, groups of at least `AUTO_MIN_MEMBERS` (smaller ones run solo), and a class of runs
 is split into more groups while there are fewer groups than workers. Runs the members
 engine refuses (`members_unsupported`: other mixers, frozen weights, torch.compile, ...),
-GPU runs, and runs of a `train_fn` that cannot finish a member's run (`runner.groupable`:
+GPU runs, and runs of a `train_fn` that cannot finish a member's run (`groupable`:
 the trainer's runs and the probe suite's scored runs can) run solo. A killed grouped study resumes: the
 next `study run` groups the runs still to do again (perhaps otherwise), and each member
 resumes from its own checkpoint (`train_members` lets a member that is ahead wait).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import importlib
 import json
 import math
 import os
@@ -34,10 +35,13 @@ import time
 import traceback
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
 from sanlab.study.plan import makespan
+
+# the study runner's default train_fn: the trainer itself
+DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
 
 # "auto": measured at the demo shape (SAN 5L d64 T128 batch 16, bf16, one thread): M members
 # step in 1/1.06 (M = 2), 1/1.08-1.14 (M = 4), 1/1.16 (M = 8) of the time of M solo steps one
@@ -163,19 +167,36 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _finish(job: dict[str, Any], cfg: Config, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """A member's meta after its train_fn's own finishing step (`runner.groupable`: the
-    probe suite scores a completed run), run in the member's run dir as a solo worker
-    runs its train_fn; a finishing step that raises fails this member only."""
-    from sanlab.study.runner import DEFAULT_TRAIN_FN, _resolve
+def resolve(path: str) -> Callable[..., dict[str, Any]]:
+    """The function a train_fn string ("module:function") names."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
 
+
+def groupable(train_fn: str) -> bool:
+    """Whether runs of `train_fn` may train as members of one model: the trainer's own
+    runs, and a train_fn that says how a member's run is finished after the members
+    trained (`fn.finish_member(cfg, run_dir, meta) -> meta`, what it does after the
+    trainer: the probe suite's scoring)."""
+    if train_fn == DEFAULT_TRAIN_FN:
+        return True
+    try:
+        return callable(getattr(resolve(train_fn), "finish_member", None))
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
+def _finish(job: dict[str, Any], cfg: Config, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """A member's meta after its train_fn's own finishing step (`groupable`: the probe
+    suite scores a completed run), run in the member's run dir as a solo worker runs its
+    train_fn; a finishing step that raises fails this member only."""
     train_fn = job.get("train_fn", DEFAULT_TRAIN_FN)
     if train_fn == DEFAULT_TRAIN_FN:
         return meta
     cwd = os.getcwd()
     os.chdir(run_dir)
     try:
-        return dict(_resolve(train_fn).finish_member(cfg, run_dir, meta))  # type: ignore[attr-defined]
+        return dict(resolve(train_fn).finish_member(cfg, run_dir, meta))  # type: ignore[attr-defined]
     except Exception as e:
         traceback.print_exc()
         return {**meta, "status": "failed", "error": f"{type(e).__name__}: {e}"}

@@ -29,7 +29,6 @@ Runners:
 from __future__ import annotations
 
 import fcntl
-import importlib
 import json
 import os
 import queue
@@ -43,10 +42,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
-from sanlab.study.groups import die_with_parent, plan_groups
+from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, plan_groups
+from sanlab.study.groups import resolve as _resolve
 from sanlab.study.spec import RunnerSpec
 
-DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
+__all__ = ["DEFAULT_TRAIN_FN", "Job", "LocalRunner", "SlurmRunner", "groupable", "make_runner", "train_in_process"]
 OnDone = Callable[["Job", dict[str, Any]], None]
 
 
@@ -99,24 +99,6 @@ def _failed(error: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- one run
-
-
-def _resolve(path: str) -> Callable[..., dict[str, Any]]:
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)  # type: ignore[no-any-return]
-
-
-def groupable(train_fn: str) -> bool:
-    """Whether runs of `train_fn` may train as members of one model: the trainer's own
-    runs, and a train_fn that says how a member's run is finished after the members
-    trained (`fn.finish_member(cfg, run_dir, meta) -> meta`, what it does after the
-    trainer: the probe suite's scoring)."""
-    if train_fn == DEFAULT_TRAIN_FN:
-        return True
-    try:
-        return callable(getattr(_resolve(train_fn), "finish_member", None))
-    except (ImportError, AttributeError, ValueError):
-        return False
 
 
 def train_in_process(job: Job) -> dict[str, Any]:
