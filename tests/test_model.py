@@ -815,6 +815,8 @@ def test_compiled_head_rows_match_the_formula(dtype, V):
     assert not grad[3].any()  # w = 0: no gradient
     lse_only, x_t_only = kern._compiled_rows(logits, targets, weights, c, None)
     assert torch.equal(lse_only, lse) and torch.equal(x_t_only, x_t)
+    lse32, x_t32 = kern._compiled_rows(logits, targets.int(), weights, c, None)  # int32 targets read as such
+    assert torch.equal(lse32, lse) and torch.equal(x_t32, x_t)
     bad = targets.clone()
     bad[7] = V  # a target outside the vocabulary is refused, not read out of bounds
     with pytest.raises(RuntimeError, match="refused its arguments"):

@@ -147,7 +147,7 @@ def _compiled_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.T
     n, V = logits.shape
     lse = torch.empty(n, dtype=torch.float32)
     x_t = torch.empty(n, dtype=torch.float32)
-    targets, weights = targets.contiguous(), weights.contiguous()
+    targets, weights = targets.to(torch.int64).contiguous(), weights.contiguous()
     native.call(native.library().sanlab_head_ce, native.HeadCEArgs(
         n=n, V=V, logits=logits.data_ptr(), logits_bf16=int(logits.dtype == torch.bfloat16), ld=logits.stride(0),
         targets=targets.data_ptr(), weights=weights.data_ptr(), c=float(c), lse=lse.data_ptr(), x_t=x_t.data_ptr(),
