@@ -64,7 +64,7 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
     reduction in at least fp32. On the CPU a chunk's rows go through the compiled kernel
     (`_compiled_rows`: one visit per row, the gradient written straight in x's dtype,
     about 6% of the demo SAN's step); elsewhere, or without the kernels, through the
-    torch formulas below. Returns (loss, cross-entropy), the second not differentiable.
+    torch formulas (`_torch_rows`). Returns (loss, cross-entropy), the second not differentiable.
     """
 
     @staticmethod
@@ -85,41 +85,19 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
         compiled = _compiled(x, weights)
         for i in range(0, N, step):
             j = slice(i, i + step)
-            if compiled:  # the rows' passes in C, the gradient straight into the group's buffer
-                n = min(step, N - i)
-                g = g_rows[i - i // group * group:][:n] if grad else None
+            n = min(step, N - i)
+            g0 = i // group * group if grad else i  # first row of this chunk's dW group
+            g = g_rows[i - g0:i - g0 + n] if grad else None  # this chunk's gradient rows
+            if compiled:
                 lse, x_t = _compiled_rows(x[j] @ w_x.t(), targets[j], weights[j], c, g)
-                ce += ((lse - x_t) * weights[j]).sum()
-                z += (lse.square() * weights[j]).sum()
-                if grad:
-                    g0, last = i // group * group, min(N, i // group * group + group)
-                    dx[j] = g @ w_x
-                    if i + n == last:  # the group is complete: its dW product
-                        dw += g_rows[:last - g0].t() @ x[g0:last]
-                continue
-            logits = (x[j] @ w_x.t()).to(dt)  # (n, V)
-            t, w = targets[j, None], weights[j]
-            # softmax is one fused pass per row and p is what the gradient needs;
-            # lse = x_t − log p_t is exact in fp32 while p_t is a normal number. Rows whose
-            # p_t is too small for that (a target logit ~87 below the row's top) take
-            # logsumexp over their logits instead.
-            x_t = logits.gather(-1, t).squeeze(-1)
-            p = torch.softmax(logits, dim=-1)
-            lse = _lse_from_target(logits, x_t, p.gather(-1, t).squeeze(-1), sync_free=x.device.type != "cpu")
-            del logits
-            ce += ((lse - x_t) * w).sum()
-            z += (lse.square() * w).sum()
+            else:
+                lse, x_t = _torch_rows(x[j], w_x, targets[j], weights[j], c, g)
+            ce += ((lse - x_t) * weights[j]).sum()
+            z += (lse.square() * weights[j]).sum()
             if grad:
-                # w(1 + 2c·lse)·(p − onehot/(1 + 2c·lse)): the target's subtraction in fp32
-                # (it cancels when p_t ≈ 1), the scaling in place, then one cast
-                scale = 1.0 + 2.0 * c * lse
-                p.scatter_add_(-1, t, -(1.0 / scale)[:, None]).mul_((w * scale)[:, None])
-                g0 = i // group * group  # first row of this chunk's group
-                g = g_rows[i - g0:i - g0 + p.shape[0]]
-                g.copy_(p)
                 dx[j] = g @ w_x
                 last = min(N, g0 + group)
-                if i + p.shape[0] == last:  # the group is complete: its dW product
+                if i + n == last:  # the group is complete: its dW product
                     dw += g_rows[:last - g0].t() @ x[g0:last]
         if grad:
             ctx.save_for_backward(dx, dw)
@@ -130,6 +108,30 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
     def backward(ctx, g_loss, g_ce):  # type: ignore[override]
         dx, dw = ctx.saved_tensors
         return dx * g_loss.to(dx.dtype), dw * g_loss, None, None, None, None
+
+
+def _torch_rows(x: torch.Tensor, w_x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, c: float,
+                grad: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_compiled_rows` in torch formulas (accelerators, fp64, no compiled kernels) on the
+    chunk's logits x w_xᵀ: each row's lse and target logit in at least fp32, and the
+    gradient into `grad`. The logits are dropped before the gradient is formed (on an
+    accelerator a chunk's fp32 logits are 512 MB)."""
+    logits = (x @ w_x.t()).to(torch.promote_types(x.dtype, torch.float32))  # (n, V)
+    t = targets[:, None]
+    # softmax is one fused pass per row and p is what the gradient needs; lse = x_t − log p_t
+    # is exact in fp32 while p_t is a normal number. Rows whose p_t is too small for that (a
+    # target logit ~87 below the row's top) take logsumexp over their logits instead.
+    x_t = logits.gather(-1, t).squeeze(-1)
+    p = torch.softmax(logits, dim=-1)
+    lse = _lse_from_target(logits, x_t, p.gather(-1, t).squeeze(-1), sync_free=logits.device.type != "cpu")
+    del logits
+    if grad is not None:
+        # w(1 + 2c·lse)·(p − onehot/(1 + 2c·lse)): the target's subtraction in fp32 (it
+        # cancels when p_t ≈ 1), the scaling in place, then one cast
+        scale = 1.0 + 2.0 * c * lse
+        p.scatter_add_(-1, t, -(1.0 / scale)[:, None]).mul_((weights * scale)[:, None])
+        grad.copy_(p)
+    return lse, x_t
 
 
 def _compiled(x: torch.Tensor, weights: torch.Tensor) -> bool:
