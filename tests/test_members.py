@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from sanlab.config import Config, load_config
 from sanlab.errors import EXIT_INTERRUPTED, ConfigError
-from sanlab.model.members import build_members
+from sanlab.model.members import bmm_linear, build_members
 from sanlab.train import members as members_mod
 from sanlab.train.members import newton_schulz, train_members
 from sanlab.train.optim import Muon
@@ -113,37 +114,29 @@ def test_bmm_linear_has_f_linears_gradients_bit_for_bit(threads: int) -> None:
     (2048 rows, 64 -> 128), at 1 and 2 threads: there autograd through bmm(x, wᵀ) rounded
     1–4 values of each weight gradient the other way at 1 thread (members drifted from
     their solo runs), and a batched dyᵀ x did at 2."""
-    import torch.nn.functional as F
-
-    from sanlab.model.members import bmm_linear
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        _check_bmm_linear(F, bmm_linear)
-    finally:
-        torch.set_num_threads(before)
-
-
-def _check_bmm_linear(F, bmm_linear) -> None:  # noqa: ANN001
     g = torch.Generator().manual_seed(0)
     M, N, k, n = 2, 2048, 64, 128
     x = torch.randn(M, 16, N // 16, k, generator=g)
     w = 0.02 * torch.randn(M, n, k, generator=g)
     dy = (1e-4 * torch.randn(M, 16, N // 16, n, generator=g)).bfloat16()
-    xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        y = bmm_linear(xb, wb)
-    y.backward(dy)
-    for m in range(M):
-        xs, ws = x[m].clone().requires_grad_(), w[m].clone().requires_grad_()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        xb, wb = x.clone().requires_grad_(), w.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            ys = F.linear(xs, ws)
-        ys.backward(dy[m])
-        assert y.dtype == ys.dtype == torch.bfloat16 and wb.grad.dtype == torch.float32
-        assert torch.equal(y[m], ys)
-        assert torch.equal(xb.grad[m], xs.grad)
-        assert torch.equal(wb.grad[m], ws.grad)
+            y = bmm_linear(xb, wb)
+        y.backward(dy)
+        for m in range(M):
+            xs, ws = x[m].clone().requires_grad_(), w[m].clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                ys = F.linear(xs, ws)
+            ys.backward(dy[m])
+            assert y.dtype == ys.dtype == torch.bfloat16 and wb.grad.dtype == torch.float32
+            assert torch.equal(y[m], ys)
+            assert torch.equal(xb.grad[m], xs.grad)
+            assert torch.equal(wb.grad[m], ws.grad)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_members_model_gradients_are_each_members_own() -> None:

@@ -42,11 +42,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
-from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, plan_groups
-from sanlab.study.groups import resolve as _resolve
+from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, plan_groups, resolve
 from sanlab.study.spec import RunnerSpec
 
-__all__ = ["DEFAULT_TRAIN_FN", "Job", "LocalRunner", "SlurmRunner", "groupable", "make_runner", "train_in_process"]
 OnDone = Callable[["Job", dict[str, Any]], None]
 
 
@@ -121,7 +119,7 @@ def train_in_process(job: Job) -> dict[str, Any]:
         cwd = os.getcwd()
         os.chdir(run_dir)
         try:
-            meta = _resolve(job.train_fn)(cfg, run_dir, resume=True)
+            meta = resolve(job.train_fn)(cfg, run_dir, resume=True)
         finally:
             os.chdir(cwd)
     except Exception as e:  # a crashing run is a recorded outcome; the study goes on
