@@ -162,6 +162,28 @@ def test_members_model_gradients_are_each_members_own() -> None:
         assert not model.by_name[n].grad[1].any(), n
 
 
+def test_the_head_reads_each_member_through_one_node() -> None:
+    """The head takes each member's hidden states and table through one unbind: indexing
+    x[m] made each member's backward fill a zero (M, B, T, d) tensor and autograd add the
+    M of them (with the table's (M, V, d), ~5% of the demo SAN's member-step). The graph
+    has no per-member select, and the gradients are still each member's own (above)."""
+    from sanlab.config import ModelConfig
+
+    cfg = ModelConfig(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64)
+    model = build_members(cfg, [0, 1, 2])
+    tok = torch.randint(0, 64, (3, 2, 16), generator=torch.Generator().manual_seed(0))
+    loss, _ = model(tok, None, tok, torch.ones_like(tok, dtype=torch.bool))
+    names, todo, seen = [], [loss.sum().grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(node.name())
+        todo.extend(f for f, _ in node.next_functions)
+    assert "SelectBackward0" not in names and names.count("UnbindBackward0") == 2, sorted(set(names))
+
+
 def test_a_diverging_member_does_not_disturb_the_others(train_data_dir: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)

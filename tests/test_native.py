@@ -398,6 +398,39 @@ def test_qkv_attention_in_bf16(D, mode):
     assert _rel(leaves[1].grad, dgq) < 2 * TOL[mode] and _rel(leaves[2].grad, dgk) < 2 * TOL[mode]
 
 
+def _zero_fills(fn) -> list[list[int]]:  # noqa: ANN001
+    """The shapes of the tensors `fn` fills with a constant (zero gradients autograd makes)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    return [e.input_shapes[0] for e in prof.events() if e.name == "aten::fill_" and e.input_shapes]
+
+
+def test_the_kernels_kept_outputs_get_no_zero_gradients():
+    """The fused ops' kept outputs (out, lse, 1/RMS) are not differentiated: the backward
+    is handed None for them, not a zero tensor autograd allocates and fills every step (the
+    fp32 (B, H, T, D) `out` cost ~1 ms a layer of the demo SAN's member-step). A loss on y
+    gets its gradients; one that reaches only a kept output gets none."""
+    B, H, Hkv, T, D = 2, 4, 2, 40, 16
+    seg, qkv, gq, gk, cos, sin, dy = _qkv_case(B, H, Hkv, T, D, torch.bfloat16, seed=3)
+    leaves = [t.clone().requires_grad_() for t in (qkv, gq, gk)]
+    y, out, lse, rq, rk = fused_kernel.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, 0)
+    kept = [list(t.shape) for t in (out, lse, rq, rk)]
+    fills = _zero_fills(lambda: y.backward(dy))
+    assert not [f for f in fills if f in kept], fills
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in leaves)
+    y, out, lse, *_ = fused_kernel.qkv_attention(*leaves, cos, sin, _starts(seg), 1e-6, H, Hkv, 0)
+    assert torch.autograd.grad(lse.sum(), leaves, allow_unused=True) == (None, None, None)
+
+    q = torch.randn(B, H, T, D).requires_grad_()
+    k, v = (torch.randn(B, Hkv, T, D).requires_grad_() for _ in range(2))
+    y, out, lse = fused_kernel.fused_attention(q, k, v, _starts(seg), 1)
+    fills = _zero_fills(lambda: y.backward(torch.randn_like(y)))
+    assert not [f for f in fills if f in ([list(out.shape), list(lse.shape)])], fills
+    assert all(t.grad is not None for t in (q, k, v))
+    y, out, lse = fused_kernel.fused_attention(q, k, v, _starts(seg), 1)
+    assert torch.autograd.grad(out.sum(), (q, k, v), allow_unused=True) == (None, None, None)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_qkv_attention_does_not_depend_on_the_thread_count(mode):
     B, H, Hkv, T, D = 3, 4, 2, 120, 32

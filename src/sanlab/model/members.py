@@ -383,8 +383,10 @@ class MemberLM(nn.Module):
         (loss to optimise (M,), cross-entropy (M,)). Members are independent: the sum of
         the losses has each member's own gradient."""
         x = self.hidden(tokens, segment_ids)
-        table = self._w("embed.weight")
-        out = [head_loss(x[m], table[m], targets[m], loss_mask[m], z_loss) for m in range(self.n_members)]
+        # (unbind: one autograd node stacks the members' gradients; indexing x[m] would have
+        # each member's backward fill a zero (M, ...) tensor and autograd add the M of them)
+        xs, tables = x.unbind(0), self._w("embed.weight").unbind(0)
+        out = [head_loss(xs[m], tables[m], targets[m], loss_mask[m], z_loss) for m in range(self.n_members)]
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
 
 
