@@ -550,9 +550,30 @@ def test_native_gated_residual_matches_the_formula(h_dtype):
     ref = kernels.gated_residual_reference(*leaves)
     ref.backward(dy.double())
     assert _rel(y, ref) < 1e-6
+    # the compiled forward is the torch formula's addcmul bit for bit (one fused multiply-add)
+    assert torch.equal(y, torch.addcmul(x, h, torch.sigmoid(g)))
     assert torch.equal(x.grad, dy) and h.grad.dtype == h_dtype
     assert _rel(h.grad, leaves[1].grad) < (1e-6 if h_dtype == torch.float32 else 4e-3)
     assert _rel(g.grad, leaves[2].grad) < 1e-5
+
+
+@pytest.mark.parametrize("h_dtype", [torch.float32, torch.bfloat16])
+def test_native_gated_residual_gives_each_group_its_own_gate(h_dtype):
+    """Members: x + σ_m·h over all members in one call, member m's values with its own σ
+    (groups of 29·70 values: not a whole number of vectors, so groups start mid-vector and
+    a chunk of the threads' split holds several), each equal to addcmul with its σ."""
+    torch.manual_seed(1)
+    x, h = torch.randn(5, 29, 70), torch.randn(5, 29, 70).to(h_dtype)
+    sig = torch.rand(5)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            y = kernels.native_gated_residual(x, h, sig)
+            for m in range(5):
+                assert torch.equal(y[m], torch.addcmul(x[m], h[m], sig[m])), (n, m)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_native_norms_do_not_depend_on_the_thread_count():

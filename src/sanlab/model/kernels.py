@@ -94,7 +94,7 @@ def gated_residual_reference(x: torch.Tensor, h: torch.Tensor, g: torch.Tensor) 
 
 def gated_residual(x: torch.Tensor, h: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     if (native.ready(h) and x.dtype == g.dtype == torch.float32 and h.dtype in NATIVE_DTYPES
-            and h.is_contiguous() and g.numel() == 1):
+            and h.is_contiguous() and x.is_contiguous() and x.shape == h.shape and g.numel() == 1):
         return _NativeGatedResidual.apply(x, h, g)
     return _GatedResidual.apply(x, h, g)
 
@@ -121,10 +121,29 @@ class _GatedResidual(torch.autograd.Function):
         return dy, dh, dg
 
 
+def native_gated_residual(x: torch.Tensor, h: torch.Tensor, sigmas: torch.Tensor) -> torch.Tensor:
+    """x + σ·h by the compiled kernel (`csrc/norms.c`): `_GatedResidual`'s addcmul bit for
+    bit in one pass, without its fp32 copy of a bf16 h. x fp32 and h contiguous, of one
+    shape; sigmas (G,) fp32, one σ for each of G equal groups of x's leading dimension."""
+    out = torch.empty_like(x)
+    sig = sigmas.detach().float().contiguous()
+    native.call(native.library().sanlab_gated_residual_fwd, native.GatedResidualArgs(
+        count=h.numel(), d=h.shape[-1], h=h.data_ptr(), h_bf16=int(h.dtype == torch.bfloat16), x=x.data_ptr(),
+        out=out.data_ptr(), nthreads=torch.get_num_threads(), group_count=h.numel() // sig.numel(),
+        sigmas=sig.data_ptr()))
+    return out
+
+
 class _NativeGatedResidual(_GatedResidual):
-    """`_GatedResidual` (its forward) with the backward by the compiled kernel
-    (`csrc/norms.c`): dh and the gate's Σ dy⊙h in one pass (summed in fp32 from the
-    unrounded σ·dy, in fixed chunks)."""
+    """`_GatedResidual` by the compiled kernels (`csrc/norms.c`): the forward in one pass
+    (`native_gated_residual`), the backward's dh and the gate's Σ dy⊙h in one pass (summed
+    in fp32 from the unrounded σ·dy, in fixed chunks)."""
+
+    @staticmethod
+    def forward(ctx, x, h, g):  # type: ignore[override]
+        s = torch.sigmoid(g)
+        ctx.save_for_backward(h, s)
+        return native_gated_residual(x, h, s.reshape(1))
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]

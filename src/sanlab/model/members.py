@@ -57,7 +57,8 @@ from sanlab.model.attention import build_context
 from sanlab.model.attention.context import AttentionContext
 from sanlab.model.attention.dispatch import attend, fused_supported
 from sanlab.model.attention.fused import fused_mode, qkv_attention
-from sanlab.model.kernels import NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, silu_gate, upcast
+from sanlab.model.kernels import (NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, native_gated_residual,
+                                  silu_gate, upcast)
 from sanlab.model.lm import LM
 from sanlab.model.loss import head_loss
 from sanlab.model.norms import _NativeRMSNorm, _RMSNorm, norm_rope
@@ -192,16 +193,15 @@ def member_rms_norm(x: torch.Tensor, weight: torch.Tensor, zero_centered: bool, 
 
 
 class _MemberGatedResidual(torch.autograd.Function):
-    """`_NativeGatedResidual` over all members at once: x + σ(g_m)·h_m, the forward by the
-    same `addcmul` broadcast per element, the backward by the compiled kernel with one σ
-    and one chunked sum per member (`group_count`), as the solo kernel sums them."""
+    """`_NativeGatedResidual` over all members at once: x + σ(g_m)·h_m by the same compiled
+    kernels, each member's values with its own σ (`group_count`), and its gate's sum in
+    the chunks the solo kernel sums."""
 
     @staticmethod
     def forward(ctx, x, h, g):  # type: ignore[override]
         s = torch.sigmoid(g)  # (M, 1)
         ctx.save_for_backward(h, s)
-        view = (-1, *([1] * (h.dim() - 1)))
-        return torch.addcmul(x, h, s.to(torch.promote_types(x.dtype, h.dtype)).view(view))
+        return native_gated_residual(x, h, s.reshape(-1))
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
@@ -223,7 +223,7 @@ def member_residual(mode: str, x: torch.Tensor, h: torch.Tensor, g: torch.Tensor
     if mode == "gated":
         native_ok = (native.ready(h) and x.dtype == g.dtype == torch.float32 and h.dtype in NATIVE_DTYPES
                      and h.is_contiguous())
-        if native_ok and x.is_contiguous():
+        if native_ok and x.is_contiguous() and x.shape == h.shape:
             return _MemberGatedResidual.apply(x, h, g)
         return _PerMember.apply(_NativeGatedResidual if native_ok else _GatedResidual, (True, True, True), x, h, g)
     if mode == "rezero":

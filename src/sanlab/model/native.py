@@ -100,10 +100,10 @@ class RMSNormArgs(ctypes.Structure):
 
 
 class GatedResidualArgs(ctypes.Structure):
-    """`sanlab_gated_residual_args`: the gated residual's backward."""
+    """`sanlab_gated_residual_args`: the gated residual, forward and backward."""
 
     _fields_ = [("count", _I64), ("d", _I32), ("dy", _P), ("h", _P), ("h_bf16", _I32), ("sigma", _F32), ("dh", _P),
-                ("dg", _P), ("nthreads", _I32), ("group_count", _I64), ("sigmas", _P)]
+                ("dg", _P), ("nthreads", _I32), ("group_count", _I64), ("sigmas", _P), ("x", _P), ("out", _P)]
 
 
 class HeadCEArgs(ctypes.Structure):
@@ -122,7 +122,8 @@ ENTRY_POINTS: dict[str, type[ctypes.Structure]] = {
     "sanlab_attn_fwd": AttnArgs, "sanlab_attn_bwd": AttnArgs,
     "sanlab_norm_rope_fwd": NormRoPEArgs, "sanlab_norm_rope_bwd": NormRoPEArgs,
     "sanlab_rms_norm_fwd": RMSNormArgs, "sanlab_rms_norm_bwd": RMSNormArgs,
-    "sanlab_gated_residual_bwd": GatedResidualArgs, "sanlab_head_ce": HeadCEArgs,
+    "sanlab_gated_residual_fwd": GatedResidualArgs, "sanlab_gated_residual_bwd": GatedResidualArgs,
+    "sanlab_head_ce": HeadCEArgs,
 }
 
 

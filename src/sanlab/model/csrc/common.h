@@ -41,10 +41,18 @@ static inline vf vsplat(float a) { vf z = {0}; return z + a; }
 static inline vf vselect(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 #if defined(__AVX512F__)
 #include <immintrin.h>
+/* a·b + c per lane, rounded once */
+static inline vf vfma(vf a, float b, vf c) { return (vf)_mm512_fmadd_ps((__m512)a, _mm512_set1_ps(b), (__m512)c); }
 static inline vf vmax(vf a, vf b) { return (vf)_mm512_max_ps((__m512)a, (__m512)b); }
 static inline float hmax(vf v) { return _mm512_reduce_max_ps((__m512)v); }
 static inline float hsum(vf v) { return _mm512_reduce_add_ps((__m512)v); }
 #else
+static inline vf vfma(vf a, float b, vf c)
+{
+    vf r;
+    for (int i = 0; i < VL; i++) r[i] = fmaf(a[i], b, c[i]);
+    return r;
+}
 static inline vf vmax(vf a, vf b) { return vselect(a > b, a, b); }
 
 static inline float hmax(vf v)

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define SANLAB_ABI_VERSION 5
+#define SANLAB_ABI_VERSION 6
 
 /* A strided operand, its last dim contiguous: element (b, h, t, d) at
    data + (b·sb + h·sh + t·st + d) elements; fp32, or bf16 where bf16 is 1. */
@@ -106,7 +106,8 @@ typedef struct {
                               0: one gain for all rows */
 } sanlab_rms_norm_args;
 
-/* The gated residual's backward (norms.c): dh = σ·dy in h's dtype, *dg = σ(1 − σ)·Σ dy⊙h. */
+/* The gated residual (norms.c): forward out = x + σ·h (the product rounded before the sum,
+   as torch's addcmul); backward dh = σ·dy in h's dtype, *dg = σ(1 − σ)·Σ dy⊙h. */
 typedef struct {
     int64_t count;         /* values of dy, h and dh */
     int32_t d;             /* row width (the sums run over fixed chunks of rows) */
@@ -121,6 +122,8 @@ typedef struct {
                               to dg at that index, summed per group as a group of its own (members);
                               0: the one gate `sigma` */
     const float *sigmas;
+    const float *x;        /* the forward's residual stream (count) fp32 */
+    float *out;            /* the forward's x + σ·h (count) fp32 */
 } sanlab_gated_residual_args;
 
 /* The head's cross-entropy and z-loss over a chunk of logits (head.c): logits (n, V), row i
@@ -155,6 +158,7 @@ int sanlab_norm_rope_fwd(const sanlab_norm_rope_args *a);
 int sanlab_norm_rope_bwd(const sanlab_norm_rope_args *a);
 int sanlab_rms_norm_fwd(const sanlab_rms_norm_args *a);
 int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a);
+int sanlab_gated_residual_fwd(const sanlab_gated_residual_args *a);
 int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a);
 int sanlab_head_ce(const sanlab_head_ce_args *a);
 
