@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 
-class InProcessRunner:
+class _Runner:
+    """The local runner's contract beyond `run`: `close` (its warm processes; none here)."""
+
+    def close(self) -> None:
+        pass
+
+
+class InProcessRunner(_Runner):
     calls: list[str] = []
 
     def __init__(self, spec: Any) -> None:
@@ -22,7 +29,7 @@ class InProcessRunner:
             on_done(job, train_in_process(job))
 
 
-class GroupingInProcessRunner:
+class GroupingInProcessRunner(_Runner):
     """The local runner's grouping (`LocalRunner._groups`: sweep points as members of one
     model), each group trained in this process by the group worker's own function
     (`sanlab.study.groups.train_group`), each single run by `train_in_process`."""
@@ -62,7 +69,7 @@ def use_in_process_runner(monkeypatch: pytest.MonkeyPatch) -> type[InProcessRunn
     return InProcessRunner
 
 
-class ScriptedRunner:
+class ScriptedRunner(_Runner):
     """A runner that trains nothing: each job's outcome is `ScriptedRunner.outcome(job)`
     (the probe's decisions and arithmetic, tested on numbers chosen to tell them apart)."""
 

@@ -24,7 +24,8 @@ FORBIDDEN = {
 # started directly or as the ranks of torchrun on a GPU node; a group's worker process
 # (its runs trained as members of one model, sanlab.study.groups); and the step timing of
 # `study plan`, which times as many processes side by side as the study will run.
-WORKERS = {"study/runner.py": ["sanlab.study.runner", "sanlab.study.runner", "sanlab.study.groups"],
+# (the local runner starts `ENTRY_POINTS` of sanlab.study.warm by name: runner and groups)
+WORKERS = {"study/runner.py": ["sanlab.study.runner"], "study/warm.py": ["sanlab.study.warm"],
            "study/speed.py": ["sanlab.study.speed"]}
 
 

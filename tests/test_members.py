@@ -156,7 +156,7 @@ def test_members_model_gradients_are_each_members_own() -> None:
     solo = LM(cfg)
     solo_loss, _ = solo(tok[0], None, tok[0], mask[0])
     solo_loss.backward()
-    assert float(loss[0]) == float(solo_loss)
+    assert float(loss[0].detach()) == float(solo_loss.detach())
     for n, p in solo.named_parameters():
         assert torch.equal(model.by_name[n].grad[0], p.grad), n
         assert not model.by_name[n].grad[1].any(), n

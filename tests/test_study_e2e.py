@@ -79,6 +79,7 @@ def test_runner_drives_the_real_trainer_and_never_retrains(data_dir: Path, tmp_p
     assert outcomes[0]["final"]["val_loss"] > 0 and outcomes[0]["final"]["tokens"] == 2048
     meta = json.loads((Path(job.run_dir) / "meta.json").read_text())
     runner.run([job], lambda j, o: outcomes.append(o))
+    runner.close()
     assert outcomes[1]["final"] == outcomes[0]["final"]
     assert json.loads((Path(job.run_dir) / "meta.json").read_text())["finished_at"] == meta["finished_at"]
 

@@ -347,6 +347,15 @@ def run_cells(cells: Sequence[Cell], opts: ProbeOptions, out: Path, progress: Pr
     run in parallel on the local runner. `after_round` runs after each round (the CLI
     writes the results so far)."""
     runner = LocalRunner(opts.runner)
+    try:
+        _rounds(runner, cells, out, progress, on_round, after_round)
+    finally:
+        runner.close()
+
+
+def _rounds(runner: LocalRunner, cells: Sequence[Cell], out: Path, progress: ProgressFn | None,
+            on_round: Callable[[int, int], None] | None, after_round: Callable[[], None] | None) -> None:
+    """`run_cells`' rounds on `runner`."""
     round_no, done = 0, 0
     while True:
         batch: list[tuple[Job, Point, Cell]] = []

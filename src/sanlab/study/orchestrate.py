@@ -267,7 +267,7 @@ class Study:
         self.console.print(f"{what}: {len(todo)} run(s)")
         jobs = [Job(run_id=r.run_id, run_dir=os.path.abspath(self.dir / RUNS / r.run_id),
                     config=self._run_config(r), jobs_dir=os.path.abspath(self.dir / "jobs"),
-                    train_fn=self.train_fn) for r in todo]
+                    train_fn=self.train_fn, cost=float(r.tokens * r.flops_per_token)) for r in todo]
         count = [0]
 
         def on_done(job: Job, outcome: dict[str, Any]) -> None:
@@ -356,6 +356,14 @@ class Study:
 
     def run(self) -> int:
         """The whole study; returns 0 when every run finished (completed or diverged)."""
+        try:
+            return self._run()
+        finally:
+            close = getattr(self.runner, "close", None)  # (the local runner's warm processes)
+            if close is not None:
+                close()
+
+    def _run(self) -> int:
         self.check()
         check_same_study(self.spec, self.dir, extend=self.extend)
         note = self.store.repair()

@@ -36,12 +36,14 @@ import subprocess
 import sys
 import time
 import traceback
+import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
+from sanlab.study import warm
 from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, plan_groups, resolve
 from sanlab.study.spec import RunnerSpec
 
@@ -60,6 +62,7 @@ class Job:
     gpus: int = 0  # >1: torchrun with one process per GPU
     nodes: int = 1
     train_fn: str = DEFAULT_TRAIN_FN  # "module:function" with the trainer's signature
+    cost: float = 0.0  # its training FLOPs, or 0 if unknown: the local runner starts the costliest first
 
     @property
     def job_file(self) -> Path:
@@ -178,25 +181,40 @@ class LocalRunner:
         self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
         self.gpus = spec.gpus_per_run
         self.members = spec.members  # runs trained as members of one model (sanlab.study.groups)
+        self._warm: queue.Queue[warm.WarmWorker] | None = None  # during `run` (sanlab.study.warm)
         # Each worker owns a fixed set of GPUs: worker i sees devices i·g … i·g + g − 1.
         self.gpu_slots: queue.Queue[str] = queue.Queue()
         for w in range(self.workers if self.gpus else 0):
             self.gpu_slots.put(",".join(str(w * self.gpus + g) for g in range(self.gpus)))
 
+    def _launch(self, module: str, argv: list[str], log_file: Path, env: dict[str, str]) -> int:
+        """The exit code of `python -m module argv` (its output appended to log_file, `env`
+        added to this process's environment): forked from a warm process where one is
+        free and able (`sanlab.study.warm`), else started as a new process."""
+        try:
+            warm = None if self._warm is None else self._warm.get_nowait()
+        except queue.Empty:  # (fewer warm processes than workers started)
+            warm = None
+        try:
+            rc = None if warm is None else warm.run(module, argv, log_file, env)
+        finally:
+            if warm is not None:
+                self._warm.put(warm)  # type: ignore[union-attr]
+        if rc is not None:
+            return rc
+        with open(log_file, "a") as log:
+            return subprocess.run([sys.executable, "-m", module, *argv], stdout=log, stderr=subprocess.STDOUT,
+                                  env={**os.environ, **env, "SANLAB_PARENT_PID": str(os.getpid())}).returncode
+
     def _one(self, job: Job) -> dict[str, Any]:
         job.write()
         job.outcome_file.unlink(missing_ok=True)
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads),
-               "SANLAB_PARENT_PID": str(os.getpid())}
+        env = {"OMP_NUM_THREADS": str(self.threads)}
         slot = self.gpu_slots.get() if self.gpus else None
         if slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = slot
         try:
-            with open(job.log_file, "a") as log:
-                rc = subprocess.run(
-                    [sys.executable, "-m", "sanlab.study.runner", str(job.job_file), str(job.outcome_file)],
-                    stdout=log, stderr=subprocess.STDOUT, env=env,
-                ).returncode
+            rc = self._launch("sanlab.study.runner", [str(job.job_file), str(job.outcome_file)], job.log_file, env)
         finally:
             if slot is not None:
                 self.gpu_slots.put(slot)
@@ -211,13 +229,11 @@ class LocalRunner:
             job.outcome_file.unlink(missing_ok=True)
         group_file = Path(jobs[0].jobs_dir) / f"{jobs[0].run_id}.group.json"
         _write_json(group_file, {"jobs": [asdict(j) for j in jobs]})
-        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "SANLAB_PARENT_PID": str(os.getpid())}
         for job in jobs[1:]:
             with open(job.log_file, "a") as log:
                 log.write(f"trained as a member of a group of {len(jobs)}; its log: {jobs[0].log_file}\n")
-        with open(jobs[0].log_file, "a") as log:
-            rc = subprocess.run([sys.executable, "-m", "sanlab.study.groups", str(group_file)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        rc = self._launch("sanlab.study.groups", [str(group_file)], jobs[0].log_file,
+                          {"OMP_NUM_THREADS": str(self.threads)})
         return [json.loads(j.outcome_file.read_text()) if j.outcome_file.is_file()
                 else _failed(f"worker exited with code {rc} (see {jobs[0].log_file})") for j in jobs]
 
@@ -246,14 +262,44 @@ class LocalRunner:
         def one(group: list[Job]) -> list[dict[str, Any]]:
             return [self._one(group[0])] if len(group) == 1 else self._group(group)
 
+        # longest first (as `study plan`'s estimate assumes, `plan.makespan`): a long run
+        # started last would keep one worker busy while the others wait for it
+        groups = sorted(self._groups(jobs), key=lambda g: -sum(j.cost for j in g))
+        self._start_warm()
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            pending: dict[Future[list[dict[str, Any]]], list[Job]] = {
-                pool.submit(one, g): g for g in self._groups(jobs)}
+            pending: dict[Future[list[dict[str, Any]]], list[Job]] = {pool.submit(one, g): g for g in groups}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     for job, outcome in zip(pending.pop(fut), fut.result()):
                         on_done(job, outcome)
+
+    def _start_warm(self) -> None:
+        """One warm process a worker (`sanlab.study.warm`; CPU runs only), started by the
+        first `run` so their imports overlap, and kept for the next (a study's sweep rounds
+        and final runs) until `close`; `_launch` settles whether each can fork runs."""
+        if self._warm is not None or self.gpus or not warm.enabled():
+            return
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "SANLAB_PARENT_PID": str(os.getpid())}
+        self._warm = queue.Queue()
+        for _ in range(self.workers):
+            try:
+                self._warm.put(warm.WarmWorker(env))
+            except OSError:
+                break
+        # (stopped by `close`, or when this runner is collected or the interpreter exits)
+        self._stop_warm = weakref.finalize(self, _close_all, self._warm)
+
+    def close(self) -> None:
+        """Stop the warm processes (they also end with this process)."""
+        if self._warm is not None:
+            self._stop_warm()
+            self._warm = None
+
+
+def _close_all(workers: queue.Queue[warm.WarmWorker]) -> None:
+    while not workers.empty():
+        workers.get().close()
 
 
 class SlurmRunner:
@@ -295,6 +341,9 @@ class SlurmRunner:
             except Exception as e:  # the job itself died (timeout, preemption, node failure)
                 outcome = _failed(f"slurm job {s.job_id}: {type(e).__name__}: {str(e).splitlines()[0]}")
             on_done(by_id[s.job_id], outcome)
+
+    def close(self) -> None:
+        """(Nothing to stop: `LocalRunner.close`'s counterpart.)"""
 
 
 def make_runner(spec: RunnerSpec, study_dir: str | Path) -> LocalRunner | SlurmRunner:

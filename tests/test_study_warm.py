@@ -1,0 +1,152 @@
+"""Warm workers (`sanlab.study.warm`): a local runner's runs fork from processes that
+imported torch and sanlab once, each run still its own process, the warm processes kept
+across a study's rounds, a study's death still stopping its runs, and the cold path
+(`SANLAB_WARM_WORKERS=0`, or a warm process that died) giving the same outcomes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sanlab.config import load_config
+from sanlab.study.runner import Job, LocalRunner
+from sanlab.study.spec import RunnerSpec
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(autouse=True)
+def _fakes_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+
+
+def _jobs(root: Path, names: list[str]) -> list[Job]:
+    cfg = json.loads(load_config(None, ["model.d_model=32", "model.n_layers=2"]).model_dump_json())
+    return [Job(run_id=n, run_dir=str(root / "runs" / n), config=cfg, jobs_dir=str(root / "jobs"),
+                train_fn="study_fakes:process_train") for n in names]
+
+
+def _run(runner: LocalRunner, jobs: list[Job]) -> dict[str, dict]:
+    outcomes: dict[str, dict] = {}
+    runner.run(jobs, lambda job, outcome: outcomes.__setitem__(job.run_id, outcome))
+    assert all(o["status"] == "completed" for o in outcomes.values()), outcomes
+    return {j.run_id: json.loads((Path(j.run_dir) / "process.json").read_text()) for j in jobs}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_runs_fork_from_warm_processes_kept_across_rounds(tmp_path: Path) -> None:
+    runner = LocalRunner(RunnerSpec(workers=2, threads=1, members=1))
+    try:
+        first = _run(runner, _jobs(tmp_path, ["a", "b", "c"]))
+        second = _run(runner, _jobs(tmp_path, ["d", "e"]))  # a study's next round
+    finally:
+        runner.close()
+    procs = {**first, **second}
+    warm = {p["ppid"] for p in procs.values()}
+    assert os.getpid() not in warm and len(warm) <= 2  # not started by the runner: forked
+    assert {p["ppid"] for p in second.values()} <= {p["ppid"] for p in first.values()}  # the same warm processes
+    assert len({p["pid"] for p in procs.values()}) == 5  # each run its own process
+    assert all(p["preloaded"] and p["threads"] == 1 for p in procs.values())
+    assert all(p["parent_env"] == str(p["ppid"]) for p in procs.values())  # dies with its warm process
+    deadline = time.time() + 10
+    while any(_alive(pid) for pid in warm) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in warm)  # close() stopped them
+
+
+def test_cold_runs_when_warm_workers_are_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SANLAB_WARM_WORKERS", "0")
+    runner = LocalRunner(RunnerSpec(workers=2, threads=1, members=1))
+    try:
+        procs = _run(runner, _jobs(tmp_path, ["a", "b"]))
+    finally:
+        runner.close()
+    assert all(p["ppid"] == os.getpid() and p["parent_env"] == str(os.getpid()) for p in procs.values())
+
+
+def test_a_dead_warm_process_leaves_its_runs_to_new_processes(tmp_path: Path) -> None:
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    try:
+        first = _run(runner, _jobs(tmp_path, ["a"]))
+        os.kill(first["a"]["ppid"], signal.SIGKILL)
+        time.sleep(0.2)
+        second = _run(runner, _jobs(tmp_path, ["b", "c"]))
+    finally:
+        runner.close()
+    assert first["a"]["ppid"] != os.getpid()
+    assert all(p["ppid"] == os.getpid() for p in second.values())
+
+
+def test_killing_the_study_process_stops_its_forked_runs(tmp_path: Path) -> None:
+    """SIGKILL to the study process alone: its warm process gets SIGTERM (PR_SET_PDEATHSIG),
+    and so does the run forked from it, as a run started directly by the study did."""
+    script = tmp_path / "study.py"
+    script.write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from sanlab.config import load_config\n"
+        "from sanlab.study.runner import Job, LocalRunner\n"
+        "from sanlab.study.spec import RunnerSpec\n"
+        "root = Path(sys.argv[1])\n"
+        "cfg = json.loads(load_config(None, []).model_dump_json())\n"
+        "job = Job(run_id='a', run_dir=str(root / 'runs' / 'a'), config=cfg, jobs_dir=str(root / 'jobs'),\n"
+        "          train_fn='study_fakes:process_train')\n"
+        "LocalRunner(RunnerSpec(workers=1, threads=1, members=1)).run([job], lambda j, o: None)\n")
+    env = {**os.environ, "SANLAB_FAKE_SECONDS": "60"}
+    study = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    marker = tmp_path / "runs" / "a" / "process.json"
+    deadline = time.time() + 60
+    while not marker.is_file():
+        assert study.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    run = json.loads(marker.read_text())
+    assert run["ppid"] != study.pid  # forked from the warm process
+    study.kill()
+    study.wait()
+    deadline = time.time() + 20
+    while (_alive(run["pid"]) or _alive(run["ppid"])) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(run["pid"]) and not _alive(run["ppid"])
+
+
+def test_the_costliest_runs_start_first(tmp_path: Path) -> None:
+    """Longest first, as `study plan`'s estimate assumes (`plan.makespan`); runs of unknown
+    cost (0) keep their order."""
+    jobs = [Job(**{**j.__dict__, "cost": c}) for j, c in zip(_jobs(tmp_path, ["a", "b", "c", "d"]), [1e9, 3e9, 0, 2e9])]
+    order: list[str] = []
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    try:
+        runner.run(jobs, lambda job, outcome: order.append(job.run_id))
+        assert order == ["b", "d", "a", "c"]
+        order.clear()
+        runner.run(_jobs(tmp_path / "unknown", ["x", "y", "z"]), lambda job, outcome: order.append(job.run_id))
+        assert order == ["x", "y", "z"]
+    finally:
+        runner.close()
+
+
+def test_a_runner_left_unclosed_stops_its_warm_processes_when_collected(tmp_path: Path) -> None:
+    import gc
+
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    warm = _run(runner, _jobs(tmp_path, ["a"]))["a"]["ppid"]
+    del runner
+    gc.collect()
+    deadline = time.time() + 10
+    while _alive(warm) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(warm)
