@@ -156,10 +156,13 @@ class WarmWorker:
             reply = self.proc.stdout.readline()
         except (BrokenPipeError, OSError):
             reply = ""
-        if not reply:  # the warm process died (killed, out of memory): no more runs from it
+        try:
+            return int(json.loads(reply)["rc"])
+        except (ValueError, KeyError, TypeError):
+            # the warm process died (killed, out of memory) or garbled its reply: no more runs
+            # from it (a run it had started resumes or returns as it is in the new process)
             self.ready = False
             return None
-        return int(json.loads(reply)["rc"])
 
     def close(self) -> None:
         try:
