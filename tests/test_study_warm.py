@@ -150,3 +150,38 @@ def test_a_runner_left_unclosed_stops_its_warm_processes_when_collected(tmp_path
     while _alive(warm) and time.time() < deadline:
         time.sleep(0.05)
     assert not _alive(warm)
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_ctrl_c_stops_the_running_runs_and_starts_no_more(tmp_path: Path, warm: str) -> None:
+    """SIGINT to the study's process group (Ctrl-C): the running run gets it too and stops;
+    the runs still queued never start, and the runner raises KeyboardInterrupt at once.
+    (Leaving the thread pool's `with` block used to start every queued run first.)"""
+    script = tmp_path / "study.py"
+    script.write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from sanlab.config import load_config\n"
+        "from sanlab.study.runner import Job, LocalRunner\n"
+        "from sanlab.study.spec import RunnerSpec\n"
+        "root = Path(sys.argv[1])\n"
+        "cfg = json.loads(load_config(None, []).model_dump_json())\n"
+        "jobs = [Job(run_id=n, run_dir=str(root / 'runs' / n), config=cfg, jobs_dir=str(root / 'jobs'),\n"
+        "            train_fn='study_fakes:process_train') for n in 'abc']\n"
+        "runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))\n"
+        "try:\n"
+        "    runner.run(jobs, lambda j, o: None)\n"
+        "except KeyboardInterrupt:\n"
+        "    sys.exit(130)\n"
+        "finally:\n"
+        "    runner.close()\n")
+    env = {**os.environ, "SANLAB_FAKE_SECONDS": "60", "SANLAB_WARM_WORKERS": warm}
+    study = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, start_new_session=True)
+    marker = tmp_path / "runs" / "a" / "process.json"
+    deadline = time.time() + 60
+    while not marker.is_file():
+        assert study.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    os.killpg(study.pid, signal.SIGINT)
+    assert study.wait(timeout=30) == 130
+    assert not (tmp_path / "runs" / "b").exists() and not (tmp_path / "runs" / "c").exists()

@@ -266,13 +266,21 @@ class LocalRunner:
         # started last would keep one worker busy while the others wait for it
         groups = sorted(self._groups(jobs), key=lambda g: -sum(j.cost for j in g))
         self._start_warm()
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.workers)
+        try:
             pending: dict[Future[list[dict[str, Any]]], list[Job]] = {pool.submit(one, g): g for g in groups}
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for fut in done:
                     for job, outcome in zip(pending.pop(fut), fut.result()):
                         on_done(job, outcome)
+        except BaseException:
+            # Ctrl-C (KeyboardInterrupt) reaches the running runs too, one process group:
+            # they stop at their next step with a checkpoint, and the runs still queued
+            # never start (leaving the pool with `with` would have started every one)
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
 
     def _start_warm(self) -> None:
         """One warm process a worker (`sanlab.study.warm`; CPU runs only), started by the
