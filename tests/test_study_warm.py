@@ -91,29 +91,47 @@ def test_a_dead_warm_process_leaves_its_runs_to_new_processes(tmp_path: Path) ->
     assert all(p["ppid"] == os.getpid() for p in second.values())
 
 
-def test_killing_the_study_process_stops_its_forked_runs(tmp_path: Path) -> None:
-    """SIGKILL to the study process alone: its warm process gets SIGTERM (PR_SET_PDEATHSIG),
-    and so does the run forked from it, as a run started directly by the study did."""
+# A study in a process of its own: the local runner (1 worker) on runs of `process_train`
+# named by its second argument's letters; exit 130 on KeyboardInterrupt, as the CLI.
+STUDY = """\
+import json, sys
+from pathlib import Path
+from sanlab.config import load_config
+from sanlab.study.runner import Job, LocalRunner
+from sanlab.study.spec import RunnerSpec
+root = Path(sys.argv[1])
+cfg = json.loads(load_config(None, []).model_dump_json())
+jobs = [Job(run_id=n, run_dir=str(root / 'runs' / n), config=cfg, jobs_dir=str(root / 'jobs'),
+            train_fn='study_fakes:process_train') for n in sys.argv[2]]
+runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+try:
+    runner.run(jobs, lambda j, o: None)
+except KeyboardInterrupt:
+    sys.exit(130)
+finally:
+    runner.close()
+"""
+
+
+def _study_running(tmp_path: Path, names: str, **env: str) -> tuple[subprocess.Popen[bytes], dict]:
+    """`STUDY` started in its own session (a terminal's foreground job), once run a is
+    under way (each run waits 60 s): the process, and run a's process.json."""
     script = tmp_path / "study.py"
-    script.write_text(
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from sanlab.config import load_config\n"
-        "from sanlab.study.runner import Job, LocalRunner\n"
-        "from sanlab.study.spec import RunnerSpec\n"
-        "root = Path(sys.argv[1])\n"
-        "cfg = json.loads(load_config(None, []).model_dump_json())\n"
-        "job = Job(run_id='a', run_dir=str(root / 'runs' / 'a'), config=cfg, jobs_dir=str(root / 'jobs'),\n"
-        "          train_fn='study_fakes:process_train')\n"
-        "LocalRunner(RunnerSpec(workers=1, threads=1, members=1)).run([job], lambda j, o: None)\n")
-    env = {**os.environ, "SANLAB_FAKE_SECONDS": "60"}
-    study = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env)
+    script.write_text(STUDY)
+    study = subprocess.Popen([sys.executable, str(script), str(tmp_path), names],
+                             env={**os.environ, "SANLAB_FAKE_SECONDS": "60", **env}, start_new_session=True)
     marker = tmp_path / "runs" / "a" / "process.json"
     deadline = time.time() + 60
     while not marker.is_file():
         assert study.poll() is None and time.time() < deadline
         time.sleep(0.05)
-    run = json.loads(marker.read_text())
+    return study, json.loads(marker.read_text())
+
+
+def test_killing_the_study_process_stops_its_forked_runs(tmp_path: Path) -> None:
+    """SIGKILL to the study process alone: its warm process gets SIGTERM (PR_SET_PDEATHSIG),
+    and so does the run forked from it, as a run started directly by the study did."""
+    study, run = _study_running(tmp_path, "a")
     assert run["ppid"] != study.pid  # forked from the warm process
     study.kill()
     study.wait()
@@ -157,31 +175,7 @@ def test_ctrl_c_stops_the_running_runs_and_starts_no_more(tmp_path: Path, warm: 
     """SIGINT to the study's process group (Ctrl-C): the running run gets it too and stops;
     the runs still queued never start, and the runner raises KeyboardInterrupt at once.
     (Leaving the thread pool's `with` block used to start every queued run first.)"""
-    script = tmp_path / "study.py"
-    script.write_text(
-        "import json, sys\n"
-        "from pathlib import Path\n"
-        "from sanlab.config import load_config\n"
-        "from sanlab.study.runner import Job, LocalRunner\n"
-        "from sanlab.study.spec import RunnerSpec\n"
-        "root = Path(sys.argv[1])\n"
-        "cfg = json.loads(load_config(None, []).model_dump_json())\n"
-        "jobs = [Job(run_id=n, run_dir=str(root / 'runs' / n), config=cfg, jobs_dir=str(root / 'jobs'),\n"
-        "            train_fn='study_fakes:process_train') for n in 'abc']\n"
-        "runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))\n"
-        "try:\n"
-        "    runner.run(jobs, lambda j, o: None)\n"
-        "except KeyboardInterrupt:\n"
-        "    sys.exit(130)\n"
-        "finally:\n"
-        "    runner.close()\n")
-    env = {**os.environ, "SANLAB_FAKE_SECONDS": "60", "SANLAB_WARM_WORKERS": warm}
-    study = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, start_new_session=True)
-    marker = tmp_path / "runs" / "a" / "process.json"
-    deadline = time.time() + 60
-    while not marker.is_file():
-        assert study.poll() is None and time.time() < deadline
-        time.sleep(0.05)
+    study, _ = _study_running(tmp_path, "abc", SANLAB_WARM_WORKERS=warm)
     os.killpg(study.pid, signal.SIGINT)
     assert study.wait(timeout=30) == 130
     assert not (tmp_path / "runs" / "b").exists() and not (tmp_path / "runs" / "c").exists()
