@@ -269,7 +269,7 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_study_warm.py",), "a killed study leaves its warm process and its run going"),
     M("warm-dead-worker-not-replaced", "src/sanlab/study/runner.py",
       "        if rc is not None:\n            return rc\n",
-      "        if rc is not None or warm is not None:\n            return -1 if rc is None else rc\n",
+      "        if rc is not None or worker is not None:\n            return -1 if rc is None else rc\n",
       (T + "test_study_warm.py",), "a run given to a dead warm process fails instead of starting afresh"),
     M("runner-ignores-run-cost", "src/sanlab/study/runner.py",
       "        groups = sorted(self._groups(jobs), key=lambda g: -sum(j.cost for j in g))",

@@ -16,9 +16,12 @@ Runners:
 - `LocalRunner`: `workers` concurrent runs, each in its own Python process
   (`python -m sanlab.study.runner JOB OUT`, one run per process, so a crash or an
   out-of-memory kill takes down only that run) with the CPU threads split between
-  them. Children ask the kernel for SIGTERM when the study process dies
-  (`PR_SET_PDEATHSIG`), so killing the study also stops its runs, which save a
-  checkpoint on SIGTERM and resume on the next `study run`. Runs that can train as the
+  them; on the CPU each worker forks its runs from a warm process that has imported
+  torch and sanlab once (`sanlab.study.warm`). Children ask the kernel for SIGTERM when
+  their parent dies (`PR_SET_PDEATHSIG`: a run its warm process or the study, a warm
+  process the study), so killing the study also stops its runs, which save a
+  checkpoint on SIGTERM and resume on the next `study run`; on Ctrl-C the queued runs
+  never start. Runs that can train as the
   members of one batched model (an arm's sweep points and seeds; `runner.members`) are
   grouped, one group per process (`sanlab.study.groups`); each member still writes its own
   run dir and outcome.
@@ -181,7 +184,7 @@ class LocalRunner:
         self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
         self.gpus = spec.gpus_per_run
         self.members = spec.members  # runs trained as members of one model (sanlab.study.groups)
-        self._warm: queue.Queue[warm.WarmWorker] | None = None  # during `run` (sanlab.study.warm)
+        self._warm: queue.Queue[warm.WarmWorker] | None = None  # from the first `run` to `close`
         # Each worker owns a fixed set of GPUs: worker i sees devices i·g … i·g + g − 1.
         self.gpu_slots: queue.Queue[str] = queue.Queue()
         for w in range(self.workers if self.gpus else 0):
@@ -192,14 +195,14 @@ class LocalRunner:
         added to this process's environment): forked from a warm process where one is
         free and able (`sanlab.study.warm`), else started as a new process."""
         try:
-            warm = None if self._warm is None else self._warm.get_nowait()
+            worker = None if self._warm is None else self._warm.get_nowait()
         except queue.Empty:  # (fewer warm processes than workers started)
-            warm = None
+            worker = None
         try:
-            rc = None if warm is None else warm.run(module, argv, log_file, env)
+            rc = None if worker is None else worker.run(module, argv, log_file, env)
         finally:
-            if warm is not None:
-                self._warm.put(warm)  # type: ignore[union-attr]
+            if worker is not None:
+                self._warm.put(worker)  # type: ignore[union-attr]
         if rc is not None:
             return rc
         with open(log_file, "a") as log:
