@@ -83,8 +83,9 @@ def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool
 def process_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
     """`train` that first records the process it runs in (process.json in its run dir): its
     pid, its parent's, whether torch's compiler stack was imported before the run began,
-    and its torch thread count; with SANLAB_FAKE_SECONDS it then waits that long."""
+    its torch thread count and whether it ignores SIGINT; with SANLAB_FAKE_SECONDS it then waits that long."""
     import os
+    import signal
     import sys
     import time
 
@@ -94,6 +95,7 @@ def process_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, for
     out.mkdir(parents=True, exist_ok=True)
     (out / "process.json").write_text(json.dumps({
         "pid": os.getpid(), "ppid": os.getppid(), "preloaded": "torch._dynamo" in sys.modules,
-        "threads": torch.get_num_threads(), "parent_env": os.environ.get("SANLAB_PARENT_PID")}))
+        "threads": torch.get_num_threads(), "parent_env": os.environ.get("SANLAB_PARENT_PID"),
+        "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}))
     time.sleep(float(os.environ.get("SANLAB_FAKE_SECONDS", "0")))
     return train(cfg, out_dir, resume=resume, force=force)

@@ -60,7 +60,7 @@ def test_runs_fork_from_warm_processes_kept_across_rounds(tmp_path: Path) -> Non
     assert os.getpid() not in warm and len(warm) <= 2  # not started by the runner: forked
     assert {p["ppid"] for p in second.values()} <= {p["ppid"] for p in first.values()}  # the same warm processes
     assert len({p["pid"] for p in procs.values()}) == 5  # each run its own process
-    assert all(p["preloaded"] and p["threads"] == 1 for p in procs.values())
+    assert all(p["preloaded"] and p["threads"] == 1 and not p["sigint_ignored"] for p in procs.values())
     assert all(p["parent_env"] == str(p["ppid"]) for p in procs.values())  # dies with its warm process
     deadline = time.time() + 10
     while any(_alive(pid) for pid in warm) and time.time() < deadline:
@@ -179,3 +179,21 @@ def test_ctrl_c_stops_the_running_runs_and_starts_no_more(tmp_path: Path, warm: 
     os.killpg(study.pid, signal.SIGINT)
     assert study.wait(timeout=30) == 130
     assert not (tmp_path / "runs" / "b").exists() and not (tmp_path / "runs" / "c").exists()
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_a_study_that_ignores_ctrl_c_gives_its_runs_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             warm: str) -> None:
+    """A study started with SIGINT ignored (a shell's background job): its runs ignore it
+    too, forked from a warm process (which ignores SIGINT itself) as started afresh."""
+    monkeypatch.setenv("SANLAB_WARM_WORKERS", warm)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+        try:
+            procs = _run(runner, _jobs(tmp_path, ["a"]))
+        finally:
+            runner.close()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert procs["a"]["sigint_ignored"] and (procs["a"]["ppid"] != os.getpid()) == (warm == "1")

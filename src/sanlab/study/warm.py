@@ -56,12 +56,13 @@ def _threads() -> int:
         return threading.active_count()
 
 
-def _child(request: dict[str, Any]) -> None:
-    """In the forked child: become the run's process (log, environment, signals), run its
-    entry point's `main`, exit with its code. Never returns."""
+def _child(request: dict[str, Any], sigint: Any) -> None:
+    """In the forked child: become the run's process (log, environment, signals: SIGINT
+    as the study's own, `sigint`), run its entry point's `main`, exit with its code.
+    Never returns."""
     rc = 1
     try:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, sigint)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
@@ -94,8 +95,9 @@ def _child(request: dict[str, Any]) -> None:
 def serve(stdin: IO[str], stdout: IO[str]) -> int:
     """The warm process: import, then fork a child for each request line until stdin closes."""
     # Ctrl-C reaches the study's whole process group: the child stops its run (a
-    # checkpoint) while this process waits for it, as the study process does
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # checkpoint) while this process waits for it, as the study process does. The child
+    # gets the study's own SIGINT back (ignored where the study's is, as a background job's)
+    sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.environ.get("SANLAB_PARENT_PID")
     die_with_parent()
     if parent is not None and os.getppid() != int(parent):
@@ -114,7 +116,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
         request = json.loads(line)
         pid = os.fork()
         if pid == 0:
-            _child(request)
+            _child(request, sigint)
         while True:
             try:
                 _, status = os.waitpid(pid, 0)
