@@ -120,6 +120,17 @@ static inline vfh qk_load_h(const void *p, int bf16, long off, float scale)
     return x * scale;
 }
 
+/* W/2 floats -> bf16 as vstore_bf16 (round to nearest even, NaN a quiet NaN) */
+static inline void qk_store_h(uint16_t *p, vfh x)
+{
+    vih u = (vih)x;
+    const vih nan = (u & 0x7fffffff) > 0x7f800000;
+    u = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
+    u = (u & ~nan) | (((vih)x >> 16 | 0x40) & nan);
+    const vhh h = __builtin_convertvector(u & 0xffff, vhh);
+    memcpy(p, &h, sizeof h);
+}
+
 static inline float qk_hsum_h(vfh v)
 {
     float s = 0.0f;
@@ -130,11 +141,11 @@ static inline float qk_hsum_h(vfh v)
 /* Both widths from one body: T the vector type, HT the type of its half, the suffix's
    load, horizontal sum, swap and duplicate. Forward: dst = RoPE(x·r ⊙ γ), x the raw row
    (r from it when `write_r`); backward: see emit_qk_grad. */
-#define QK_WIDTH(SUF, T, HT, LOAD, HSUM, SWAP, DUP)                                                                 \
-    static inline void qk_fwd_##SUF(const Input *x, long off, const QKNorm *nm, float *rs, int write_r, float scale, \
+#define QK_WIDTH(SUF, T, HT, LOAD, HSUM, SWAP, DUP, STORE_BF16)                                                     \
+    static inline void qk_fwd_##SUF(const Input *x, long off, const QKNorm *nm, float *rs, int write_r, float scale,\
                                     const float *g, const float *c, const float *sn, float *dst)                    \
     {                                                                                                               \
-        const int W = (int)(sizeof(T) / sizeof(float));                                                            \
+        const int W = (int)(sizeof(T) / sizeof(float));                                                             \
         const T v = LOAD(x->base, x->bf16, off, 1.0f);                                                              \
         if (write_r) *rs = 1.0f / sqrtf(HSUM(v * v) / W + nm->eps);                                                 \
         HT ch, sh;                                                                                                  \
@@ -142,16 +153,16 @@ static inline float qk_hsum_h(vfh v)
         memcpy(&ch, c, sizeof ch);                                                                                  \
         memcpy(&sh, sn, sizeof sh);                                                                                 \
         memcpy(&gv, g, sizeof gv);                                                                                  \
-        const T n = v * (*rs * scale) * gv, cv = DUP(ch), sv = DUP(sh);                                            \
+        const T n = v * (*rs * scale) * gv, cv = DUP(ch), sv = DUP(sh);                                             \
         T sgn;                                                                                                      \
         for (int i = 0; i < W; i++) sgn[i] = i < W / 2 ? -1.0f : 1.0f;                                              \
         const T out = n * cv + SWAP(n) * (sv * sgn);                                                                \
         memcpy(dst, &out, sizeof out);                                                                              \
     }                                                                                                               \
-    static inline void qk_bwd_##SUF(const Input *x, long off, float r, const float *g, const float *c,             \
+    static inline void qk_bwd_##SUF(const Input *x, long off, float r, const float *g, const float *c,              \
                                     const float *sn, float *grad, float mul, float *acc, const Output *o, long oo)  \
     {                                                                                                               \
-        const int W = (int)(sizeof(T) / sizeof(float));                                                            \
+        const int W = (int)(sizeof(T) / sizeof(float));                                                             \
         const T n = LOAD(x->base, x->bf16, off, r);                                                                 \
         HT ch, sh;                                                                                                  \
         T gv, gr, ac;                                                                                               \
@@ -169,14 +180,14 @@ static inline float qk_hsum_h(vfh v)
         const float dot = HSUM(gu * n) / W;                                                                         \
         const T dx = (gu - n * dot) * r;                                                                            \
         if (o->bf16) {                                                                                              \
-            for (int i = 0; i < W; i++) put1(o->base, 1, oo + i, dx[i]);                                            \
+            STORE_BF16((uint16_t *)o->base + oo, dx);                                                               \
         } else {                                                                                                    \
             memcpy((float *)o->base + oo, &dx, sizeof dx);                                                          \
         }                                                                                                           \
     }
 
-QK_WIDTH(f, vf, vfh, qk_load_f, hsum, SWAP_F, DUP_F)
-QK_WIDTH(h, vfh, vfq, qk_load_h, qk_hsum_h, SWAP_H, DUP_H)
+QK_WIDTH(f, vf, vfh, qk_load_f, hsum, SWAP_F, DUP_F, vstore_bf16)
+QK_WIDTH(h, vfh, vfq, qk_load_h, qk_hsum_h, SWAP_H, DUP_H, qk_store_h)
 #endif
 
 /* Row (b, head, t) of q (is_q) or k into dst[0, D), times `scale`: as given, or through

@@ -95,6 +95,13 @@ static inline __mmask16 allowed(int j0, int a, int e)
     return _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(a)) & _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(e));
 }
 
+/* exp(x − c) in the lanes of `k`, 0 in the others (no exp where none is allowed: the
+   masked half of a diagonal panel's last key tile, keys before a document's start) */
+static inline __m512 masked_exp(const float *x, float c, __mmask16 k)
+{
+    return k ? _mm512_maskz_mov_ps(k, (__m512)vexp((vf)_mm512_loadu_ps(x) - c)) : _mm512_setzero_ps();
+}
+
 /* The forward's pass over one row of scores s[n0, n1) with [a, e) allowed: the max of the
    allowed ones (*mx), then p = exp(s − max) (0 outside [a, e)) written only as its bf16
    parts hi, lo; returns Σ p. (The max needs its own pass; everything else is one.) */
@@ -105,8 +112,8 @@ static inline float softmax_split(const float *s, int n0, int n1, int a, int e, 
     const float mv = _mm512_reduce_max_ps(m);
     vf acc = vsplat(0.0f);
     for (int j = n0; j < n1; j += 32) {
-        const __m512 p0 = _mm512_maskz_mov_ps(allowed(j, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + j) - mv));
-        const __m512 p1 = _mm512_maskz_mov_ps(allowed(j + 16, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + j + 16) - mv));
+        const __m512 p0 = masked_exp(s + j, mv, allowed(j, a, e));
+        const __m512 p1 = masked_exp(s + j + 16, mv, allowed(j + 16, a, e));
         acc += (vf)p0 + (vf)p1;
         __m512i h, l;
         split2(p0, p1, &h, &l);
@@ -123,8 +130,9 @@ static inline void grad32(const float *s, const float *dp, int j, int a, int e, 
 {
     for (int u = 0; u < 2; u++) {
         const int jj = j + 16 * u;
-        p[u] = _mm512_maskz_mov_ps(allowed(jj, a, e), (__m512)vexp((vf)_mm512_loadu_ps(s + jj) - lse));
-        ds[u] = _mm512_mul_ps(p[u], _mm512_sub_ps(_mm512_loadu_ps(dp + jj), _mm512_set1_ps(delta)));
+        const __mmask16 k = allowed(jj, a, e);
+        p[u] = masked_exp(s + jj, lse, k);
+        ds[u] = _mm512_maskz_mul_ps(k, p[u], _mm512_sub_ps(_mm512_loadu_ps(dp + jj), _mm512_set1_ps(delta)));
     }
 }
 
@@ -188,28 +196,37 @@ typedef struct {
     long ldb;
 } Term;
 
-/* C[16][32] fp32 (ldc floats a row) = (acc ? C : 0) + Σ_terms Σ_{k < ktiles} A[:, 32k:32k+32] ·
-   B[pair-rows 16k:16k+16][columns 0:32]. Tiles: 0, 1 the two 16-column halves of C; 2 A; 3, 4 B. */
-static inline void tile_16x32(int nt, const Term *t, int ktiles, float *c, long ldc, int acc)
+/* C[16][w] fp32 (ldc floats a row; w 32, or 16 for only the first half) = (acc ? C : 0) +
+   Σ_terms Σ_{k < ktiles} A[:, 32k:32k+32] · B[pair-rows 16k:16k+16][columns 0:w].
+   Tiles: 0, 1 the two 16-column halves of C; 2 A; 3, 4 B. */
+static inline void tile_16xw(int nt, const Term *t, int ktiles, float *c, long ldc, int acc, int w)
 {
+    const int two = w > 16;
     if (acc) {
         _tile_loadd(0, c, ldc * 4);
-        _tile_loadd(1, c + 16, ldc * 4);
+        if (two) _tile_loadd(1, c + 16, ldc * 4);
     } else {
         _tile_zero(0);
-        _tile_zero(1);
+        if (two) _tile_zero(1);
     }
     for (int k = 0; k < ktiles; k++)
         for (int i = 0; i < nt; i++) {
             const uint16_t *b = t[i].b + 16L * k * t[i].ldb;
             _tile_loadd(2, t[i].a + 32L * k, t[i].lda * 2);
             _tile_loadd(3, b, t[i].ldb * 2);
-            _tile_loadd(4, b + 32, t[i].ldb * 2);
             _tile_dpbf16ps(0, 2, 3);
-            _tile_dpbf16ps(1, 2, 4);
+            if (two) {
+                _tile_loadd(4, b + 32, t[i].ldb * 2);
+                _tile_dpbf16ps(1, 2, 4);
+            }
         }
     _tile_stored(0, c, ldc * 4);
-    _tile_stored(1, c + 16, ldc * 4);
+    if (two) _tile_stored(1, c + 16, ldc * 4);
+}
+
+static inline void tile_16x32(int nt, const Term *t, int ktiles, float *c, long ldc, int acc)
+{
+    tile_16xw(nt, t, ktiles, c, ldc, acc, 32);
 }
 
 /* the terms of a split product: a_hi·b_hi, then a_lo·b_hi if a is split, a_hi·b_lo if b is */
@@ -238,20 +255,47 @@ static void panel_scores(const uint16_t *ah, const uint16_t *al, int Dp, const u
 
 /* ------------------------------------------------------------------ packing */
 
-/* Transpose of 32-bit words: x (rows × cols, ld_x words a row; rows a multiple of 16) ->
-   xt (cols × rows, ld_t words a row), of which the first `valid` rows of x are written
-   (xt's columns [valid, rows) are left alone). A gather per 16 words. */
-static void transpose_words(const void *x, long ld_x, int rows, int valid, int cols, void *xt, long ld_t)
+/* The 16×16 transpose of 32-bit words in registers: r[i] holds row i, then column i. */
+static inline void transpose16(__m512i r[16])
 {
-    const __m512i idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                           _mm512_set1_epi32((int)ld_x));
-    (void)rows;
-    for (int c = 0; c < cols; c++)
-        for (int r0 = 0; r0 < valid; r0 += 16) {
-            const __mmask16 m = valid - r0 >= 16 ? 0xffff : (__mmask16)((1u << (valid - r0)) - 1);
-            const __m512i w = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx,
-                                                          (const uint32_t *)x + (long)r0 * ld_x + c, 4);
-            _mm512_mask_storeu_epi32((uint32_t *)xt + (long)c * ld_t + r0, m, w);
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_i32x4(r[i], r[4 + i], 0xdd);
+        t[8 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_i32x4(r[8 + i], r[12 + i], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_i32x4(t[i], t[8 + i], 0xdd);
+        r[4 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_i32x4(t[4 + i], t[12 + i], 0xdd);
+    }
+}
+
+/* Transpose of 32-bit words: x (rows × cols, ld_x words a row; rows a multiple of 16) ->
+   xt (cols × rows, ld_t words a row). By 16×16 blocks in registers (a column block past
+   `cols` is read and written masked). */
+static void transpose_words(const void *x, long ld_x, int rows, int cols, void *xt, long ld_t)
+{
+    for (int r0 = 0; r0 < rows; r0 += 16)
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            const int nc = cols - c0 < 16 ? cols - c0 : 16;
+            const __mmask16 m = (__mmask16)((1u << nc) - 1);
+            __m512i r[16];
+            for (int i = 0; i < 16; i++) r[i] = _mm512_maskz_loadu_epi32(m, (const uint32_t *)x + (r0 + i) * ld_x + c0);
+            transpose16(r);
+            for (int i = 0; i < nc; i++) _mm512_storeu_si512((uint32_t *)xt + (c0 + i) * ld_t + r0, r[i]);
         }
 }
 
@@ -281,8 +325,8 @@ static void pack_operand(const Attn *a, int is_k, int write_r, int b, int g, flo
         if (kp_hi) split_pair(row0, row1, kp_hi + (long)t * s->Dp, kp_lo ? kp_lo + (long)t * s->Dp : NULL, 0, s->Dp);
     }
     if (kt_hi) { /* a key's d-pairs are the 32-bit words of its bf16 row: their transpose */
-        transpose_words(tmp_hi, s->Dp / 2, s->Tp, s->Tp, s->Dp / 2, kt_hi, s->Tp);
-        if (kt_lo) transpose_words(tmp_lo, s->Dp / 2, s->Tp, s->Tp, s->Dp / 2, kt_lo, s->Tp);
+        transpose_words(tmp_hi, s->Dp / 2, s->Tp, s->Dp / 2, kt_hi, s->Tp);
+        if (kt_lo) transpose_words(tmp_lo, s->Dp / 2, s->Tp, s->Dp / 2, kt_lo, s->Tp);
     }
 }
 
@@ -316,6 +360,7 @@ int attn_fwd_amx(const Attn *a)
 {
     const Shape s = a->s;
     const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D;
+    const int Dd = (int)round_up(D, 16); /* the output columns P·V needs: the rest is padding */
     const float scale = 1.0f / sqrtf((float)D);
     const int split_q = a->norm || !exact_bf16(&a->q, scale), split_k = a->norm || !a->k.bf16, split_v = !a->v.bf16;
     const long kv = (long)s.Dp * s.Tp, nkv = (long)s.B * s.Hkv;
@@ -375,11 +420,11 @@ int attn_fwd_amx(const Attn *a)
                         }
                     }
                     /* O = P V over the panel's keys (P always split: it is fp32) */
-                    for (int d = 0; d < s.Dp; d += 32) {
+                    for (int d = 0; d < Dd; d += 32) {
                         const long vofs = bg * kv + (long)(lo + n0) * s.Dp + 2L * d;
                         const int nt = terms(t, p_hi + n0, p_lo + n0, s.Tp, v_hi + vofs, v_lo ? v_lo + vofs : NULL,
                                              2L * s.Dp);
-                        tile_16x32(nt, t, (n1 - n0) / 32, O + d, s.Dp, 0);
+                        tile_16xw(nt, t, (n1 - n0) / 32, O + d, s.Dp, 0, Dd - d);
                     }
                     for (int r = 0; r < pr; r++) {
                         float *o = a->out + (((long)b * s.H + h) * T + i0 + m + r) * D;
@@ -403,6 +448,7 @@ int attn_bwd_amx(const Attn *a)
 {
     const Shape s = a->s;
     const int rep = s.H / s.Hkv, nblk = (s.T + s.BQ - 1) / s.BQ, T = s.T, D = s.D, BQ = s.BQ;
+    const int Dd = (int)round_up(D, 16); /* the columns of d the products need: the rest is padding */
     const float scale = 1.0f / sqrtf((float)D);
     const int split_q = a->norm || !exact_bf16(&a->q, scale), split_k = a->norm || !a->k.bf16, split_v = !a->v.bf16;
     const int split_do = !a->dout.bf16;
@@ -457,9 +503,9 @@ int attn_bwd_amx(const Attn *a)
                         const int hi = (int)round_up(i0 + rows - lo, NW); /* keys [lo, lo + hi) */
                         load_block(a, 1, 0, b, h, i0, rows, scale, Q, q_hi, split_q ? q_lo : NULL);
                         load_block(a, 0, 0, b, h, i0, rows, 1.0f, dO, do_hi, split_do ? do_lo : NULL);
-                        transpose_words(Q, s.Dp, BQ, BQ, s.Dp, Qt, BQ);
-                        transpose_words(dO, s.Dp, BQ, BQ, s.Dp, dOt, BQ);
-                        for (int d = 0; d < s.Dp; d++) {
+                        transpose_words(Q, s.Dp, BQ, Dd, Qt, BQ);
+                        transpose_words(dO, s.Dp, BQ, Dd, dOt, BQ);
+                        for (int d = 0; d < Dd; d++) {
                             split_row(Qt + (long)d * BQ, qt_hi + (long)d * BQ, split_q ? qt_lo + (long)d * BQ : NULL, BQ);
                             split_row(dOt + (long)d * BQ, dot_hi + (long)d * BQ, split_do ? dot_lo + (long)d * BQ : NULL, BQ);
                         }
@@ -499,11 +545,11 @@ int attn_bwd_amx(const Attn *a)
                                 }
                             }
                             /* dQ = dS K over the panel's keys (its √D with the output) */
-                            for (int d = 0; d < s.Dp; d += 32) {
+                            for (int d = 0; d < Dd; d += 32) {
                                 const long kofs = (long)(lo + n0) * s.Dp + 2L * d;
                                 const int nt = terms(t, ds_hi + n0, ds_lo + n0, s.Tp, kp_hi + kofs,
                                                      split_k ? kp_lo + kofs : NULL, 2L * s.Dp);
-                                tile_16x32(nt, t, (n1 - n0) / 32, dQ + d, s.Dp, 0);
+                                tile_16xw(nt, t, (n1 - n0) / 32, dQ + d, s.Dp, 0, Dd - d);
                             }
                             for (int r = 0; r < pr; r++) {
                                 emit_qk_grad(a, 1, b, h, i0 + m + r, dQ + (long)r * s.Dp, scale, gq);
@@ -520,7 +566,7 @@ int attn_bwd_amx(const Attn *a)
                             const int key = lo + n, r0 = key > i0 ? (key - i0) / 32 * 32 : 0;
                             if (r0 >= rows) break;
                             const long bofs = (long)r0 * s.Tp + 2L * n;
-                            for (int d = 0; d < s.Dp; d += 16) {
+                            for (int d = 0; d < Dd; d += 16) {
                                 Term t[3];
                                 const long aofs = (long)d * BQ + r0;
                                 int nt = terms(t, qt_hi + aofs, split_q ? qt_lo + aofs : NULL, BQ, dsp_hi + bofs,
@@ -533,9 +579,9 @@ int attn_bwd_amx(const Attn *a)
                         }
                     }
                 }
-                transpose_words(dKt, s.Tp, s.Dp, s.Dp, T, rowsT, s.Dp);
+                transpose_words(dKt, s.Tp, Dd, T, rowsT, s.Dp);
                 for (int t = 0; t < T; t++) emit_qk_grad(a, 0, b, g, t, rowsT + (long)t * s.Dp, 1.0f, gk);
-                transpose_words(dVt, s.Tp, s.Dp, s.Dp, T, rowsT, s.Dp);
+                transpose_words(dVt, s.Tp, Dd, T, rowsT, s.Dp);
                 for (int t = 0; t < T; t++) store_row(&a->dv, b, g, t, rowsT + (long)t * s.Dp, D, 1.0f);
             }
             _tile_release();

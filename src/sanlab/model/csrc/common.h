@@ -73,10 +73,11 @@ static inline float hsum(vf v)
 /* exp(x) for x ≤ 88: 2^n · p(r), n = round(x·log2 e), r = x − n·ln 2 with ln 2 split in
    two constants, p the Cephes polynomial (about 1 ulp). x below −87.3 (where exp(x)
    leaves the normal range), −inf included, gives 0; NaN stays NaN. Those lanes are
-   computed on garbage and then zeroed, which costs one compare instead of two clamps. */
+   computed on garbage and then zeroed, which costs one compare instead of two clamps.
+   With AVX-512 the scaling by 2^n is one VSCALEFPS, the zeroing its mask: the same values
+   bit for bit as the integer exponent below (checked over every float up to 88). */
 static inline vf vexp(vf x)
 {
-    const vi under = x < -87.33654475f;
     const vf magic = vsplat(12582912.0f + 127.0f); /* 1.5·2^23 (+ the exponent bias): adding it rounds to an integer */
     const vf t = x * 1.44269504088896341f + magic;
     const vf n = t - magic;
@@ -89,8 +90,14 @@ static inline vf vexp(vf x)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * (r * r) + r + 1.0f;
+#if defined(__AVX512F__)
+    const __mmask16 normal = _mm512_cmp_ps_mask((__m512)x, _mm512_set1_ps(-87.33654475f), _CMP_NLT_UQ);
+    return (vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);
+#else
+    const vi under = x < -87.33654475f;
     const vi e = ((vi)t - (vi)vsplat(12582912.0f)) << 23; /* (n + 127) << 23: 2^n */
     return (vf)((vi)(p * (vf)e) & ~under);
+#endif
 }
 
 static inline float bf16_to_f32(uint16_t h)
