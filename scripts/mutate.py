@@ -52,7 +52,7 @@ class Mutant:
     mutated: str
     tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
     what: str  # the bug, in words
-    needs: str = ""  # hardware its tests need ("amx"): elsewhere they skip, and it is untestable there
+    needs: str = ""  # hardware its code path needs ("amx", "avx512", "avx512bf16"): elsewhere it is untestable
 
     @property
     def module(self) -> str:
@@ -212,10 +212,14 @@ MUTANTS: tuple[Mutant, ...] = (
       "(__m512)vexp((vf)_mm512_loadu_ps(x) - c)) : _mm512_setzero_ps();",
       "(__m512)vexp((vf)_mm512_loadu_ps(x) - c)) : _mm512_set1_ps(1.0f);",
       (T + "test_native.py",), "a 16-key group with no allowed key gets P = 1 instead of 0", needs="amx"),
+    M("bf16-store-subnormals-to-zero", "src/sanlab/model/csrc/common.h",
+      "if (!_mm512_fpclass_ps_mask((__m512)x, 0x20)) {", "if (1) {",
+      (T + "test_native.py::test_the_kernels_bf16_stores_round_as_torch_does_subnormals_included",),
+      "the kernels' bf16 stores take VCVTNEPS2BF16 for every vector (subnormals become zero)", needs="avx512bf16"),
     M("vexp-scalef-unmasked", "src/sanlab/model/csrc/common.h",
       "return (vf)_mm512_maskz_scalef_ps(normal, (__m512)p, (__m512)n);", "(void)normal; return (vf)_mm512_scalef_ps((__m512)p, (__m512)n);",
       (T + "test_native.py::test_the_vector_exp_equals_its_integer_exponent_form",),
-      "exp's VSCALEFPS keeps the lanes below −87.3 (−inf gives NaN)"),
+      "exp's VSCALEFPS keeps the lanes below −87.3 (−inf gives NaN)", needs="avx512"),
     M("fused-lse-without-log-sum", "src/sanlab/model/csrc/attention.c",
       "a->lse[((long)b * s.H + h) * T + i] = mx + logf(l);", "a->lse[((long)b * s.H + h) * T + i] = mx;",
       (T + "test_native.py",), "the saved log-sum-exp is the row max (the backward's P unnormalised)"),
@@ -1647,7 +1651,13 @@ def has_hardware(tree: Path, needs: str) -> bool:
     """Whether this machine has what a mutant's tests need (asked once, of the tree's kernels)."""
     if needs not in _HARDWARE:
         probe = {"amx": "from sanlab.model import native\n"
-                        "print(int(native.available() and bool(native.library().sanlab_amx_available())))"}[needs]
+                        "print(int(native.available() and bool(native.library().sanlab_amx_available())))",
+                 "avx512": "import pathlib\nfrom sanlab.model import native\n"
+                           "info = pathlib.Path('/proc/cpuinfo')\n"
+                           "print(int(native.available() and info.exists() and 'avx512f' in info.read_text()))",
+                 "avx512bf16": "import pathlib\nfrom sanlab.model import native\n"
+                               "info = pathlib.Path('/proc/cpuinfo')\n"
+                               "print(int(native.available() and info.exists() and 'avx512_bf16' in info.read_text()))"}[needs]
         env = dict(os.environ, PYTHONPATH=str(tree / "src"))
         p = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True)
         _HARDWARE[needs] = p.stdout.strip() == "1"
@@ -1660,7 +1670,7 @@ def run_mutant(tree: Path, m: Mutant, timeout: float, threads: int | None) -> Ou
     if reason is not None:
         return Outcome(m, "stale", reason, 0.0)
     if m.needs and not has_hardware(tree, m.needs):
-        return Outcome(m, "untestable", f"needs {m.needs.upper()}: its tests skip on this machine", 0.0)
+        return Outcome(m, "untestable", f"needs {m.needs.upper()}, which this machine lacks", 0.0)
     f = tree / m.path
     original = f.read_text()
     mutated = m.apply(original)

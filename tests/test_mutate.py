@@ -73,7 +73,21 @@ def test_a_mutant_whose_hardware_is_missing_is_untestable_not_survived(tmp_path:
     assert (o.status, (tmp_path / "src" / "a.py").read_text()) == ("untestable", "x = 1\n")
     monkeypatch.setitem(mutate._HARDWARE, "amx", True)
     assert mutate.run_mutant(tmp_path, m, 60, None).status == "survived"  # test_a checks nothing
-    assert {x.name for x in mutate.MUTANTS if x.needs} == {"fused-amx-sees-next-token", "fused-amx-split-dropped"}
+    assert {x.name: x.needs for x in mutate.MUTANTS if x.needs} == {
+        "fused-amx-sees-next-token": "amx", "fused-amx-split-dropped": "amx", "fused-amx-transpose-lanes-swapped": "amx",
+        "fused-amx-product-half-width": "amx", "fused-amx-dd-drops-partial-block": "amx",
+        "fused-amx-masked-exp-one": "amx", "bf16-store-subnormals-to-zero": "avx512bf16",
+        "vexp-scalef-unmasked": "avx512"}
+    from sanlab.model import native
+
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.exists() else ""
+    here = {"amx": native.available() and bool(native.library().sanlab_amx_available()),
+            "avx512": native.available() and "avx512f" in flags,
+            "avx512bf16": native.available() and "avx512_bf16" in flags}
+    for needs, expected in here.items():  # the probes answer for this machine
+        monkeypatch.delitem(mutate._HARDWARE, needs, raising=False)
+        assert mutate.has_hardware(ROOT, needs) == expected, needs
 
 
 @pytest.mark.parametrize("m", mutate.EQUIVALENT, ids=lambda m: m.name)

@@ -557,6 +557,32 @@ def test_native_gated_residual_matches_the_formula(h_dtype):
     assert _rel(g.grad, leaves[2].grad) < 1e-5
 
 
+def test_the_kernels_bf16_stores_round_as_torch_does_subnormals_included():
+    """A kernel's bf16 output is torch's rounding of the fp32 value bit for bit (nearest
+    even, ±inf, and subnormals kept: the AVX512-BF16 conversion reads a
+    subnormal as zero, so vectors holding one take the integer rounding). Seen through the
+    gated residual's bf16 gradient dh = σ·dy, one multiply in fp32."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 16, 64, requires_grad=True)
+    h = torch.randn(4, 16, 64).bfloat16().requires_grad_()
+    g = torch.tensor(0.3, requires_grad=True)
+    y = kernels.gated_residual(x, h, g)
+    assert "Native" in type(y.grad_fn).__name__
+    dy = torch.randn_like(y)
+    dy[0] *= 1e-38                               # a whole row block of subnormal products
+    dy[1, :, :8] = 3e-39                         # some lanes of a vector subnormal, the rest normal
+    dy[2, 0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0])
+    dy[3] *= 1e30                                # near bf16's largest, and past it (rounds to inf)
+    y.backward(dy)
+    expect = (dy * torch.sigmoid(g.detach())).bfloat16()
+    assert h.grad.dtype == torch.bfloat16
+    nan = expect.isnan()
+    assert torch.equal(h.grad.isnan(), nan) and nan.sum() == 1  # (a NaN's payload is the multiply's)
+    got, want = h.grad.view(torch.int16)[~nan], expect.view(torch.int16)[~nan]
+    assert torch.equal(got, want), (got != want).sum()
+    assert (expect.float().abs() < 1.1754944e-38).logical_and(expect != 0).sum() > 100  # subnormals were stored
+
+
 @pytest.mark.parametrize("h_dtype", [torch.float32, torch.bfloat16])
 def test_native_gated_residual_gives_each_group_its_own_gate(h_dtype):
     """Members: x + σ_m·h over all members in one call, member m's values with its own σ

@@ -138,6 +138,15 @@ static inline vf vload_bf16(const uint16_t *p)
 
 static inline void vstore_bf16(uint16_t *p, vf x)
 {
+#if defined(__AVX512BF16__) && VL == 16
+    /* VCVTNEPS2BF16 rounds the same way and keeps NaN a quiet NaN, but reads a subnormal
+       input as zero: it takes every vector without one (checked over every float) */
+    if (!_mm512_fpclass_ps_mask((__m512)x, 0x20)) {
+        const __m256bh h = _mm512_cvtneps_pbh((__m512)x);
+        memcpy(p, &h, sizeof h);
+        return;
+    }
+#endif
     vi u = (vi)x;
     const vi nan = (u & 0x7fffffff) > 0x7f800000;
     u = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
