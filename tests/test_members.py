@@ -20,7 +20,7 @@ from sanlab.config import Config, load_config
 from sanlab.errors import EXIT_INTERRUPTED, ConfigError
 from sanlab.model.members import bmm_linear, build_members
 from sanlab.train import members as members_mod
-from sanlab.train.members import newton_schulz, train_members
+from sanlab.train.members import TOLERANCE, newton_schulz, train_members
 from sanlab.train.optim import Muon
 from sanlab.train.trainer import train
 from test_train_loop import metrics
@@ -35,6 +35,11 @@ POINTS = [["optim.lr=0.01", "train.seed=1"], ["optim.lr=0.04", "train.seed=2"],
 # Stated tolerance of a member against its solo run (relative; the module docstring of
 # sanlab.train.members derives it). Measured on this CPU: 0 in both precisions.
 RTOL = {"fp32": 1e-5, "bf16": 1e-3}
+
+
+def test_the_stated_tolerance_is_the_one_the_tests_hold_members_to() -> None:
+    # scripts/members_curves.py judges its runs by sanlab.train.members.TOLERANCE
+    assert TOLERANCE == RTOL
 
 
 def configs(data: Path, *extra: str, points: list[list[str]] = POINTS) -> list[Config]:
@@ -296,3 +301,53 @@ def test_sigterm_saves_every_member_and_exits_4(train_data_dir: Path, tmp_path: 
     assert len(steps) == 1 and 5 <= steps.pop() < 60
     resume(train_data_dir, tmp_path)
     assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
+
+
+def _members_curves():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "members_curves.py"
+    spec = importlib.util.spec_from_file_location("members_curves", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_members_curves_judges_the_largest_relative_difference() -> None:
+    mc = _members_curves()
+    a = {"step": [1, 2], "loss": [4.0, 2.0], "val_step": [2], "val_loss": [3.0]}
+    assert mc.largest_relative_difference(a, a) == 0.0
+    b = {**a, "loss": [4.0, 2.002]}
+    assert mc.largest_relative_difference(b, a) == pytest.approx(0.001)  # |2.002 - 2| / 2
+    c = {**a, "val_loss": [3.3]}
+    assert mc.largest_relative_difference(c, a) == pytest.approx(0.1)
+    assert mc.largest_relative_difference({**a, "step": [1, 3]}, a) == float("inf")  # not the same steps
+
+
+def test_members_curves_runs_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    mc = _members_curves()
+    monkeypatch.chdir(tmp_path)
+    assert mc.main(["--out", "curves", "--tokens", "6K", "--data-tokens", "60K", "--precision", "fp32"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.rsplit(None, 1)[0]: float(line.rsplit(None, 1)[1]) for line in lines[1:7]}
+    assert sorted(rows) == sorted(f"{arm} LR {lr}" for arm in ("san", "standard") for lr in mc.LRS)
+    assert max(rows.values()) <= TOLERANCE["fp32"]
+    assert lines[-1] == "curves/members-vs-solo.png" and Path(lines[-1]).stat().st_size > 10_000
+    member, solo = Path("curves/san-lr0.08-member"), Path("curves/san-lr0.08-solo")
+    assert json.loads((member / "meta.json").read_text())["members"]["batch"] == 3
+    assert "members" not in json.loads((solo / "meta.json").read_text())
+    assert [r[0] for r in curve(member)] == [r[0] for r in curve(solo)] == [1, 2, 3]
+
+
+def test_members_curves_fails_a_member_off_its_solo_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mc = _members_curves()
+    monkeypatch.chdir(tmp_path)
+    real = mc.train_members
+
+    def off(cfgs, outs, **kw):  # the members train at an LR 1% off their solo runs'
+        return real([c.model_copy(update={"optim": c.optim.model_copy(update={"lr": c.optim.lr * 1.01})})
+                     for c in cfgs], outs, **kw)
+
+    monkeypatch.setattr(mc, "train_members", off)
+    assert mc.main(["--out", "curves", "--tokens", "6K", "--data-tokens", "60K", "--precision", "fp32"]) == 1
