@@ -26,6 +26,7 @@ from sanlab.config import Config, ModelConfig, apply_overrides
 from sanlab.data.prepare import PrepareConfig, prepare
 from sanlab.errors import SanlabError
 from sanlab.matching import match
+from sanlab.paths import check_out_dir
 from sanlab.train.members import TOLERANCE, train_members
 from sanlab.train.trainer import train
 
@@ -68,33 +69,38 @@ def main(argv: list[str] | None = None) -> int:
     except SanlabError as e:
         print(f"members_curves: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        print(f"members_curves: error: {e.filename or a.out}: {e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def run(a: argparse.Namespace) -> int:
-    figure = a.figure or a.out / "members-vs-solo.png"
-    a.out.mkdir(parents=True, exist_ok=True)
-    log = (a.out / "train.log").open("w")  # the runs' step lines, kept out of the table
-
-    data = a.out / "data"
-    if not (data / "manifest.json").exists():
-        prepare(apply_overrides(PrepareConfig, {}, [f"tokens={a.data_tokens}", "seq_len=128", "vocab_size=1024"]), data)
+    out = check_out_dir(a.out)
+    figure = a.figure or out / "members-vs-solo.png"
+    data = out / "data"
     common = [f"data.dir={data.resolve()}", "data.seq_len=128", f"train.tokens={a.tokens}", "train.batch_rows=16",
               "train.eval_every=10", "train.eval_rows=32", "train.log_every=1", "train.threads=1",
               f"train.precision={a.precision}", "optim.name=muon", "optim.weight_decay=0.01", "train.seed=1"]
+    sweeps = {name: [apply_overrides(Config, {"model": model.model_dump()}, [*common, f"optim.lr={lr}"]) for lr in LRS]
+              for name, model in arms().items()}  # (a bad --tokens is refused before anything is written)
+    prep = apply_overrides(PrepareConfig, {}, [f"tokens={a.data_tokens}", "seq_len=128", "vocab_size=1024"])
+    out.mkdir(parents=True, exist_ok=True)
+    if not (data / "manifest.json").exists():
+        prepare(prep, data)
+    log = (out / "train.log").open("w")  # the runs' step lines, kept out of the table
     curves: dict[str, list[tuple[str, dict, dict]]] = {}
     worst = 0.0
     precision = "fp32"
     print(f"{'run':<22} {'largest |member - solo| / |solo|':>34}")
-    for name, model in arms().items():
-        cfgs = [apply_overrides(Config, {"model": model.model_dump()}, [*common, f"optim.lr={lr}"]) for lr in LRS]
+    for name, cfgs in sweeps.items():
         tag = "san" if name.startswith("SAN") else "standard"
-        members = [a.out / f"{tag}-lr{lr}-member" for lr in LRS]
+        members = [out / f"{tag}-lr{lr}-member" for lr in LRS]
         with contextlib.redirect_stdout(log):
             metas = train_members(cfgs, members, force=True)
         precision = metas[0]["device"]["precision"]
         curves[name] = []
         for lr, cfg, member in zip(LRS, cfgs, members):
-            solo = a.out / f"{tag}-lr{lr}-solo"
+            solo = out / f"{tag}-lr{lr}-solo"
             with contextlib.redirect_stdout(log):
                 train(cfg, solo, force=True)
             m, s = curve(member), curve(solo)
@@ -102,6 +108,7 @@ def run(a: argparse.Namespace) -> int:
             worst = max(worst, d)
             curves[name].append((f"LR {lr}", m, s))
             print(f"{tag + ' LR ' + str(lr):<22} {d:>34.3g}")
+    log.close()
     tol = TOLERANCE[precision]
     print(f"stated tolerance ({precision}): {tol:g} relative")
     draw(curves, figure, tol)

@@ -351,3 +351,17 @@ def test_members_curves_fails_a_member_off_its_solo_run(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(mc, "train_members", off)
     assert mc.main(["--out", "curves", "--tokens", "6K", "--data-tokens", "60K", "--precision", "fp32"]) == 1
+
+
+@pytest.mark.parametrize("args,says", [(["--tokens", "abc"], "train.tokens=abc"),
+                                       (["--out", "file/curves"], "file")])
+def test_members_curves_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture, args: list[str],
+                                                      says: str) -> None:
+    mc = _members_curves()
+    monkeypatch.chdir(tmp_path)
+    Path("file").write_text("not a directory")
+    assert mc.main(["--out", "curves", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("members_curves: error:") and says in err
+    assert sorted(os.listdir(".")) == ["file"]  # nothing written
