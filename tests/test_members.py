@@ -95,6 +95,68 @@ def test_a_member_equals_its_solo_run(train_data_dir: Path, tmp_path: Path, monk
         assert json.loads(Path(f"m{i}/config.json").read_text()) == json.loads(Path(f"s{i}/config.json").read_text())
 
 
+@pytest.mark.parametrize("backend,precision,compiled", [
+    ("sdpa", "fp32", True), ("sdpa", "bf16", True), ("explicit", "fp32", True),
+    ("sdpa", "fp32", False), ("sdpa", "bf16", False), ("explicit", "bf16", False),
+])
+def test_a_member_equals_its_solo_run_on_the_other_attention_backends(
+        train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str, precision: str,
+        compiled: bool) -> None:
+    """The path a GPU takes (and a CPU without the compiled kernels, `compiled` False):
+    QK-norm/RoPE per member, one attention call over the members folded into the batch."""
+    if precision == "bf16" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no bf16 matmuls")
+    if not compiled:
+        from sanlab.model import native
+
+        monkeypatch.setattr(native, "available", lambda: False)
+        monkeypatch.setattr(native, "ready", lambda x: False)
+    monkeypatch.chdir(tmp_path)
+    calls = []
+    import sanlab.model.members as members_mod
+
+    real_attend = members_mod.attend
+
+    def attend(q, k, v, ctx):  # noqa: ANN001, ANN202
+        calls.append(q.shape[0])
+        return real_attend(q, k, v, ctx)
+
+    monkeypatch.setattr(members_mod, "attend", attend)
+    cfgs = configs(train_data_dir, "model.ffn=false", "optim.name=muon", f"model.attn_backend={backend}",
+                   f"train.precision={precision}", "train.steps=4", "train.eval_every=2")
+    metas = train_members(cfgs, [f"m{i}" for i in range(3)])
+    assert [m["status"] for m in metas] == ["completed"] * 3
+    assert calls and set(calls) == {3 * 8}  # every layer's call: the 3 members' 8 rows at once
+    for i, cfg in enumerate(cfgs):
+        train(cfg, f"s{i}")
+        assert_close_curves(curve(Path(f"m{i}")), curve(Path(f"s{i}")), RTOL[precision])
+        assert_close_checkpoints(Path(f"m{i}/checkpoints/latest"), Path(f"s{i}/checkpoints/latest"), RTOL[precision])
+
+
+def test_the_members_norm_rope_is_each_members_solo_function() -> None:
+    """`_MemberNormRoPE` (no compiled kernels, or a GPU) against the solo `_NormRoPE` on each
+    member's rows with its gain: outputs and gradients (x's and the gain's) bit for bit."""
+    from sanlab.model.members import _MemberNormRoPE
+    from sanlab.model.norms import _NormRoPE
+
+    g = torch.Generator().manual_seed(0)
+    M, B, T, h, D = 3, 2, 8, 4, 16
+    x = torch.randn(M, B, T, h, D, generator=g).bfloat16().requires_grad_()
+    gain = (1 + 0.1 * torch.randn(M, D, generator=g)).requires_grad_()
+    ang = torch.randn(M * B, T, 1, D // 2, generator=g)
+    c, s = ang.cos(), ang.sin()
+    dy = torch.randn(M * B, h, T, D, generator=g)
+    out = _MemberNormRoPE.apply(x, gain, 1e-6, c, s).transpose(2, 3).reshape(M * B, h, T, D)
+    out.backward(dy)
+    for m in range(M):
+        xm, gm = x.detach()[m].clone().requires_grad_(), gain.detach()[m].clone().requires_grad_()
+        rows = slice(m * B, (m + 1) * B)
+        om = _NormRoPE.apply(xm, gm, 1e-6, c[rows], s[rows]).transpose(1, 2)
+        om.backward(dy[rows])
+        assert torch.equal(out[rows], om)
+        assert torch.equal(x.grad[m], xm.grad) and torch.equal(gain.grad[m], gm.grad)
+
+
 def test_newton_schulz_on_a_stack_is_per_member() -> None:
     """Muon's iterations on the members' stacked (M, a, b) update equal each member's own,
     and equal torch.optim.Muon's step on one matrix (what the solo optimizer runs)."""

@@ -20,6 +20,13 @@ How each part runs (benchmarks/bench_members.py measured the choice):
   the demo shape, the size the solo head picks to stay in cache), and so do the kernels'
   plain-PyTorch fallbacks (no compiled kernels, or fp64), inside one autograd node
   (`_PerMember`), by the same functions the solo model calls;
+- with another attention backend (SDPA, FlexAttention, the explicit kernel: a GPU's, or
+  a CPU's without the compiled kernels), the QK-norm and RoPE per member
+  (`member_norm_rope`: the compiled kernel once per member, else `_MemberNormRoPE`, the
+  solo formulas over all members at once) and then one attention call over the members
+  folded into the batch, as the fused kernel is called (measured without the compiled
+  kernels, demo SAN, M 8, one thread: 57-65 -> 53-56 ms a member against one call per
+  member; a member still equals its solo run on these backends, tests/test_members.py);
 - the RoPE tables, document positions and row starts are built once for all members.
 
 Measured (a profile of a demo-shape step, SAN 5L d64 T128 batch 16, M = 8, one thread):
@@ -58,7 +65,7 @@ from sanlab.model.attention.context import AttentionContext
 from sanlab.model.attention.dispatch import attend, fused_supported
 from sanlab.model.attention.fused import fused_mode, qkv_attention
 from sanlab.model.kernels import (NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, native_gated_residual,
-                                  silu_gate, upcast)
+                                  rope_rotate, silu_gate, upcast)
 from sanlab.model.lm import LM
 from sanlab.model.loss import head_loss
 from sanlab.model.norms import _NativeRMSNorm, _RMSNorm, norm_rope
@@ -190,6 +197,65 @@ def member_rms_norm(x: torch.Tensor, weight: torch.Tensor, zero_centered: bool, 
     if fn is _NativeRMSNorm and gain.dtype == torch.float32:
         return _MemberNativeRMSNorm.apply(x32, gain, eps, out_dtype)
     return _PerMember.apply(fn, (True, True, False, False), x32, gain, eps, out_dtype)
+
+
+class _MemberNormRoPE(torch.autograd.Function):
+    """`sanlab.model.norms._NormRoPE` over all members at once: x (M, B, T, h, D), each
+    member's rows with its own gain (M, D), the tables (M·B, T, 1, D/2) of the folded batch.
+    Each value is the solo function's elementwise formula on the member's rows, and each
+    member's gain gradient is its own rows' sum by the solo call (same shapes), so a member
+    gets the solo bits; one set of ops for all members, not M."""
+
+    @staticmethod
+    def forward(ctx, x, gain, eps, c, s):  # type: ignore[override]
+        M, B, T, h, D = x.shape
+        half = D // 2
+        with torch.autocast(x.device.type, enabled=False):
+            x32 = upcast(x)
+            r = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(D).add_(eps).rsqrt_()  # (M, B, T, h, 1)
+            n = x32 * r
+            g = gain.view(M, 1, 1, 1, D)
+            g1, g2 = g[..., :half], g[..., half:]
+            c, s = c.view(M, B, T, 1, half), s.view(M, B, T, 1, half)
+            n1, n2 = n[..., :half], n[..., half:]
+            dtype = torch.promote_types(n.dtype, c.dtype)
+            out = torch.empty(M, B, h, T, D, dtype=dtype, device=x.device).transpose(2, 3)
+            o1, o2 = out[..., :half], out[..., half:]
+            torch.mul(n1, c * g1, out=o1).addcmul_(n2, s * g2, value=-1.0)
+            torch.mul(n2, c * g2, out=o2).addcmul_(n1, s * g1)
+        ctx.save_for_backward(n, r, gain, c, s)
+        ctx.x_dtype = x.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        n, r, gain, c, s = ctx.saved_tensors
+        M, D = n.shape[0], n.shape[-1]
+        with torch.autocast(n.device.type, enabled=False):
+            u = rope_rotate(dy.to(n.dtype), c, s, -1.0, out=torch.empty_like(n))
+            dgain = None
+            if ctx.needs_input_grad[1]:
+                dgain = torch.stack([torch.linalg.vecdot(n[m].reshape(-1, D), u[m].reshape(-1, D), dim=0)
+                                     for m in range(M)]).to(gain.dtype)
+            dn = u.mul_(gain.view(M, 1, 1, 1, D))
+            coef = torch.linalg.vecdot(dn, n).unsqueeze(-1).div_(-D)  # −⟨dn, n⟩/D
+            dn.addcmul_(n, coef)
+            dx = torch.mul(dn, r, out=torch.empty(n.shape, dtype=ctx.x_dtype, device=n.device))
+        return dx, dgain, None, None, None
+
+
+def member_norm_rope(x: torch.Tensor, gain: torch.Tensor, eps: float, c: torch.Tensor,
+                     s: torch.Tensor) -> torch.Tensor:
+    """`sanlab.model.norms.norm_rope` per member: x (M, B, T, h, D), gain (M, D), the
+    half-width tables of the folded batch (M·B, T, 1, D/2) -> (M·B, h, T, D), the layout
+    `attend` reads. The compiled kernel (a CPU's) runs once per member as the solo model
+    calls it; elsewhere (a GPU, no compiled kernels) `_MemberNormRoPE` runs them all."""
+    M, B, T, h, D = x.shape
+    if native.ready(x):
+        outs = [norm_rope(x[m], gain[m], eps, c[m * B:(m + 1) * B], s[m * B:(m + 1) * B]).transpose(1, 2)
+                for m in range(M)]
+        return torch.cat(outs)
+    return _MemberNormRoPE.apply(x, gain, eps, c, s).transpose(2, 3).reshape(M * B, h, T, D)
 
 
 class _MemberGatedResidual(torch.autograd.Function):
@@ -340,17 +406,17 @@ class MemberLM(nn.Module):
             y = qkv_attention(qkv_rows, gq.contiguous(), gk.contiguous(), ctx.cos.contiguous(), ctx.sin.contiguous(),
                               ctx.first_keys(), cfg.norm_eps, H, Hkv, fused_mode(qkv), B)[0].view(M, B, T, H * D)
         else:
-            ys = []
-            for m in range(M):
-                q, k, v = qkv[m].split([H * D, Hkv * D, Hkv * D], dim=-1)
-                c, s = ctx.cos[m * B:(m + 1) * B], ctx.sin[m * B:(m + 1) * B]
-                half = D // 2
-                q = norm_rope(q.reshape(B, T, H, D), gq[m], cfg.norm_eps, c[..., :half], s[..., :half])
-                k = norm_rope(k.reshape(B, T, Hkv, D), gk[m], cfg.norm_eps, c[..., :half], s[..., :half])
-                sub = _member_context(ctx, m, B)
-                o = attend(q.transpose(1, 2), k.transpose(1, 2), v.reshape(B, T, Hkv, D).transpose(1, 2), sub)
-                ys.append(o.transpose(1, 2).reshape(B, T, H * D))
-            y = torch.stack(ys)
+            # the other backends (SDPA, FlexAttention, the explicit kernel; a GPU's or a
+            # CPU's without the compiled kernels): QK-norm and RoPE per member, then one
+            # attention call with the members folded into the batch (M·B rows, the context
+            # built for them all)
+            q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
+            half = D // 2
+            c, s = ctx.cos[..., :half], ctx.sin[..., :half]
+            q = member_norm_rope(q.reshape(M, B, T, H, D), gq, cfg.norm_eps, c, s)  # (M·B, H, T, D)
+            k = member_norm_rope(k.reshape(M, B, T, Hkv, D), gk, cfg.norm_eps, c, s)
+            o = attend(q, k, v.reshape(M * B, T, Hkv, D).transpose(1, 2), ctx)
+            y = o.transpose(1, 2).reshape(M, B, T, H * D)
         return bmm_linear(y, self._w(p + "wo.weight"))
 
     def _ffn(self, i: int, x: torch.Tensor) -> torch.Tensor:
@@ -388,13 +454,6 @@ class MemberLM(nn.Module):
         xs, tables = x.unbind(0), self._w("embed.weight").unbind(0)
         out = [head_loss(xs[m], tables[m], targets[m], loss_mask[m], z_loss) for m in range(self.n_members)]
         return torch.stack([o[0] for o in out]), torch.stack([o[1] for o in out])
-
-
-def _member_context(ctx: AttentionContext, m: int, rows: int) -> AttentionContext:
-    """Member m's rows of a context built for all members folded into the batch."""
-    r = slice(m * rows, (m + 1) * rows)
-    return AttentionContext(segment_ids=ctx.segment_ids[r], positions=ctx.positions[r], cos=ctx.cos[r],
-                            sin=ctx.sin[r], backend=ctx.backend, single_document=ctx.single_document)
 
 
 def build_members(cfg: ModelConfig, seeds: Sequence[int], make: Callable[[int], LM] | None = None) -> MemberLM:
