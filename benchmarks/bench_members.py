@@ -1,6 +1,7 @@
 """A sweep trained as members of one batched model against the same sweep as solo runs.
 
     .venv/bin/python benchmarks/bench_members.py [--shapes demo,probe,facts] [--members 1,2,4,8,16]
+    python benchmarks/bench_members.py --device cuda [--shapes demo] [--members 1,2,4,8,16]
 
 For each shape and member count M, the same M runs (one arm's sweep points: same
 architecture, different LR and seed) are trained, forward + backward + clip + optimizer,
@@ -19,6 +20,12 @@ on rows of the shape's batch, as:
   torch.func refuses them (the error is printed). So it is timed on the same architecture
   written in plain formulas (RMS norm, RoPE, SDPA, cross-entropy), against that plain model
   stepped solo (`vmap solo`), with one AdamW over the stacked weights.
+
+With `--device cuda` (a GPU; `--device cpu` is its dry run) the comparison runs in one
+process on the device: `solo`, the M runs one after another (each model's layers compiled,
+as `train.compile=auto` runs them on CUDA; one run at a time is a GPU's runner), against
+`members` (eager), alternating step by step, with tokens/s, % of the device's bf16 matmul
+peak and the device memory each mode added.
 
 In-process modes alternate step by step in one child process; the two-process modes run
 after them, the order reversed every round. The tables give tokens/s in total and per
@@ -72,21 +79,23 @@ def arm_configs(shape: str) -> dict[str, Any]:
     return out
 
 
-def _batch(shape: str, M: int, seed: int) -> dict[str, Any]:
+def _batch(shape: str, M: int, seed: int, device: str = "cpu") -> dict[str, Any]:
     import torch
 
     s = SHAPES[shape]
     g = torch.Generator().manual_seed(seed)
     rows = torch.randint(0, s["vocab"], (M, s["batch"], s["seq_len"] + 1), generator=g)
     seg = (torch.arange(s["seq_len"]) // (s["seq_len"] // s["docs"])).expand(M, s["batch"], -1).contiguous()
-    return {"inputs": rows[..., :-1].contiguous(), "targets": rows[..., 1:].contiguous(), "segment_ids": seg,
-            "loss_mask": torch.ones(M, s["batch"], s["seq_len"], dtype=torch.bool)}
+    b = {"inputs": rows[..., :-1].contiguous(), "targets": rows[..., 1:].contiguous(), "segment_ids": seg,
+         "loss_mask": torch.ones(M, s["batch"], s["seq_len"], dtype=torch.bool)}
+    return {k: v.to(device) for k, v in b.items()}
 
 
 class Solo:
-    """M solo runs stepped one after another, as M trainer processes would step them."""
+    """M solo runs stepped one after another, as M trainer processes would step them (on a
+    GPU, `compile`: each model's layers compiled, as `train.compile=auto` runs there)."""
 
-    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool, device: str = "cpu", compile: bool = False) -> None:
         import torch
 
         from sanlab.config import OptimConfig
@@ -96,9 +105,11 @@ class Solo:
         self.runs = []
         for m in range(M):
             torch.manual_seed(m)
-            model = LM(cfg)
+            model = LM(cfg).to(device)
+            if compile:
+                model.compile_layers(print)
             self.runs.append((model, build_optimizers(model, OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)))))
-        self.b, self.bf16 = _batch(shape, M, 0), bf16
+        self.b, self.bf16, self.device = _batch(shape, M, 0, device), bf16, device
 
     def step(self) -> None:
         import torch
@@ -106,7 +117,7 @@ class Solo:
         from sanlab.train.optim import clip_grad_norm
 
         for m, (model, opt) in enumerate(self.runs):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.bf16):
                 loss, _ = model(self.b["inputs"][m], self.b["segment_ids"][m], self.b["targets"][m],
                                 self.b["loss_mask"][m], 1e-4)
             loss.backward()
@@ -118,7 +129,7 @@ class Solo:
 class Members:
     """The same runs as one `MemberLM` with `MemberOptim`, as `train_members` steps them."""
 
-    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool) -> None:
+    def __init__(self, cfg: Any, shape: str, M: int, bf16: bool, device: str = "cpu") -> None:
         import torch
 
         from sanlab.config import OptimConfig
@@ -126,19 +137,19 @@ class Members:
         from sanlab.train.members import MemberOptim
         from sanlab.train.optim import route
 
-        self.model = build_members(cfg, list(range(M)))
+        self.model = build_members(cfg, list(range(M))).to(device)
         cfgs = [OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)) for m in range(M)]
         self.opt = MemberOptim(self.model, cfgs, torch.bfloat16)
         from sanlab.model.lm import LM
 
         self.opt.groups = {g: [n for n, _ in v] for g, v in route(LM(cfg)).items() if g != "frozen"}
         self.names = self.opt.params_order()
-        self.M, self.b, self.bf16 = M, _batch(shape, M, 0), bf16
+        self.M, self.b, self.bf16, self.device = M, _batch(shape, M, 0, device), bf16, device
 
     def step(self) -> None:
         import torch
 
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+        with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.bf16):
             loss, _ = self.model(self.b["inputs"], self.b["segment_ids"], self.b["targets"], self.b["loss_mask"],
                                  1e-4)
         loss.sum().backward()
@@ -385,6 +396,93 @@ def measure(shape: str, arm: str, M: int, a: argparse.Namespace) -> dict[str, di
     return {k: {"tps": median(v["tps"]), "rss": max(v["rss"])} for k, v in res.items()}
 
 
+def device_peak(device: str) -> float:
+    """bf16 matmul FLOP/s on `device` now (best of a few 4096³ products; on a CPU, as
+    `matmul_peak` with every thread)."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return matmul_peak(torch.get_num_threads())
+    a, b = (torch.randn(4096, 4096, dtype=torch.bfloat16, device=device) for _ in range(2))
+    best = math.inf
+    for _ in range(10):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * 4096**3 / best
+
+
+def measure_device(shape: str, arm: str, M: int, a: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """One process on `a.device`: `solo` (the M runs one after another, each model compiled
+    on CUDA as `train.compile=auto` runs it there; one run a GPU is today's runner) and
+    `members`, step by step alternating, synchronised around each step. tokens/s in total
+    (median) and the device memory each mode's models, optimizers and steps added (MiB)."""
+    import torch
+
+    s = SHAPES[shape]
+    cuda = a.device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    cfg = arm_configs(shape)[arm]
+    bf16 = a.precision == "bf16"
+    steppers: dict[str, Any] = {}
+    mem: dict[str, float] = {}
+    for kind in ("solo", "members"):
+        before = torch.cuda.memory_allocated() if cuda else 0
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        steppers[kind] = (Solo(cfg, shape, M, bf16, a.device, compile=cuda and not a.no_compile) if kind == "solo"
+                          else Members(cfg, shape, M, bf16, a.device))
+        for _ in range(a.warmup):  # (the compile happens here)
+            steppers[kind].step()
+        sync()
+        mem[kind] = (torch.cuda.max_memory_allocated() - before) / 2**20 if cuda else math.nan
+    times: dict[str, list[float]] = {k: [] for k in steppers}
+    order = list(steppers)
+    for i in range(a.steps):
+        for k in order if i % 2 == 0 else order[::-1]:
+            sync()
+            t0 = time.perf_counter()
+            steppers[k].step()
+            sync()
+            times[k].append(time.perf_counter() - t0)
+    tokens = M * s["batch"] * s["seq_len"]
+    return {k: {"tps": tokens / median(times[k]), "mem": mem[k]} for k in steppers}
+
+
+def device_main(a: argparse.Namespace) -> int:
+    """--device: the in-process comparison on one device (a GPU; `cpu` is its dry run)."""
+    import torch
+
+    from sanlab.accounting import accounting_summary
+
+    if a.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"bench_members: --device {a.device} but no CUDA device is available")
+    name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU"
+    peak = device_peak(a.device)
+    print(f"{name}, torch {torch.__version__}; {a.precision}; {a.steps} timed steps after {a.warmup} warmup; "
+          f"bf16 matmul peak {peak / 1e12:.1f} TFLOP/s")
+    for shape in a.shapes.split(","):
+        s = SHAPES[shape]
+        for arm, cfg in arm_configs(shape).items():
+            counts = a.members if arm in ("san", "standard") else a.partner_members
+            if not counts:
+                continue
+            print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
+                  f"batch {s['batch']} vocab {cfg.vocab_size}")
+            flops = accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
+            print(f"{'M':>3} {'mode':<8} {'tok/s total':>12} {'per member':>11} {'vs solo':>8} {'% peak':>7} "
+                  f"{'MiB':>7}")
+            for M in counts:
+                res = measure_device(shape, arm, M, a)
+                for k, v in res.items():
+                    print(f"{M:>3} {k:<8} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} "
+                          f"{v['tps'] / res['solo']['tps']:>7.2f}x {100 * v['tps'] * flops / peak:>6.2f}% "
+                          f"{'-' if math.isnan(v['mem']) else format(v['mem'], '.0f'):>7}", flush=True)
+    return 0
+
+
 def member_counts(text: str) -> list[int]:
     """A comma-separated list of member counts >= 1 ("0" or empty: none), for argparse."""
     try:
@@ -406,7 +504,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
+    p.add_argument("--device", default=None,
+                   help="time solo runs against members in one process on this device (cuda; cpu: a dry run)")
+    p.add_argument("--warmup", type=int, default=2, help="--device: untimed steps per mode (the compile's)")
+    p.add_argument("--no-compile", action="store_true", help="--device cuda: the solo models eager")
     a = p.parse_args(argv)
+    if a.device is not None:
+        return device_main(a)
     from sanlab.accounting import accounting_summary
 
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.precision}; "

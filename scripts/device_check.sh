@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU acceptance check (issue 43; docs/gpu.md), one script for a machine with one CUDA
-# device, under 8 minutes: the torch version and GPU name first, then one summary line per
-# check: the `gpu` tests (tests/test_gpu.py and the CUDA test of tests/test_model.py), the
+# The GPU acceptance check (issues 43 and 44; docs/gpu.md), one script for a machine with one
+# CUDA device, under 10 minutes: the torch version and GPU name first, then one summary line
+# per check: the `gpu` tests (tests/test_gpu.py and the CUDA test of tests/test_model.py), the
 # matched arms' throughput per attention backend (benchmarks/bench_gpu.py, flex and SDPA,
-# compiled) and the peer benchmark against HF Llama (benchmarks/bench_peer_gpu.py). Logs
+# compiled), the peer benchmark against HF Llama (benchmarks/bench_peer_gpu.py) and the
+# demo SAN's sweep as members against solo runs (benchmarks/bench_members.py --device cuda). Logs
 # go to $OUT (default /tmp/sanlab-device). Uses the machine's own python3 ($PYTHON) and
 # torch; sanlab runs from src/ without installing (pydantic from .whl/ if the image lacks it).
 #
@@ -43,13 +44,18 @@ if [ "$DRY" = 1 ]; then
   # (SANLAB_DEVICE_CHECK_DRY=1), the benchmarks at tiny shapes
   check gpu-collect 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider --collect-only tests/test_gpu.py tests/test_model.py
   check gpu-tests 240 env SANLAB_DEVICE_CHECK_DRY=1 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-    -k "softmax-uniform or short_and_odd_lengths_give_each_document_its_own_logits and eager"
+    -k "softmax-uniform or short_and_odd_lengths_give_each_document_its_own_logits and eager or members"
   check bench-gpu 120 "$PY" benchmarks/bench_gpu.py --device cpu --tiny --backends sdpa --no-compile
   check bench-peer 120 "$PY" benchmarks/bench_peer_gpu.py --device cpu --tiny
+  check members 120 "$PY" benchmarks/bench_members.py --device cpu --shapes demo --members 2 --partner-members 0 \
+    --steps 1 --warmup 1
 else
   check gpu-tests 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py tests/test_model.py
   # the paper's base SAN and its partners, FlexAttention (block mask) and SDPA, compiled
   check bench-gpu 120 "$PY" benchmarks/bench_gpu.py --backends flex,sdpa --steps 5 --warmup 2
   check bench-peer 60 "$PY" benchmarks/bench_peer_gpu.py
+  # the demo SAN's sweep (5L d64 T128) as members (eager) against solo runs (compiled), M 1 / 8 / 16
+  check members 120 "$PY" benchmarks/bench_members.py --device cuda --shapes demo --members 1,8,16 \
+    --partner-members 0 --steps 6 --warmup 2
 fi
 exit "$failed"

@@ -3,6 +3,7 @@ same runs (same init, data, LRs and clip), so one step leaves them with the same
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -58,3 +59,28 @@ def test_member_counts_are_checked_before_anything_runs(load_benchmark, capsys):
             bm.main(["--members", bad])
         assert e.value.code == 2
         assert "member counts are integers >= 1" in capsys.readouterr().err
+
+
+def test_the_device_mode_times_solo_against_members_in_one_process(load_benchmark, monkeypatch, capsys):
+    """`--device` (a GPU's comparison; `cpu` its dry run): one row per mode and member count,
+    `solo` the reference (1.00x), each the same runs as the steppers above."""
+    bm = load_benchmark("bench_members")
+    monkeypatch.setitem(bm.SHAPES, "tiny", dict(d=32, layers=2, heads=2, kv_heads=1, vocab=64, seq_len=16, batch=2,
+                                                docs=2, partners=()))
+    assert bm.main(["--device", "cpu", "--shapes", "tiny", "--members", "1,3", "--steps", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
+    assert [(r[0], r[1]) for r in rows] == [("1", "solo"), ("1", "members"), ("3", "solo"), ("3", "members")]
+    for r in rows:
+        total, per = (float(x.replace(",", "")) for x in r[2:4])
+        assert total > 0 and per == pytest.approx(total / int(r[0]), rel=1e-3, abs=1)
+        if r[1] == "solo":
+            assert r[4] == "1.00x"
+
+
+def test_device_mode_without_cuda_says_so(load_benchmark):
+    bm = load_benchmark("bench_members")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        bm.main(["--device", "cuda"])

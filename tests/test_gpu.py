@@ -289,3 +289,34 @@ def test_a_tiny_study_runs_on_cuda(study_data_dir: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc = _sanlab("study", "table", "runs/s", cwd=tmp_path)
     assert proc.returncode == 0 and "iso_depth" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "flex"])
+def test_members_on_cuda_train_as_their_solo_runs(long_rows: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  backend: str):
+    """The member dimension on the GPU path: three runs (two LRs, two seeds) as the members
+    of one batched model on CUDA (eager; attention one call over the members folded into the
+    batch, rows of 128: one FlexAttention block) end where their solo runs (eager) do, within
+    CUDA's run-to-run tolerance (RESUME_RTOL: two identical CUDA runs already differ), and
+    record the device and attention kernel the solo runs record."""
+    if DRY and backend == "flex":
+        pytest.skip("FlexAttention on the CPU runs only compiled by inductor")
+    from sanlab.config import load_config
+    from sanlab.train.members import train_members
+    from sanlab.train.trainer import train
+
+    monkeypatch.chdir(tmp_path)
+    base = [f"data.dir={long_rows}", *TINY, "data.seq_len=128", "train.steps=8", "train.eval_every=4",
+            f"train.device={DEVICE}", "train.compile=false", f"model.attn_backend={backend}"]
+    points = [["optim.lr=0.01", "train.seed=1"], ["optim.lr=0.04", "train.seed=2"], ["optim.lr=0.02", "train.seed=1"]]
+    cfgs = [load_config(None, [*base, *p]) for p in points]
+    metas = train_members(cfgs, [f"m{i}" for i in range(3)])
+    assert [m["status"] for m in metas] == ["completed"] * 3
+    for i, cfg in enumerate(cfgs):
+        solo = train(cfg, f"s{i}")
+        assert metas[i]["device"]["type"] == solo["device"]["type"] == DEVICE
+        assert metas[i]["device"]["attention"] == solo["device"]["attention"]
+        member, alone = _losses(Path(f"m{i}")), _losses(Path(f"s{i}"))
+        assert len(member) == len(alone) == 8
+        assert member == pytest.approx(alone, rel=RESUME_RTOL)
+        assert metas[i]["final"]["val_loss"] == pytest.approx(solo["final"]["val_loss"], rel=RESUME_RTOL)
