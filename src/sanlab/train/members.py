@@ -180,9 +180,14 @@ class MemberOptim:
                 torch._foreach_add_([params[idx[j]] for j in mine], [xs[j] for j in mine],
                                     alpha=-_muon_lr(lr[m], o.muon_adjust_lr, shape))
 
+    def _steps(self) -> torch.Tensor:
+        """AdamW's step counts, one per member, on the weights' device (the fused kernel reads
+        them there, as the solo `torch.optim.AdamW(fused=True)` keeps them)."""
+        return torch.zeros(self.model.n_members, dtype=torch.float32, device=self.model.weights[0].device)
+
     def _adam_count(self, members: list[int]) -> None:
         if self.adam_steps is None:
-            self.adam_steps = torch.zeros(self.model.n_members, dtype=torch.float32)
+            self.adam_steps = self._steps()
         self.adam_steps[members] += 1
 
     @torch.no_grad()
@@ -235,7 +240,7 @@ class MemberOptim:
                 for k, v in opt.state[p].items():
                     if k == "step":
                         if self.adam_steps is None:
-                            self.adam_steps = torch.zeros(self.model.n_members, dtype=torch.float32)
+                            self.adam_steps = self._steps()
                         self.adam_steps[m] = v
                         continue
                     stack = self.state.setdefault(n, {}).setdefault(k, torch.zeros_like(self.model.by_name[n]))
