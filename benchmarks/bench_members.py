@@ -396,6 +396,23 @@ def measure(shape: str, arm: str, M: int, a: argparse.Namespace) -> dict[str, di
     return {k: {"tps": median(v["tps"]), "rss": max(v["rss"])} for k, v in res.items()}
 
 
+def timed_arms(a: argparse.Namespace, header: str) -> Any:
+    """(shape, arm, its config, the member counts to time, its training FLOPs a token) for
+    each shape and arm the flags ask for, after printing the arm's line and `header`."""
+    from sanlab.accounting import accounting_summary
+
+    for shape in a.shapes.split(","):
+        s = SHAPES[shape]
+        for arm, cfg in arm_configs(shape).items():
+            counts = a.members if arm in ("san", "standard") else a.partner_members
+            if not counts:
+                continue
+            print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
+                  f"batch {s['batch']} vocab {cfg.vocab_size}")
+            print(header)
+            yield shape, arm, cfg, counts, accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
+
+
 def device_peak(device: str) -> float:
     """bf16 matmul FLOP/s on `device` now (best of a few 4096³ products; on a CPU, as
     `matmul_peak` with every thread)."""
@@ -455,32 +472,61 @@ def device_main(a: argparse.Namespace) -> int:
     """--device: the in-process comparison on one device (a GPU; `cpu` is its dry run)."""
     import torch
 
-    from sanlab.accounting import accounting_summary
-
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"bench_members: --device {a.device} but no CUDA device is available")
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU"
     peak = device_peak(a.device)
     print(f"{name}, torch {torch.__version__}; {a.precision}; {a.steps} timed steps after {a.warmup} warmup; "
           f"bf16 matmul peak {peak / 1e12:.1f} TFLOP/s")
-    for shape in a.shapes.split(","):
-        s = SHAPES[shape]
-        for arm, cfg in arm_configs(shape).items():
-            counts = a.members if arm in ("san", "standard") else a.partner_members
-            if not counts:
-                continue
-            print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
-                  f"batch {s['batch']} vocab {cfg.vocab_size}")
-            flops = accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
-            print(f"{'M':>3} {'mode':<8} {'tok/s total':>12} {'per member':>11} {'vs solo':>8} {'% peak':>7} "
-                  f"{'MiB':>7}")
-            for M in counts:
-                res = measure_device(shape, arm, M, a)
-                for k, v in res.items():
-                    print(f"{M:>3} {k:<8} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} "
-                          f"{v['tps'] / res['solo']['tps']:>7.2f}x {100 * v['tps'] * flops / peak:>6.2f}% "
-                          f"{'-' if math.isnan(v['mem']) else format(v['mem'], '.0f'):>7}", flush=True)
+    header = f"{'M':>3} {'mode':<8} {'tok/s total':>12} {'per member':>11} {'vs solo':>8} {'% peak':>7} {'MiB':>7}"
+    for shape, arm, cfg, counts, flops in timed_arms(a, header):
+        for M in counts:
+            res = measure_device(shape, arm, M, a)
+            for k, v in res.items():
+                print(f"{M:>3} {k:<8} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} "
+                      f"{v['tps'] / res['solo']['tps']:>7.2f}x {100 * v['tps'] * flops / peak:>6.2f}% "
+                      f"{'-' if math.isnan(v['mem']) else format(v['mem'], '.0f'):>7}", flush=True)
     return 0
+
+
+def draw_scaling(results: dict[str, dict[int, dict[str, float]]], path: str) -> Any:
+    """The scaling curve: for each shape and arm timed at two or more member counts, tokens/s
+    in total against M, one line a mode, and below it each mode's ratio to the runner with
+    the issue's 3× target. Returns the figure (closed; its axes keep the data)."""
+    import matplotlib  # lazy: only --figure needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: after the backend is chosen
+
+    panels = [(k, v) for k, v in results.items() if len(v) >= 2]
+    if not panels:
+        raise SystemExit("bench_members: --figure needs a shape timed at two or more member counts")
+    fig, ax = plt.subplots(2, len(panels), figsize=(4.6 * len(panels), 6.4), squeeze=False, sharex="col",
+                           gridspec_kw={"height_ratios": [3, 2]})
+    for j, (title, by_m) in enumerate(panels):
+        Ms = sorted(by_m)
+        modes = list(dict.fromkeys(k for M in Ms for k in by_m[M]))
+        for mode in modes:
+            xs = [M for M in Ms if mode in by_m[M]]
+            ax[0][j].plot(xs, [by_m[M][mode] for M in xs], marker="o", label=mode)
+            ax[1][j].plot(xs, [by_m[M][mode] / by_m[M]["runner"] for M in xs], marker="o", label=mode)
+        ax[1][j].axhline(3.0, ls="--", color="0.5", label="the 3× target")
+        ax[0][j].set_title(title, fontsize=9)
+        ax[0][j].set_ylabel("tokens/s, total")
+        ax[1][j].set_ylabel("× the runner")
+        ax[1][j].set_xlabel("members M (runs in the sweep)")
+        ax[1][j].set_xscale("log", base=2)
+        ax[1][j].set_xticks(Ms, [str(M) for M in Ms])
+        ax[1][j].set_ylim(0, 3.3)
+        ax[0][j].set_ylim(bottom=0)
+        for a in ax[:, j]:
+            a.grid(alpha=0.3)
+        ax[0][j].legend(fontsize=7)
+    ax[1][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return fig
 
 
 def member_counts(text: str) -> list[int]:
@@ -504,6 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
+    p.add_argument("--figure", default=None, help="also draw the scaling curve into this PNG")
     p.add_argument("--device", default=None,
                    help="time solo runs against members in one process on this device (cuda; cpu: a dry run)")
     p.add_argument("--warmup", type=int, default=2, help="--device: untimed steps per mode (the compile's)")
@@ -511,7 +558,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.device is not None:
         return device_main(a)
-    from sanlab.accounting import accounting_summary
 
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {a.precision}; "
           f"{a.steps} timed steps x {a.rounds} round(s)")
@@ -519,26 +565,24 @@ def main(argv: list[str] | None = None) -> int:
         print("vmap over sanlab's LM:", vmap_error(arm_configs("demo")["san"]))
     peak = run_peak()
     print(f"bf16 matmul peak (2 threads, 1024^3): {peak / 1e9:.0f} GFLOP/s")
-    for shape in a.shapes.split(","):
-        s = SHAPES[shape]
-        for arm, cfg in arm_configs(shape).items():
-            counts = a.members if arm in ("san", "standard") else a.partner_members
-            if not counts:
-                continue
-            print(f"\n{shape} / {arm}: {cfg.n_layers}L d{cfg.d_model} ffn={cfg.ffn} T{s['seq_len']} "
-                  f"batch {s['batch']} vocab {cfg.vocab_size}")
-            flops = accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
-            print(f"{'M':>3} {'mode':<11} {'tok/s total':>12} {'per member':>11} {'vs runner':>10} "
-                  f"{'% peak':>7} {'RSS MiB':>8}")
-            for M in counts:
-                res = measure(shape, arm, M, a)
-                ref = res["runner"]["tps"]
-                for k, v in res.items():
-                    if k == "runner" and M == 1:
-                        continue
-                    print(f"{M:>3} {k:<11} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} {v['tps'] / ref:>9.2f}x "
-                          f"{100 * v['tps'] * flops / peak:>6.1f}% {v['rss']:>8.0f}", flush=True)
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    header = (f"{'M':>3} {'mode':<11} {'tok/s total':>12} {'per member':>11} {'vs runner':>10} {'% peak':>7} "
+              f"{'RSS MiB':>8}")
+    for shape, arm, cfg, counts, flops in timed_arms(a, header):
+        for M in counts:
+            res = measure(shape, arm, M, a)
+            results.setdefault(f"{shape} / {arm} ({cfg.n_layers}L d{cfg.d_model})", {})[M] = {
+                k: v["tps"] for k, v in res.items()}
+            ref = res["runner"]["tps"]
+            for k, v in res.items():
+                if k == "runner" and M == 1:
+                    continue
+                print(f"{M:>3} {k:<11} {v['tps']:>12,.0f} {v['tps'] / M:>11,.0f} {v['tps'] / ref:>9.2f}x "
+                      f"{100 * v['tps'] * flops / peak:>6.1f}% {v['rss']:>8.0f}", flush=True)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}")
+    if a.figure:
+        draw_scaling(results, a.figure)
+        print(a.figure)
     return 0
 
 

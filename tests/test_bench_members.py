@@ -84,3 +84,26 @@ def test_device_mode_without_cuda_says_so(load_benchmark):
         pytest.skip("this machine has CUDA")
     with pytest.raises(SystemExit, match="no CUDA device"):
         bm.main(["--device", "cuda"])
+
+
+def test_the_scaling_figure_draws_what_was_measured(load_benchmark, monkeypatch, tmp_path, capsys):
+    """--figure: tokens/s against M per mode, and each mode over the runner, from the same
+    numbers the table prints (measure stubbed: the drawing is what is tested here)."""
+    bm = load_benchmark("bench_members")
+    fake = {1: {"solo": 100.0, "members": 90.0, "runner": 100.0},
+            2: {"solo": 100.0, "runner": 160.0, "members": 120.0, "members x2": 200.0},
+            4: {"solo": 100.0, "runner": 180.0, "members": 150.0, "members x2": 270.0}}
+    monkeypatch.setattr(bm, "run_peak", lambda: 1e12)
+    monkeypatch.setattr(bm, "measure", lambda shape, arm, M, a: {k: {"tps": v, "rss": 1.0} for k, v in fake[M].items()})
+    drawn = {}
+    real = bm.draw_scaling
+    monkeypatch.setattr(bm, "draw_scaling", lambda results, path: drawn.setdefault("fig", real(results, path)))
+    monkeypatch.chdir(tmp_path)
+    assert bm.main(["--shapes", "facts", "--members", "1,2,4", "--partner-members", "0", "--figure", "s.png"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "s.png" and (tmp_path / "s.png").stat().st_size > 10_000
+    top, bottom = drawn["fig"].axes  # one panel: tokens/s above, the ratios below
+    lines = {ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in top.lines}
+    assert lines["members x2"] == ([2, 4], [200.0, 270.0]) and lines["runner"] == ([1, 2, 4], [100.0, 160.0, 180.0])
+    ratios = {ln.get_label(): list(ln.get_ydata()) for ln in bottom.lines}
+    assert ratios["members"] == pytest.approx([0.9, 0.75, 150 / 180])
+    assert ratios["the 3× target"] == [3.0, 3.0]

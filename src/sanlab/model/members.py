@@ -68,7 +68,8 @@ from sanlab.model.kernels import (NATIVE_DTYPES, _GatedResidual, _NativeGatedRes
                                   rope_rotate, silu_gate, upcast)
 from sanlab.model.lm import LM
 from sanlab.model.loss import head_loss
-from sanlab.model.norms import _NativeRMSNorm, _RMSNorm, norm_rope
+from sanlab.model.norms import (_NativeRMSNorm, _RMSNorm, gained_rope, norm_rope, qk_normalise,
+                                qk_normalise_backward)
 
 
 def members_unsupported(cfg: ModelConfig, freeze: Sequence[str] = ()) -> str | None:
@@ -211,18 +212,11 @@ class _MemberNormRoPE(torch.autograd.Function):
         M, B, T, h, D = x.shape
         half = D // 2
         with torch.autocast(x.device.type, enabled=False):
-            x32 = upcast(x)
-            r = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(D).add_(eps).rsqrt_()  # (M, B, T, h, 1)
-            n = x32 * r
-            g = gain.view(M, 1, 1, 1, D)
-            g1, g2 = g[..., :half], g[..., half:]
+            n, r = qk_normalise(x, eps)  # (M, B, T, h, D), (M, B, T, h, 1)
             c, s = c.view(M, B, T, 1, half), s.view(M, B, T, 1, half)
-            n1, n2 = n[..., :half], n[..., half:]
-            dtype = torch.promote_types(n.dtype, c.dtype)
-            out = torch.empty(M, B, h, T, D, dtype=dtype, device=x.device).transpose(2, 3)
-            o1, o2 = out[..., :half], out[..., half:]
-            torch.mul(n1, c * g1, out=o1).addcmul_(n2, s * g2, value=-1.0)
-            torch.mul(n2, c * g2, out=o2).addcmul_(n1, s * g1)
+            out = torch.empty(M, B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype), device=x.device)
+            out = out.transpose(2, 3)
+            gained_rope(n, gain.view(M, 1, 1, 1, D), c, s, out)
         ctx.save_for_backward(n, r, gain, c, s)
         ctx.x_dtype = x.dtype
         return out
@@ -237,10 +231,7 @@ class _MemberNormRoPE(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 dgain = torch.stack([torch.linalg.vecdot(n[m].reshape(-1, D), u[m].reshape(-1, D), dim=0)
                                      for m in range(M)]).to(gain.dtype)
-            dn = u.mul_(gain.view(M, 1, 1, 1, D))
-            coef = torch.linalg.vecdot(dn, n).unsqueeze(-1).div_(-D)  # −⟨dn, n⟩/D
-            dn.addcmul_(n, coef)
-            dx = torch.mul(dn, r, out=torch.empty(n.shape, dtype=ctx.x_dtype, device=n.device))
+            dx = qk_normalise_backward(n, r, u.mul_(gain.view(M, 1, 1, 1, D)), ctx.x_dtype)
         return dx, dgain, None, None, None
 
 

@@ -138,19 +138,11 @@ class _NormRoPE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gain, eps, c, s):  # type: ignore[override]
         with torch.autocast(x.device.type, enabled=False):
-            x32 = upcast(x)
-            D = x.shape[-1]
-            half = D // 2
-            r = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(D).add_(eps).rsqrt_()  # (B, T, h, 1)
-            n = x32 * r
-            g1, g2 = gain[:half], gain[half:]
-            n1, n2 = n[..., :half], n[..., half:]
-            B, T, h, _ = x.shape
-            dtype = torch.promote_types(n.dtype, c.dtype)
-            out = torch.empty(B, h, T, D, dtype=dtype, device=x.device).transpose(1, 2)
-            o1, o2 = out[..., :half], out[..., half:]
-            torch.mul(n1, c * g1, out=o1).addcmul_(n2, s * g2, value=-1.0)
-            torch.mul(n2, c * g2, out=o2).addcmul_(n1, s * g1)
+            n, r = qk_normalise(x, eps)
+            B, T, h, D = x.shape
+            out = torch.empty(B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype), device=x.device)
+            gained_rope(n, gain, c, s, out.transpose(1, 2))
+            out = out.transpose(1, 2)
         ctx.save_for_backward(n, r, gain, c, s)
         ctx.x_dtype = x.dtype
         return out
@@ -164,11 +156,33 @@ class _NormRoPE(torch.autograd.Function):
             dgain = None
             if ctx.needs_input_grad[1]:
                 dgain = torch.linalg.vecdot(n.reshape(-1, D), u.reshape(-1, D), dim=0).to(gain.dtype)
-            dn = u.mul_(gain)
-            coef = torch.linalg.vecdot(dn, n).unsqueeze(-1).div_(-D)  # −⟨dn, n⟩/D
-            dn.addcmul_(n, coef)
-            dx = torch.mul(dn, r, out=torch.empty(n.shape, dtype=ctx.x_dtype, device=n.device))
+            dx = qk_normalise_backward(n, r, u.mul_(gain), ctx.x_dtype)
         return dx, dgain, None, None, None
+
+
+def qk_normalise(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_NormRoPE`'s norm over the last dim: n = x·r in fp32 (at least), r = (mean(x²) + eps)^-½."""
+    x32 = upcast(x)
+    r = torch.linalg.vecdot(x32, x32).unsqueeze(-1).div_(x.shape[-1]).add_(eps).rsqrt_()
+    return x32 * r, r
+
+
+def gained_rope(n: torch.Tensor, gain: torch.Tensor, c: torch.Tensor, s: torch.Tensor, out: torch.Tensor) -> None:
+    """out = RoPE(n ⊙ γ) with the gain folded into the half-width tables (`_NormRoPE`):
+    y₁ = n₁·γ₁c − n₂·γ₂s, y₂ = n₂·γ₂c + n₁·γ₁s; gain and tables broadcast against n."""
+    half = n.shape[-1] // 2
+    g1, g2 = gain[..., :half], gain[..., half:]
+    n1, n2 = n[..., :half], n[..., half:]
+    o1, o2 = out[..., :half], out[..., half:]
+    torch.mul(n1, c * g1, out=o1).addcmul_(n2, s * g2, value=-1.0)
+    torch.mul(n2, c * g2, out=o2).addcmul_(n1, s * g1)
+
+
+def qk_normalise_backward(n: torch.Tensor, r: torch.Tensor, dn: torch.Tensor, x_dtype: torch.dtype) -> torch.Tensor:
+    """dx = r·(dn − n·⟨dn, n⟩/D) in x's dtype, from dn = ∂L/∂n (overwritten)."""
+    coef = torch.linalg.vecdot(dn, n).unsqueeze(-1).div_(-n.shape[-1])  # −⟨dn, n⟩/D
+    dn.addcmul_(n, coef)
+    return torch.mul(dn, r, out=torch.empty(n.shape, dtype=x_dtype, device=n.device))
 
 
 class _NativeNormRoPE(torch.autograd.Function):
