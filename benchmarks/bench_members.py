@@ -556,6 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="--device: untimed steps per mode (the compile's)")
     p.add_argument("--no-compile", action="store_true", help="--device cuda: the solo models eager")
     a = p.parse_args(argv)
+    if a.device is not None and a.device != "cpu" and not a.device.startswith("cuda"):
+        raise SystemExit(f"bench_members: --device {a.device!r}: cuda (or cuda:N), or cpu for the dry run")
+    if a.figure:  # refused now, not after minutes of timing
+        parent = os.path.dirname(os.path.abspath(a.figure))
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
+            raise SystemExit(f"bench_members: --figure {a.figure}: {parent} is not a writable directory")
     if a.device is not None:
         return device_main(a)
 

@@ -107,3 +107,12 @@ def test_the_scaling_figure_draws_what_was_measured(load_benchmark, monkeypatch,
     ratios = {ln.get_label(): list(ln.get_ydata()) for ln in bottom.lines}
     assert ratios["members"] == pytest.approx([0.9, 0.75, 150 / 180])
     assert ratios["the 3× target"] == [3.0, 3.0]
+
+
+def test_bad_device_or_figure_is_refused_before_any_timing(load_benchmark, monkeypatch):
+    bm = load_benchmark("bench_members")
+    monkeypatch.setattr(bm, "run_peak", lambda: (_ for _ in ()).throw(AssertionError("timed")))
+    with pytest.raises(SystemExit, match="--device 'tpu'"):
+        bm.main(["--device", "tpu"])
+    with pytest.raises(SystemExit, match="not a writable directory"):
+        bm.main(["--figure", "no/such/dir/s.png"])
