@@ -499,8 +499,6 @@ def draw_scaling(results: dict[str, dict[int, dict[str, float]]], path: str) -> 
     import matplotlib.pyplot as plt  # lazy: after the backend is chosen
 
     panels = [(k, v) for k, v in results.items() if len(v) >= 2]
-    if not panels:
-        raise SystemExit("bench_members: --figure needs a shape timed at two or more member counts")
     fig, ax = plt.subplots(2, len(panels), figsize=(4.6 * len(panels), 6.4), squeeze=False, sharex="col",
                            gridspec_kw={"height_ratios": [3, 2]})
     for j, (title, by_m) in enumerate(panels):
@@ -562,6 +560,10 @@ def main(argv: list[str] | None = None) -> int:
         parent = os.path.dirname(os.path.abspath(a.figure))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
             raise SystemExit(f"bench_members: --figure {a.figure}: {parent} is not a writable directory")
+        if a.device is not None:
+            raise SystemExit("bench_members: --figure draws the runner comparison, not --device's")
+        if len(a.members) < 2 and len(a.partner_members) < 2:
+            raise SystemExit("bench_members: --figure needs two or more member counts (--members)")
     if a.device is not None:
         return device_main(a)
 

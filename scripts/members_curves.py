@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 from pathlib import Path
 
 from sanlab.config import Config, ModelConfig, apply_overrides
 from sanlab.data.prepare import PrepareConfig, prepare
-from sanlab.errors import SanlabError
+from sanlab.errors import DataError, SanlabError
 from sanlab.matching import match
 from sanlab.paths import check_out_dir
+from sanlab.report.data import Curve, read_curve
 from sanlab.train.members import TOLERANCE, train_members
 from sanlab.train.trainer import train
 
@@ -37,22 +37,25 @@ def arms() -> dict[str, ModelConfig]:
     """The demo's SAN and its iso-param standard partner."""
     san = ModelConfig(d_model=64, n_layers=5, n_heads=4, n_kv_heads=2, vocab_size=1024, ffn=False)
     partner = match(san, 128, targets=("params",), policy="nearest")[1].config
+    d_ff = partner.d_ff or 4 * partner.d_model
     return {"SAN (5L d64, no FFN)": san,
-            f"standard, iso-param ({partner.n_layers}L d{partner.d_model}, d_ff {partner.d_ff or 4 * partner.d_model})": partner}
+            f"standard, iso-param ({partner.n_layers}L d{partner.d_model}, d_ff {d_ff})": partner}
 
 
-def curve(run: Path) -> dict[str, list]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    train_rows = [r for r in rows if "loss" in r]
-    val_rows = [r for r in rows if r.get("val_loss") is not None]
-    return {"step": [r["step"] for r in train_rows], "loss": [r["loss"] for r in train_rows],
-            "val_step": [r["step"] for r in val_rows], "val_loss": [r["val_loss"] for r in val_rows]}
+def curve(run: Path) -> Curve:
+    """A run's training and validation losses by tokens (the report's reader)."""
+    c = read_curve(run)
+    if c is None:
+        raise DataError(f"{run}: no logged step in metrics.jsonl")
+    return c
 
 
-def largest_relative_difference(a: dict[str, list], b: dict[str, list]) -> float:
-    if a["step"] != b["step"] or a["val_step"] != b["val_step"]:
-        return float("inf")  # the two runs did not log the same steps
-    pairs = list(zip(a["loss"], b["loss"])) + list(zip(a["val_loss"], b["val_loss"]))
+def largest_relative_difference(a: Curve, b: Curve) -> float:
+    """max |a − b| / |b| over every training and validation loss; inf where the two runs did
+    not log the same points."""
+    if a.tokens != b.tokens or a.val_tokens != b.val_tokens:
+        return float("inf")
+    pairs = list(zip(a.loss, b.loss)) + list(zip(a.val_loss, b.val_loss))
     return max(abs(u - v) / abs(v) for u, v in pairs)
 
 
@@ -77,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(a: argparse.Namespace) -> int:
     out = check_out_dir(a.out)
     figure = a.figure or out / "members-vs-solo.png"
+    if figure.is_dir():
+        raise DataError(f"--figure {figure}: is a directory")
+    check_out_dir(figure.parent, "--figure's directory")
     data = out / "data"
     common = [f"data.dir={data.resolve()}", "data.seq_len=128", f"train.tokens={a.tokens}", "train.batch_rows=16",
               "train.eval_every=10", "train.eval_rows=32", "train.log_every=1", "train.threads=1",
@@ -87,28 +93,26 @@ def run(a: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not (data / "manifest.json").exists():
         prepare(prep, data)
-    log = (out / "train.log").open("w")  # the runs' step lines, kept out of the table
-    curves: dict[str, list[tuple[str, dict, dict]]] = {}
+    curves: dict[str, list[tuple[str, Curve, Curve]]] = {}
     worst = 0.0
-    precision = "fp32"
     print(f"{'run':<22} {'largest |member - solo| / |solo|':>34}")
-    for name, cfgs in sweeps.items():
-        tag = "san" if name.startswith("SAN") else "standard"
-        members = [out / f"{tag}-lr{lr}-member" for lr in LRS]
-        with contextlib.redirect_stdout(log):
-            metas = train_members(cfgs, members, force=True)
-        precision = metas[0]["device"]["precision"]
-        curves[name] = []
-        for lr, cfg, member in zip(LRS, cfgs, members):
-            solo = out / f"{tag}-lr{lr}-solo"
+    with (out / "train.log").open("w") as log:  # the runs' step lines, kept out of the table
+        for name, cfgs in sweeps.items():
+            tag = "san" if name.startswith("SAN") else "standard"
+            members = [out / f"{tag}-lr{lr}-member" for lr in LRS]
             with contextlib.redirect_stdout(log):
-                train(cfg, solo, force=True)
-            m, s = curve(member), curve(solo)
-            d = largest_relative_difference(m, s)
-            worst = max(worst, d)
-            curves[name].append((f"LR {lr}", m, s))
-            print(f"{tag + ' LR ' + str(lr):<22} {d:>34.3g}")
-    log.close()
+                metas = train_members(cfgs, members, force=True)
+            curves[name] = []
+            for lr, cfg, member in zip(LRS, cfgs, members):
+                solo = out / f"{tag}-lr{lr}-solo"
+                with contextlib.redirect_stdout(log):
+                    train(cfg, solo, force=True)
+                m, s = curve(member), curve(solo)
+                d = largest_relative_difference(m, s)
+                worst = max(worst, d)
+                curves[name].append((f"LR {lr}", m, s))
+                print(f"{tag + ' LR ' + str(lr):<22} {d:>34.3g}")
+    precision = metas[0]["device"]["precision"]  # (every run's: one config but for the LR)
     tol = TOLERANCE[precision]
     print(f"stated tolerance ({precision}): {tol:g} relative")
     draw(curves, figure, tol)
@@ -116,7 +120,7 @@ def run(a: argparse.Namespace) -> int:
     return 0 if worst <= tol else 1
 
 
-def draw(curves: dict[str, list[tuple[str, dict, dict]]], path: Path, tol: float) -> None:
+def draw(curves: dict[str, list[tuple[str, Curve, Curve]]], path: Path, tol: float) -> None:
     import matplotlib  # lazy: only the figure needs it
 
     matplotlib.use("Agg")
@@ -128,26 +132,26 @@ def draw(curves: dict[str, list[tuple[str, dict, dict]]], path: Path, tol: float
         top, bottom = ax[0][j], ax[1][j]
         for k, (label, m, s) in enumerate(runs):
             c = f"C{k}"
-            top.plot(s["step"], s["loss"], color=c, lw=3.5, alpha=0.3, label=f"{label} solo")
-            top.plot(m["step"], m["loss"], color=c, lw=0.9, label=f"{label} member")
-            top.plot(s["val_step"], s["val_loss"], "o", color=c, ms=7, mfc="none")
-            top.plot(m["val_step"], m["val_loss"], ".", color=c, ms=4)
-            bottom.plot(m["step"], [u - v for u, v in zip(m["loss"], s["loss"])], color=c, lw=0.9)
+            top.plot(s.tokens, s.loss, color=c, lw=3.5, alpha=0.3, label=f"{label} solo")
+            top.plot(m.tokens, m.loss, color=c, lw=0.9, label=f"{label} member")
+            top.plot(s.val_tokens, s.val_loss, "o", color=c, ms=7, mfc="none")
+            top.plot(m.val_tokens, m.val_loss, ".", color=c, ms=4)
+            bottom.plot(m.tokens, [u - v for u, v in zip(m.loss, s.loss)], color=c, lw=0.9)
         top.set_title(name, fontsize=10)
         top.set_ylabel("loss")
         top.legend(fontsize=7, ncol=2)
         top.grid(alpha=0.3)
         bottom.set_ylabel("member − solo (train loss)", fontsize=8)
-        bottom.set_xlabel("step")
+        bottom.set_xlabel("training tokens")
         bottom.grid(alpha=0.3)
-        top_loss = max(max(s["loss"]) for _, _, s in runs)
+        top_loss = max(max(s.loss) for _, _, s in runs)
         bottom.axhspan(-tol * top_loss, tol * top_loss, color="0.85", zorder=0,
                        label=f"stated tolerance ({tol:g} × the largest loss)")
         bottom.set_ylim(-1.5 * tol * top_loss, 1.5 * tol * top_loss)
         bottom.legend(fontsize=7, loc="upper right")
     fig.suptitle("members (thin lines, • validation) over their solo runs (wide lines, ○ validation)", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # (checked writable before the training)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

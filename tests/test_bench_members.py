@@ -116,3 +116,7 @@ def test_bad_device_or_figure_is_refused_before_any_timing(load_benchmark, monke
         bm.main(["--device", "tpu"])
     with pytest.raises(SystemExit, match="not a writable directory"):
         bm.main(["--figure", "no/such/dir/s.png"])
+    with pytest.raises(SystemExit, match="not --device's"):
+        bm.main(["--figure", "s.png", "--device", "cpu"])
+    with pytest.raises(SystemExit, match="two or more member counts"):
+        bm.main(["--figure", "s.png", "--members", "8", "--partner-members", "8"])

@@ -376,14 +376,17 @@ def _members_curves():
 
 
 def test_members_curves_judges_the_largest_relative_difference() -> None:
+    from sanlab.report.data import Curve
+
     mc = _members_curves()
-    a = {"step": [1, 2], "loss": [4.0, 2.0], "val_step": [2], "val_loss": [3.0]}
+    a = Curve(tokens=[10, 20], loss=[4.0, 2.0], val_tokens=[20], val_loss=[3.0])
     assert mc.largest_relative_difference(a, a) == 0.0
-    b = {**a, "loss": [4.0, 2.002]}
+    b = Curve(tokens=[10, 20], loss=[4.0, 2.002], val_tokens=[20], val_loss=[3.0])
     assert mc.largest_relative_difference(b, a) == pytest.approx(0.001)  # |2.002 - 2| / 2
-    c = {**a, "val_loss": [3.3]}
+    c = Curve(tokens=[10, 20], loss=[4.0, 2.0], val_tokens=[20], val_loss=[3.3])
     assert mc.largest_relative_difference(c, a) == pytest.approx(0.1)
-    assert mc.largest_relative_difference({**a, "step": [1, 3]}, a) == float("inf")  # not the same steps
+    d = Curve(tokens=[10, 30], loss=[4.0, 2.0], val_tokens=[20], val_loss=[3.0])
+    assert mc.largest_relative_difference(d, a) == float("inf")  # not the same points
 
 
 def test_members_curves_runs_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -416,7 +419,9 @@ def test_members_curves_fails_a_member_off_its_solo_run(tmp_path: Path, monkeypa
 
 
 @pytest.mark.parametrize("args,says", [(["--tokens", "abc"], "train.tokens=abc"),
-                                       (["--out", "file/curves"], "file")])
+                                       (["--out", "file/curves"], "file"),
+                                       (["--figure", "file/f.png"], "--figure's directory"),
+                                       (["--figure", "."], "is a directory")])
 def test_members_curves_refuses_bad_input_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       capsys: pytest.CaptureFixture, args: list[str],
                                                       says: str) -> None:

@@ -214,8 +214,8 @@ class _MemberNormRoPE(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             n, r = qk_normalise(x, eps)  # (M, B, T, h, D), (M, B, T, h, 1)
             c, s = c.view(M, B, T, 1, half), s.view(M, B, T, 1, half)
-            out = torch.empty(M, B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype), device=x.device)
-            out = out.transpose(2, 3)
+            out = torch.empty(M, B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype),
+                              device=x.device).transpose(2, 3)
             gained_rope(n, gain.view(M, 1, 1, 1, D), c, s, out)
         ctx.save_for_backward(n, r, gain, c, s)
         ctx.x_dtype = x.dtype

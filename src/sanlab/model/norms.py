@@ -140,9 +140,8 @@ class _NormRoPE(torch.autograd.Function):
         with torch.autocast(x.device.type, enabled=False):
             n, r = qk_normalise(x, eps)
             B, T, h, D = x.shape
-            out = torch.empty(B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype), device=x.device)
-            gained_rope(n, gain, c, s, out.transpose(1, 2))
-            out = out.transpose(1, 2)
+            out = torch.empty(B, h, T, D, dtype=torch.promote_types(n.dtype, c.dtype), device=x.device).transpose(1, 2)
+            gained_rope(n, gain, c, s, out)
         ctx.save_for_backward(n, r, gain, c, s)
         ctx.x_dtype = x.dtype
         return out

@@ -67,10 +67,10 @@ from sanlab.train.trainer import (
     _micro_batches, collapsed, emulated_bf16_note, evaluate, make_plan, resolve,
 )
 
-# What may differ between members' optimizer configs (the rest must be equal).
 # The stated tolerance of a member's losses against its solo run's, relative, by precision
 # (derived in the module docstring; measured: 0 in both on this project's CPU kernels).
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-3}
+# What may differ between members' optimizer configs (the rest must be equal).
 PER_MEMBER_OPTIM = ("lr", "adam_lr", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
                     "final_lr_frac")
 # What may differ between members' train configs.
