@@ -18,8 +18,10 @@ budget; a region's Δ) is told apart from 0 when |mean x| > F + s; otherwise it 
 are those of the difference: each side's F and s added in quadrature. Without a finished
 noise pair there is no F and nothing is told apart.
 
-The gap table's "within noise" (`sanlab.study.table.verdict`), the report's noise band
-and every verdict of a record (`sanlab.records`) use this module, and nothing else.
+The gap table's "within noise" (`sanlab.study.table.verdict`), the LR sweep's warning of a
+lock that beats its runner-up by no more than F (`sanlab.study.table.unresolved_lock`: one
+seed, so s is 0 and unmeasured), the report's noise band and every verdict of a record
+(`sanlab.records`) use this module, and nothing else.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from sanlab.study.table import (
     locks,
     locks_by_point,
     sweep_note,
+    sweep_floors,
     sweep_rows,
     sweep_table,
     swept_points,
@@ -95,8 +96,9 @@ def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict], p
 
     sweep_title, warnings, sweep = "", [], []
     if spec.sweep.enabled:
+        sizes = sweep_floors(spec, arms, records, points)
         for p in swept_points(spec, points):
-            table, w = sweep_table(spec, arms, records, p if p.slug else None)
+            table, w = sweep_table(spec, arms, records, p if p.slug else None, sizes.get(p.slug))
             sweep_title = sweep_title or str(table.title)
             warnings += w
             sweep += [r.to_dict() for r in sweep_rows(spec, arms, records, p.slug)]

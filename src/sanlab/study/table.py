@@ -397,10 +397,24 @@ class SweepRow:
     def lock(self) -> float | None:
         return round_lr(self.base_lr * self.best) if self.best is not None and self.done else None
 
+    @property
+    def margin(self) -> float | None:
+        """By how much the lock beats the runner-up: the second-lowest finished loss minus
+        the lowest (nats; None before the lock, or with one finished point)."""
+        finite = sorted(v for v in self.losses.values() if v is not None)
+        return finite[1] - finite[0] if self.lock is not None and len(finite) >= 2 else None
+
+    def runner_up(self) -> float | None:
+        """The multiplier of the second-lowest finished loss (None where `margin` is)."""
+        if self.margin is None:
+            return None
+        return sorted((v, m) for m, v in self.losses.items() if v is not None)[1][1]
+
     def to_dict(self) -> dict[str, Any]:
         return {"arm": self.arm, "optimizer": self.optimizer, "base_lr": self.base_lr,
                 "losses": {str(k): v for k, v in self.losses.items()}, "best": self.best,
-                "done": self.done, "at_edge": self.at_edge, "lock": self.lock, "data": self.data}
+                "done": self.done, "at_edge": self.at_edge, "lock": self.lock, "margin": self.margin,
+                "data": self.data}
 
 
 def sweep_rows(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
@@ -419,9 +433,32 @@ def swept_points(spec: StudySpec, points: list[DataPoint]) -> list[DataPoint]:
     return [p for p in points if sweep_point(spec, points, p) == p]
 
 
+def sweep_floors(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
+                 points: list[DataPoint]) -> dict[str, float]:
+    """Data slug -> the size F of the noise floor measured there (`noise.floor_size`; only
+    the points whose floor pair has a finished seed), which each sweep's lock margin is read
+    against (`sweep_table`)."""
+    _, noise_rows = all_gaps(spec, arms, records, points)
+    out = {}
+    for slug, g in floors_by_point(noise_rows).items():
+        size = noise.floor_size(g.per_seed.values())
+        if size is not None:
+            out[slug] = size
+    return out
+
+
+def unresolved_lock(r: SweepRow, floor: float | None) -> bool:
+    """Whether the lock beats the runner-up LR by no more than the noise floor F (the one
+    noise rule, `noise.sign`, on one value: the sweep trains one seed): the sweep does not
+    tell the two LRs apart, so which one the final runs train at was decided by noise."""
+    return floor is not None and r.margin is not None and noise.sign([r.margin], floor) == 0
+
+
 def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict],
-                point: DataPoint | None = None) -> tuple[Table, list[str]]:
-    """SPEC §1.4's layout: multipliers as columns, best in bold, the locked LR; plus warnings."""
+                point: DataPoint | None = None, floor: float | None = None) -> tuple[Table, list[str]]:
+    """SPEC §1.4's layout: multipliers as columns, best in bold, the locked LR; plus warnings:
+    a lock still at an edge of the sweep, and a lock that wins by no more than the noise
+    floor `floor` (F, nats, where the study has measured one: `sweep_floors`)."""
     data = point.slug if point is not None else ""
     rows = sweep_rows(spec, arms, records, data)
     mults = sorted(set(spec.sweep.multipliers).union(*(r.losses.keys() for r in rows)))
@@ -454,6 +491,11 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
         if r.at_edge:
             warnings.append(f"warning: {r.arm} {r.optimizer}{at.split(' (')[0]}: best LR {r.lock:g} is still at an edge "
                             "of the sweep (extension off or limit reached); the optimum may lie beyond")
+        if unresolved_lock(r, floor):
+            warnings.append(f"warning: {r.arm} {r.optimizer}{at.split(' (')[0]}: lock {r.lock:g} beats "
+                            f"{round_lr(r.base_lr * r.runner_up()):g} by {r.margin:.4f} nats, within the noise floor "
+                            f"(F = {floor:.4f}): at {format_tokens(spec.sweep.tokens)} tokens the sweep does not tell "
+                            "the two apart, so noise chose the final runs' LR (a longer sweep.tokens may separate them)")
     return table, warnings
 
 
@@ -477,8 +519,9 @@ def print_tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, di
     parameter, where the store holds the prepared data's world) and the measured throughput."""
     lock = locks(spec, arms, records, set(records))
     if spec.sweep.enabled:
+        floors = sweep_floors(spec, arms, records, points)
         for p in swept_points(spec, points):
-            table, warnings = sweep_table(spec, arms, records, p if p.slug else None)
+            table, warnings = sweep_table(spec, arms, records, p if p.slug else None, floors.get(p.slug))
             out.table(table)
             for w in warnings:
                 out.note(w, style="yellow")
