@@ -121,6 +121,142 @@ def test_generate_until_is_greedy_and_stops(lm):
         assert stop not in cut and free.startswith(cut)
 
 
+def greedy_alone(lm: SanlabLM, ctx: str, max_new: int, until: list[str]) -> str:
+    """The greedy continuation of one context from full forward passes (no cache, no batch):
+    stopped at EOS, at the budget, or once the text holds a stop string, then cut there."""
+    ids = lm.loaded.encode_document(ctx)
+    new: list[int] = []
+    for _ in range(max_new):
+        with torch.no_grad():
+            nxt = int(lm.loaded.model(torch.tensor([ids + new]))[0, -1].argmax())
+        if nxt == 1:  # EOS
+            break
+        new.append(nxt)
+        if any(u in lm.loaded.decode(new) for u in until):
+            break
+    text = lm.loaded.decode(new)
+    for u in until:
+        text = text.split(u)[0]
+    return text
+
+
+NAMES = ["Kaeth Dral", "Ilsa Morn", "Bram Tove", "Oda Wren", "Cyl Fane", "Tam Rook", "Esk Vale", "Nim Sorrel",
+         "Ard Quill", "Pell Hask"]
+
+
+def _same_length_contexts(lm: SanlabLM, n: int) -> list[str]:
+    """n different contexts that encode to the same number of tokens (one decode batch)."""
+    by_len: dict[int, list[str]] = {}
+    for name in NAMES:
+        for verb in ("born", "raised", "buried", "wed"):
+            ctx = f"<|im_start|>user\nWhere was {name} {verb}?<|im_end|>\n"
+            by_len.setdefault(len(lm.loaded.encode_document(ctx)), []).append(ctx)
+    group = max(by_len.values(), key=len)
+    assert len(group) >= n, {k: len(v) for k, v in by_len.items()}
+    return group[:n]
+
+
+def test_greedy_requests_decode_in_batches_as_each_decodes_alone(lm, monkeypatch):
+    """Same-length greedy requests decode as the rows of one batch (up to batch_size, 2
+    here), each row stopping on its own; every answer is the one that request gets decoded
+    alone, in the order asked, whatever the bucketing."""
+    import sanlab.eval.adapter as adapter
+
+    batches: list[int] = []
+
+    class Counting(adapter.Decoder):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            batches.append(self.batch)
+
+    monkeypatch.setattr(adapter, "Decoder", Counting)
+    same = _same_length_contexts(lm, 5)
+    asks = [(same[0], {"max_gen_toks": 6}), ("<|im_start|>user\nWho?<|im_end|>\n", {"max_gen_toks": 4}),
+            (same[1], {"max_gen_toks": 6, "until": ["e", "a"]}), (same[2], {"max_gen_toks": 6}),
+            (same[3], {"max_gen_toks": 3}), (same[4], {"max_gen_toks": 6, "until": "o"}),
+            (same[0], {"max_gen_toks": 0})]
+    got = lm.generate_until([req("generate_until", c, kw) for c, kw in asks])
+    want = [greedy_alone(lm, c, kw["max_gen_toks"], [kw["until"]] if isinstance(kw.get("until"), str)
+                         else kw.get("until", [])) for c, kw in asks]
+    assert got == want
+    assert any(w for w in want)  # the model says something, so the comparison has content
+    # same[0,1,2,4] (budget 6): rows of 2 and 2; same[3] (budget 3), "Who?" and the empty budget alone
+    assert sorted(batches) == [1, 1, 1, 2, 2], batches
+
+
+def test_a_batch_row_stops_at_eos_and_ignores_what_its_row_decodes_later(lm, monkeypatch):
+    """The batch's bookkeeping against a scripted decoder: each row's next token is its
+    script's, the batch feeds back exactly the tokens it picked, a row that picks EOS (id 1)
+    ends there while the others go on, and the batch stops once every row has."""
+    import sanlab.eval.adapter as adapter
+
+    V = lm.loaded.model.embed.weight.shape[0]
+    script = [[40, 41, 1, 42, 43, 44, 45], [50, 51, 52, 53, 1, 55, 56], [1, 60, 61, 62, 63, 64, 65]]
+    fed: list[list[int]] = []
+
+    class Scripted:
+        def __init__(self, model, max_len: int, batch: int) -> None:
+            assert batch == 3
+            self.step = 0
+            fed.clear()
+
+        def _logits(self) -> torch.Tensor:
+            out = torch.zeros(3, V)
+            for r, toks in enumerate(script):
+                out[r, toks[self.step]] = 1.0
+            return out
+
+        def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
+            assert tokens.shape[0] == 3
+            return self._logits()
+
+        def append(self, tokens: torch.Tensor) -> torch.Tensor:
+            fed.append(tokens.view(-1).tolist())
+            assert fed[-1] == [toks[self.step] for toks in script]  # the picked tokens, fed back
+            self.step += 1
+            return self._logits()
+
+    monkeypatch.setattr(adapter, "Decoder", Scripted)
+    ctx = _same_length_contexts(lm, 3)
+    lm = SanlabLM(loaded=lm.loaded, batch_size=3)
+    got = lm.generate_until([req("generate_until", c, {"max_gen_toks": 3}) for c in ctx])
+    assert got == [lm.loaded.decode([40, 41]), lm.loaded.decode([50, 51, 52]), ""]
+    assert len(fed) == 2  # three tokens: the prefill's and two appends, none past the budget
+    got = lm.generate_until([req("generate_until", c, {"max_gen_toks": 6}) for c in ctx])
+    assert got == [lm.loaded.decode([40, 41]), lm.loaded.decode([50, 51, 52, 53]), ""]
+    assert len(fed) == 4  # every row ended (EOS) at the fifth token: no decode past it
+
+
+def test_a_sampled_request_decodes_alone_on_its_seed(lm, monkeypatch):
+    """do_sample: true goes through `generate` on its own seeded stream, as before
+    batching: the same seed the same text, and never a batch row."""
+    import sanlab.eval.adapter as adapter
+
+    batches: list[int] = []
+
+    class Counting(adapter.Decoder):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            batches.append(self.batch)
+
+    monkeypatch.setattr(adapter, "Decoder", Counting)
+    ctx = _same_length_contexts(lm, 2)
+    kw = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0, "seed": 3}
+    a, b, c = lm.generate_until([req("generate_until", ctx[0], kw), req("generate_until", ctx[1], kw),
+                                 req("generate_until", ctx[0], kw)])
+    assert a == c and batches == []
+    from sanlab.model.generate import SamplingConfig, generate
+
+    cfg = SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3)
+    toks = []
+    for t in generate(lm.loaded.model, torch.tensor(lm.loaded.encode_document(ctx[1])), cfg,
+                      max_len=lm.loaded.seq_len, stop_ids=(1,)):
+        if t == 1:
+            break
+        toks.append(t)
+    assert b == lm.loaded.decode(toks)
+
+
 def test_simple_evaluate_accepts_the_registered_name(tmp_path, train_data_dir):
     import lm_eval
 
