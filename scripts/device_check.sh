@@ -44,7 +44,7 @@ if [ "$DRY" = 1 ]; then
   # (SANLAB_DEVICE_CHECK_DRY=1), the benchmarks at tiny shapes
   check gpu-collect 120 "$PY" -m pytest -q -m gpu -p no:cacheprovider --collect-only tests/test_gpu.py tests/test_model.py
   check gpu-tests 240 env SANLAB_DEVICE_CHECK_DRY=1 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py \
-    -k "softmax-uniform or short_and_odd_lengths_give_each_document_its_own_logits and eager or members"
+    -k "softmax-uniform or short_and_odd_lengths_give_each_document_its_own_logits and eager or members or batched_greedy"
   check bench-gpu 120 "$PY" benchmarks/bench_gpu.py --device cpu --tiny --backends sdpa --no-compile
   check bench-peer 120 "$PY" benchmarks/bench_peer_gpu.py --device cpu --tiny
   check members 120 "$PY" benchmarks/bench_members.py --device cpu --shapes demo --members 2 --partner-members 0 \

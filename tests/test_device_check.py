@@ -23,8 +23,8 @@ def test_the_gpu_tests_collect():
     sys.path.insert(0, str(ROOT / "tests"))
     import test_gpu  # the parametrisation the collected count follows
 
-    # test_gpu.py: one test per attending mixer and 11 others (three tests in 2 variants each); test_model.py: 1
-    expected = len(test_gpu.ATTENDING) + 11 + 1
+    # test_gpu.py: one test per attending mixer and 12 others (three tests in 2 variants each); test_model.py: 1
+    expected = len(test_gpu.ATTENDING) + 12 + 1
     assert f"{expected}/" in proc.stdout.splitlines()[-1], proc.stdout[-500:]
     for mixer, layout in test_gpu.ATTENDING:
         assert f"test_compiled_equals_eager_on_packed_documents[{mixer}-{layout}]" in proc.stdout

@@ -192,6 +192,31 @@ def test_sample_and_eval_builtin_on_cuda(long_rows: Path, tmp_path: Path):
     assert "sanlab_grounded_qa" in proc.stdout
 
 
+def test_batched_greedy_decoding_on_cuda_matches_each_row_alone():
+    """`sanlab eval` decodes same-length greedy requests as the rows of one batch
+    (`SanlabLM._greedy_rows`): on CUDA, in bf16 as eval runs there, each row's logits after
+    the prefill and every appended token are its logits decoded alone, to bf16 rounding (a
+    misplaced row or cache slot moves them by O(1))."""
+    from sanlab.model.generate import Decoder
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn=True)
+    model = LM(cfg).to(DEVICE).eval()
+    g = torch.Generator().manual_seed(1)
+    B, T, steps = 8, 20, 6
+    prompt = torch.randint(4, 512, (B, T), generator=g).to(DEVICE)
+    fed = torch.randint(4, 512, (steps, B, 1), generator=g).to(DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        dec = Decoder(model, max_len=64, batch=B)
+        batched = [dec.prefill(prompt)] + [dec.append(t) for t in fed]
+        for r in range(B):
+            one = Decoder(model, max_len=64, batch=1)
+            alone = [one.prefill(prompt[r:r + 1])] + [one.append(t[r:r + 1]) for t in fed]
+            for a, b in zip(batched, alone):
+                scale = b.abs().max().item()
+                assert (a[r] - b[0]).abs().max().item() <= 2e-2 * scale, r
+
+
 # a `sanlab train` that sends itself SIGTERM after the given step (argv: step, then the CLI's)
 STOPPING = """
 import os, signal, sys
