@@ -126,3 +126,33 @@ def test_the_papers_anchor_sweep_resolves_every_lock(cell: str, losses: dict[flo
     best = min(losses, key=lambda m: losses[m])
     r = SweepRow(cell, "", 1.0, {float(m): v for m, v in losses.items()}, float(best), True, False)
     assert r.margin == pytest.approx(margin, abs=1e-9) and not unresolved_lock(r, FLOOR)
+
+
+@pytest.mark.parametrize("lock_at", [None, 64])
+def test_on_a_data_axis_each_swept_value_reads_its_locks_against_the_floor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        lock_at: int | None) -> None:
+    """A data axis (synth.facts = 64, 128): each value's sweep (or `sweep.lock_at`'s one
+    sweep) is read against the noise floor measured at that value, and its warning names the
+    value. Multipliers 1× and 4× with c = 0.0003: the SAN's lock (1×) beats 4× and the
+    standard arm's (4×) beats 1× by 4c = 0.0012 < F = 0.0015."""
+    from rich.console import Console
+
+    import test_study_axis as tsa
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("SANLAB_FAKE_AXIS", "1")
+    monkeypatch.setenv("SANLAB_FAKE_CURVATURE", "0.0003")
+    spec = tsa.make_spec(sweep={"lock_at": lock_at} if lock_at else {})
+    monkeypatch.chdir(tmp_path)
+    assert Study(spec, Path("study"), console=Console(file=open(os.devnull, "w")),
+                 train_fn="study_fakes:train").run() == 0
+    capsys.readouterr()
+    assert main(["study", "table", "study"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    swept = [64] if lock_at else [64, 128]
+    for facts in swept:
+        for arm, lock, other in (("san", "0.02", "0.08"), ("iso_param", "0.16", "0.04")):
+            assert (f"warning: {arm} muon at synth.facts={facts}: lock {lock} beats {other} by 0.0012 nats, "
+                    "within the noise floor (F = 0.0015)") in out, out
+    assert out.count("within the noise floor") == 2 * len(swept)
