@@ -156,10 +156,8 @@ def _same_length_contexts(lm: SanlabLM, n: int) -> list[str]:
     return group[:n]
 
 
-def test_greedy_requests_decode_in_batches_as_each_decodes_alone(lm, monkeypatch):
-    """Same-length greedy requests decode as the rows of one batch (up to batch_size, 2
-    here), each row stopping on its own; every answer is the one that request gets decoded
-    alone, in the order asked, whatever the bucketing."""
+def decode_batches(monkeypatch) -> list[int]:
+    """The batch size of every `Decoder` that `generate_until`'s batches open, in order."""
     import sanlab.eval.adapter as adapter
 
     batches: list[int] = []
@@ -170,6 +168,14 @@ def test_greedy_requests_decode_in_batches_as_each_decodes_alone(lm, monkeypatch
             batches.append(self.batch)
 
     monkeypatch.setattr(adapter, "Decoder", Counting)
+    return batches
+
+
+def test_greedy_requests_decode_in_batches_as_each_decodes_alone(lm, monkeypatch):
+    """Same-length greedy requests decode as the rows of one batch (up to batch_size, 2
+    here), each row stopping on its own; every answer is the one that request gets decoded
+    alone, in the order asked, whatever the bucketing."""
+    batches = decode_batches(monkeypatch)
     same = _same_length_contexts(lm, 5)
     asks = [(same[0], {"max_gen_toks": 6}), ("<|im_start|>user\nWho?<|im_end|>\n", {"max_gen_toks": 4}),
             (same[1], {"max_gen_toks": 6, "until": ["e", "a"]}), (same[2], {"max_gen_toks": 6}),
@@ -230,16 +236,7 @@ def test_a_batch_row_stops_at_eos_and_ignores_what_its_row_decodes_later(lm, mon
 def test_a_sampled_request_decodes_alone_on_its_seed(lm, monkeypatch):
     """do_sample: true goes through `generate` on its own seeded stream, as before
     batching: the same seed the same text, and never a batch row."""
-    import sanlab.eval.adapter as adapter
-
-    batches: list[int] = []
-
-    class Counting(adapter.Decoder):
-        def __init__(self, *a, **kw) -> None:
-            super().__init__(*a, **kw)
-            batches.append(self.batch)
-
-    monkeypatch.setattr(adapter, "Decoder", Counting)
+    batches = decode_batches(monkeypatch)
     ctx = _same_length_contexts(lm, 2)
     kw = {"max_gen_toks": 8, "do_sample": True, "temperature": 1.0, "seed": 3}
     a, b, c = lm.generate_until([req("generate_until", ctx[0], kw), req("generate_until", ctx[1], kw),
