@@ -86,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         try:
-            run = Path(a.run) if a.run else short_run(root, a.steps)
+            run = Path(a.run) if a.run is not None else short_run(root, a.steps)
             batched = SanlabLM(run, batch_size=a.batch_size, device="cpu")
-        except SanlabError as e:
-            print(f"bench_generate: {e}", file=sys.stderr)
+        except (SanlabError, OSError) as e:
+            name = a.run if a.run is None or len(a.run) <= 60 else a.run[:60] + "…"
+            print(f"bench_generate: {name}: {e.strerror or e}" if isinstance(e, OSError) else f"bench_generate: {e}",
+                  file=sys.stderr)
             return 2
         alone = SanlabLM(loaded=batched.loaded, batch_size=1)
         reqs = recall_requests(batched, root / "tasks", a.limit)

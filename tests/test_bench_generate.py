@@ -48,10 +48,12 @@ def test_answers_that_differ_fail_the_benchmark(load_benchmark, run_dir, monkeyp
     assert f"answers the same in both: {n} of {n}" not in out
 
 
-@pytest.mark.parametrize("args", [["--batch-size", "1"], ["--rounds", "0"], ["--limit", "0"], ["--run", "no/such/run"]])
+@pytest.mark.parametrize("args", [["--batch-size", "1"], ["--rounds", "0"], ["--limit", "0"], ["--run", "no/such/run"],
+                                  ["--run", "x" * 300], ["--run", "loop"], ["--run", ""]])
 def test_bad_input_is_one_line_and_exit_2(load_benchmark, tmp_path, monkeypatch, capsys, args):
     bg = load_benchmark("bench_generate")
     monkeypatch.chdir(tmp_path)
+    Path("loop").symlink_to("loop")
     assert bg.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bench_generate: ") and "\n" not in err, err
