@@ -89,6 +89,26 @@ def test_sweep_panels_share_one_y_axis_of_loss_minus_each_cells_best(data) -> No
     _close(drawn)
 
 
+def test_sweep_panels_draw_the_noise_floor_above_the_best_and_flag_a_lock_within_it(data) -> None:
+    """Each panel shades [0, F] (F: the study's noise floor size, R.FLOOR), so a point in the
+    band is not told apart from the lock; a row the study flags (`within_floor`) says so in
+    its panel's title, and the others do not."""
+    import copy
+
+    flagged = copy.copy(data)
+    flagged.tables = {**data.tables, "sweep": [dict(r) for r in data.tables["sweep"]]}
+    flagged.tables["sweep"][1]["within_floor"] = True
+    drawn = plots.draw_sweep(flagged)
+    bands = _by_gid(drawn.fig, "floor:")
+    assert set(bands) == {f"floor:{r['arm']}:muon" for r in data.tables["sweep"]}
+    for band in bands.values():
+        assert band.get_y() == pytest.approx(0.0) and band.get_height() == pytest.approx(R.FLOOR)  # y in data units
+    titles = [ax.get_title() for ax in drawn.fig.axes if ax.get_visible()]
+    assert ["within the noise floor" in t for t in titles] == [False, True, False, False], titles
+    assert any("noise floor F" in n for n in drawn.notes)
+    _close(drawn)
+
+
 def test_gap_bars_carry_their_size_in_noise_floors(data) -> None:
     drawn = plots.draw_gaps(data)
     labels = _by_gid(drawn.fig, "floor:")

@@ -98,6 +98,7 @@ def test_a_flat_sweep_is_flagged_in_the_table_the_json_and_the_report(
     assert main(["study", "table", "runs/s", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {r["arm"]: round(r["margin"], 6) for r in data["sweep"]} == {"san": 0.001, "iso_param": 0.001}
+    assert {r["arm"]: r["within_floor"] for r in data["sweep"]} == {"san": True, "iso_param": True}
     assert main(["report", "runs/s"]) == 0
     md = " ".join(Path("runs/s/report/report.md").read_text().split())
     assert "san muon: lock 0.02 beats 0.01 by 0.0010 nats, within the noise floor (F = 0.0015)" in md
@@ -112,6 +113,9 @@ def test_a_sweep_that_resolves_its_lock_is_not_flagged(study_data_dir: Path, tmp
     assert main(["study", "table", "runs/s"]) == 0
     out = capsys.readouterr().out
     assert "within the noise floor" not in out and "LR sweep" in out, out
+    assert main(["study", "table", "runs/s", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {r["arm"]: r["within_floor"] for r in data["sweep"]} == {"san": False, "iso_param": False}
 
 
 @pytest.mark.parametrize(("cell", "losses", "margin"), [

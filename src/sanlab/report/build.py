@@ -188,7 +188,7 @@ def sweep(data: StudyData, out: Path) -> Section:
         s.blocks.append(Block("warning", w.removeprefix("warning: ")))
     s.figure(plots.draw_sweep, data, out, "sweep.png",
              "LR sweep: validation loss against learning rate per arm × optimizer; the star and the "
-             "dotted line mark the locked LR")
+             "dotted line mark the locked LR, the grey band the noise floor above the cell's best")
     return s
 
 

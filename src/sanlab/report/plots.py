@@ -265,6 +265,8 @@ def draw_sweep(data: StudyData) -> Drawn | str:
     fig, axes = _panels(len(rows), 4.4, 3.6, sharey=True)
     colors = arm_colors(data)
     top = max((d for r in rows for _, d in sweep_points(r)[0]), default=0.0) or 0.01
+    floors = {n.get("data", ""): n["size"] for n in (data.tables or {}).get("noise_floor") or []
+              if n.get("size") is not None}
     for i, (ax, r) in enumerate(zip(axes, rows)):
         ok, bad, best = sweep_points(r)
         col = colors.get(r["arm"], "C0")
@@ -280,12 +282,19 @@ def draw_sweep(data: StudyData) -> Drawn | str:
             if at is not None:
                 ax.plot([r["lock"]], [at], "*", color="gold", mec="black", ms=15, zorder=5,
                         label=f"locked LR {r['lock']:g}")
+        size = floors.get(r.get("data", ""))
+        if size is not None:  # points in the band are not told apart from the best (the noise rule)
+            ax.axhspan(0, size, color="#9ca3af", alpha=0.3, lw=0, gid=f"floor:{r['arm']}:{r['optimizer']}",
+                       label=f"within the noise floor (F = {size:.4f})")
         if r.get("at_edge"):
             title += "\n⚠ never turned: best LR at the sweep's edge"
             ax.set_facecolor("#fff3e0")
+        elif r.get("within_floor"):
+            title += "\n⚠ lock within the noise floor of the runner-up"
         elif not r.get("done"):
             title += "\n(sweep still running)"
-        ax.set_title(title, fontsize=9.5, color="#b45309" if r.get("at_edge") else "black")
+        warn = r.get("at_edge") or r.get("within_floor")
+        ax.set_title(title, fontsize=9.5, color="#b45309" if warn else "black")
         _log_axis(ax, fmt=lambda v: f"{v:g}", ticks=[r["base_lr"] * float(m) for m in r["losses"]])
         ax.set_xlabel("learning rate")
         if i % 3 == 0:
@@ -295,9 +304,13 @@ def draw_sweep(data: StudyData) -> Drawn | str:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="upper center")
     axes[0].set_ylim(-0.05 * top, 1.12 * top)
-    return Drawn(fig, ["Every panel shows the validation loss minus its own cell's best, on one shared y "
-                       "axis, so how flat each arm's optimum is compares directly (each best loss is in "
-                       "its panel's title)."])
+    notes = ["Every panel shows the validation loss minus its own cell's best, on one shared y "
+             "axis, so how flat each arm's optimum is compares directly (each best loss is in "
+             "its panel's title)."]
+    if floors:
+        notes.append("The grey band is the noise floor F above the best: an LR whose point lies in it is not "
+                     "told apart from the lock, and a panel whose runner-up lies in it says so.")
+    return Drawn(fig, notes)
 
 
 # --------------------------------------------------------------------------- gaps

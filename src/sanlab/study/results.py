@@ -32,6 +32,7 @@ from sanlab.study.table import (
     sweep_table,
     swept_points,
     throughput,
+    unresolved_lock,
     verdict,
 )
 
@@ -101,7 +102,8 @@ def tables(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dict], p
             table, w = sweep_table(spec, arms, records, p if p.slug else None, sizes.get(p.slug))
             sweep_title = sweep_title or str(table.title)
             warnings += w
-            sweep += [r.to_dict() for r in sweep_rows(spec, arms, records, p.slug)]
+            sweep += [{**r.to_dict(), "within_floor": unresolved_lock(r, sizes.get(p.slug))}
+                      for r in sweep_rows(spec, arms, records, p.slug)]
     else:
         sweep = [r.to_dict() for r in sweep_rows(spec, arms, records)]
     axis = spec.data.axis_key
