@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+
+def _share_the_cores_among_workers() -> bool:
+    """Under `pytest -n N` (what `make test` runs), N worker processes share the machine:
+    each gets cores/N intra-op threads (at least one), and so does every process a test
+    starts, through OMP_NUM_THREADS, which torch reads when it is imported. Without it each
+    worker and each training subprocess would start a thread per core, N times over. A
+    caller's own OMP_NUM_THREADS is kept. True when it set the variable."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2 or "OMP_NUM_THREADS" in os.environ:
+        return False
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+    return True
+
+
+CORES_SHARED = _share_the_cores_among_workers()
 
 
 def _prepare(factory: pytest.TempPathFactory, name: str, overrides: list[str]) -> Path:
