@@ -80,7 +80,11 @@ def train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool
     facts = world_facts(cfg) if os.environ.get("SANLAB_FAKE_AXIS") and cfg.data.dir else None
     loss = expected_loss(cfg) if facts is None else axis_loss(cfg, facts)
     status = "diverged" if loss is None else "completed"
-    meta = {"status": status, "final": {"val_loss": loss, "tokens": cfg.train.tokens}}
+    meta: dict[str, Any] = {"status": status, "final": {"val_loss": loss, "tokens": cfg.train.tokens}}
+    # SANLAB_FAKE_TOKENS_PER_S="san=1000,ffn=100000": the training speed each kind reports
+    speeds = os.environ.get("SANLAB_FAKE_TOKENS_PER_S")
+    if speeds:
+        meta["tokens_per_s"] = float(dict(kv.split("=") for kv in speeds.split(","))["ffn" if cfg.model.ffn else "san"])
     meta_path.write_text(json.dumps(meta))
     return meta
 

@@ -25,9 +25,10 @@ otherwise; so a study dir moved or copied (with its data) resumes where it was.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 
@@ -53,7 +54,7 @@ from sanlab.study.plan import (
 from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
-from sanlab.study.table import locks, locks_by_point, print_tables
+from sanlab.study.table import locks, locks_by_point, print_tables, throughput
 from sanlab.tables import Output
 
 SPEC_FILE = "study.json"
@@ -228,6 +229,32 @@ def portable_data_dir(data_dir: str | Path, study_dir: Path, run_dir: Path) -> s
     return str(data)
 
 
+def run_costs(runs: Sequence[PlannedRun], records: Mapping[str, dict]) -> list[float]:
+    """Each run's cost, by which the local runner starts the longest first: its seconds
+    at its arm's tokens/s as measured by the study's finished runs (`throughput`; a group's
+    total, which is what a solo run gets); for an arm not measured yet (the noise arm, say),
+    the measured arm nearest in FLOPs per token, its tokens/s scaled by the FLOPs ratio;
+    with nothing measured (a study's first round), its training FLOPs. FLOPs alone put a
+    SAN level with its iso-FLOP partner, which trains faster per FLOP: in the demo's final
+    runs that order left one worker idle for the last ~4 s."""
+    speed = throughput(records)
+    flops = {r["arm"]: float(r["flops_per_token"]) for r in records.values()
+             if r.get("arm") in speed and isinstance(r.get("flops_per_token"), (int, float))
+             and r["flops_per_token"] > 0}
+    if not flops:
+        return [float(r.tokens * r.flops_per_token) for r in runs]
+    costs = []
+    for r in runs:
+        if r.arm in flops:
+            costs.append(r.tokens / speed[r.arm])
+        elif r.flops_per_token > 0:
+            near = min(flops, key=lambda a: abs(math.log(flops[a] / r.flops_per_token)))
+            costs.append(r.tokens / (speed[near] * flops[near] / r.flops_per_token))
+        else:
+            costs.append(0.0)  # (unknown: keeps its place after the known ones)
+    return costs
+
+
 class Study:
     """One `study run` invocation over a study dir."""
 
@@ -267,7 +294,7 @@ class Study:
         self.console.print(f"{what}: {len(todo)} run(s)")
         jobs = [Job(run_id=r.run_id, run_dir=os.path.abspath(self.dir / RUNS / r.run_id),
                     config=self._run_config(r), jobs_dir=os.path.abspath(self.dir / "jobs"),
-                    train_fn=self.train_fn, cost=float(r.tokens * r.flops_per_token)) for r in todo]
+                    train_fn=self.train_fn, cost=cost) for r, cost in zip(todo, run_costs(todo, records))]
         count = [0]
 
         def on_done(job: Job, outcome: dict[str, Any]) -> None:

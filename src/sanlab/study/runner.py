@@ -65,7 +65,9 @@ class Job:
     gpus: int = 0  # >1: torchrun with one process per GPU
     nodes: int = 1
     train_fn: str = DEFAULT_TRAIN_FN  # "module:function" with the trainer's signature
-    cost: float = 0.0  # its training FLOPs, or 0 if unknown: the local runner starts the costliest first
+    # its estimated seconds, or its training FLOPs (`orchestrate.run_costs`), or 0 if
+    # unknown: the local runner starts the costliest first
+    cost: float = 0.0
 
     @property
     def job_file(self) -> Path:
