@@ -16,13 +16,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
-# -n auto: one pytest-xdist worker per core, tests handed out as workers free up; each
-# worker and the processes its tests start get cores/workers threads (tests/conftest.py).
+# -n auto: one pytest-xdist worker per core (at most 8: each holds ~1 GB by the end), tests
+# handed out as workers free up; each worker and the processes its tests start get
+# cores/workers threads (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q -n auto --dist worksteal
+	$(PY) -m pytest -q -n auto --maxprocesses 8 --dist worksteal
 
 test-all: setup
-	$(PY) -m pytest -q -n auto --dist worksteal -m "not gpu"
+	$(PY) -m pytest -q -n auto --maxprocesses 8 --dist worksteal -m "not gpu"
 
 # The quick study, then its report (final pairs analysed; milestones for the spectra
 # dynamics). The last line printed is the path of report.html.

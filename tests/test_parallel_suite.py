@@ -53,5 +53,5 @@ def test_a_worker_and_the_processes_it_starts_run_cores_over_workers_threads():
 def test_make_test_runs_the_suite_in_workers():
     make = (ROOT / "Makefile").read_text()
     recipe = make.split("\ntest: setup\n", 1)[1].split("\n\n", 1)[0]
-    assert "-m pytest" in recipe and "-n auto" in recipe
+    assert "-m pytest" in recipe and "-n auto" in recipe and "--maxprocesses 8" in recipe
     assert "pytest-xdist" in (ROOT / "pyproject.toml").read_text()
