@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,36 @@ def test_a_study_dir_refuses_another_spec_and_rewrites_nothing(home: Path, capsy
             assert (keys or "arms") in err[0] and "runs/s" in err[0], err[0]
             assert ("--extend" in err[0]), err[0]
             assert _tree(home) == before, "the study dir was rewritten"
+
+
+def test_a_store_whose_sweep_points_read_as_other_runs_is_one_line_not_an_endless_sweep(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A results.jsonl edited so that finished sweep points no longer read as sweep points
+    (their phases rewritten): the sweep wants them, finds them finished and runs nothing,
+    and would plan them again every round, forever. The study stops at once with one line
+    naming the store and a run, exit 2, and writes nothing."""
+    assert main(["study", "run", "spec.toml", "--out", "runs/s"]) == 0
+    store = Path("runs/s/results.jsonl")
+    records = [json.loads(line) for line in store.read_text().splitlines()]
+    edited = [r["run_id"] for r in records if r.get("type") == "run" and r.get("phases") == ["sweep"]
+              and r.get("multiplier") == 1.0]
+    assert edited
+    for r in records:
+        if r.get("run_id") in edited:
+            r["phases"] = ["final"]
+    store.write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = _tree(home)
+    capsys.readouterr()
+    result: list[int] = []
+    study = threading.Thread(target=lambda: result.append(main(["study", "run", "spec.toml", "--out", "runs/s"])),
+                             daemon=True)
+    study.start()
+    study.join(timeout=60)
+    assert not study.is_alive(), "the sweep went round and round"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert result == [2] and len(err) == 1, err
+    assert "runs/s/results.jsonl" in err[0] and any(rid in err[0] for rid in edited), err[0]
+    assert _tree(home) == before
 
 
 def test_extend_adds_seeds_budgets_and_arms_and_keeps_every_finished_run(

@@ -341,8 +341,18 @@ class Study:
                         batch += sweep_runs(spec, arm, opt, d.pending, point.dir, note=note, point=point)
             if not batch:
                 return
+            batch = merge(batch)
+            stuck = [r.run_id for r in batch if records.get(r.run_id, {}).get("status") in FINAL_STATUSES]
+            if len(stuck) == len(batch):
+                # every point still wanted is a finished run that does not count as this
+                # sweep's point (a record of another phase or budget under its id): another
+                # round would plan the same runs again, forever
+                raise DataError(f"{self.store.path}: the sweep needs {', '.join(stuck[:3])}"
+                                f"{' …' if len(stuck) > 3 else ''}, which the store holds as finished runs "
+                                "but not as sweep points of this spec (a results.jsonl edited, or written by "
+                                "another spec); move the study dir aside and run the study afresh")
             round_no += 1
-            self._execute(merge(batch), f"sweep round {round_no}")
+            self._execute(batch, f"sweep round {round_no}")
 
     def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
         """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
