@@ -236,7 +236,7 @@ def run_costs(runs: Sequence[PlannedRun], records: Mapping[str, dict]) -> list[f
     the measured arm nearest in FLOPs per token, its tokens/s scaled by the FLOPs ratio;
     with nothing measured (a study's first round), its training FLOPs. FLOPs alone put a
     SAN level with its iso-FLOP partner, which trains faster per FLOP: in the demo's final
-    runs that order left one worker idle for the last ~4 s."""
+    runs that order left one worker idle for the last 8–11 s (by measured seconds, 3–5 s)."""
     speed = throughput(records)
     flops = {r["arm"]: float(r["flops_per_token"]) for r in records.values()
              if r.get("arm") in speed and isinstance(r.get("flops_per_token"), (int, float))
