@@ -66,6 +66,36 @@ static inline void panel(int K, const float *A, long am, long ak, const float *B
     panel_rows(MR, K, A, am, ak, B, ldb, C, ldc, acc);
 }
 
+/* panel_rows over VL columns, one vector a row: the same sums, column for column */
+static inline void panel_rows1(int mr, int K, const float *A, long am, long ak, const float *B, long ldb,
+                               float *C, long ldc, int acc)
+{
+    vf c0[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++) c0[m] = acc && m < mr ? vload(C + m * ldc) : vsplat(0.0f);
+    for (int k = 0; k < K; k++) {
+        const vf b0 = vload(B + k * ldb);
+        const float *a = A + k * ak;
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; m++) c0[m] += a[m * am] * b0;
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++)
+        if (m < mr) vstore(C + m * ldc, c0[m]);
+}
+
+/* C's columns [0, D) of the head dim (row stride ldc, B's columns alike): NW-wide panels,
+   and one VL-wide panel where at most VL columns are left. The columns past D in a
+   buffer of Dp = round_up(D, NW) are padding nobody reads: at D = 16 on AVX-512 (the demo's
+   and the probe's heads) a full panel computed twice the columns the head has. */
+static inline void head_cols(int mr, int K, int D, const float *A, long am, long ak, const float *B, long ldb,
+                             float *C, long ldc, int acc)
+{
+    int d = 0;
+    for (; D - d > VL; d += NW) panel_rows(mr, K, A, am, ak, B + d, ldb, C + d, ldc, acc);
+    if (d < D) panel_rows1(mr, K, A, am, ak, B + d, ldb, C + d, ldc, acc);
+}
+
 /* ------------------------------------------------------------------ packing */
 
 /* kv head (b, g) packed: Kt (Dp, Tp) for the scores, V (Tp, Dp) for P·V; with `bwd` also
@@ -128,7 +158,7 @@ static int fwd_fp32(const Attn *a)
                 float *Sm = S + (long)m * s.Tp;
                 /* scores of the panel's rows against keys [lo + n0, lo + n1) */
                 for (int n = n0; n < n1; n += NW)
-                    panel(s.Dp, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Sm + n, s.Tp, 0);
+                    panel(D, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Sm + n, s.Tp, 0);
                 /* softmax over each row's own interval; exp(s − max) unnormalised */
                 float inv[MR];
                 for (int r = 0; r < pr; r++) {
@@ -140,8 +170,7 @@ static int fwd_fp32(const Attn *a)
                 }
                 for (int r = pr; r < MR; r++) memset(Sm + (long)r * s.Tp + n0, 0, sizeof(float) * (n1 - n0));
                 /* O = P V over the panel's keys, then the softmax's normalisation */
-                for (int d = 0; d < s.Dp; d += NW)
-                    panel(n1 - n0, Sm + n0, s.Tp, 1, V + (long)(lo + n0) * s.Dp + d, s.Dp, O + (long)m * s.Dp + d, s.Dp, 0);
+                head_cols(MR, n1 - n0, D, Sm + n0, s.Tp, 1, V + (long)(lo + n0) * s.Dp, s.Dp, O + (long)m * s.Dp, s.Dp, 0);
                 for (int r = 0; r < pr; r++) {
                     float *o = a->out + (((long)b * s.H + h) * T + i0 + m + r) * D;
                     for (int d = 0; d < D; d++) o[d] = O[(long)(m + r) * s.Dp + d] * inv[r];
@@ -221,8 +250,8 @@ static int bwd_fp32(const Attn *a)
                         /* keys of the block outside the panel's [n0, n1) are zero for the key-panel products */
                         zero_outside(Pm, dSm, s.Tp, MR, n0, n1, hi);
                         for (int n = n0; n < n1; n += NW) {
-                            panel(s.Dp, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Pm + n, s.Tp, 0);
-                            panel(s.Dp, dO + (long)m * s.Dp, s.Dp, 1, Vt + lo + n, s.Tp, dSm + n, s.Tp, 0);
+                            panel(D, Q + (long)m * s.Dp, s.Dp, 1, Kt + lo + n, s.Tp, Pm + n, s.Tp, 0);
+                            panel(D, dO + (long)m * s.Dp, s.Dp, 1, Vt + lo + n, s.Tp, dSm + n, s.Tp, 0);
                         }
                         for (int r = 0; r < pr; r++) {
                             const int i = i0 + m + r;
@@ -234,8 +263,7 @@ static int bwd_fp32(const Attn *a)
                             memset(dSm + (long)r * s.Tp + n0, 0, sizeof(float) * (n1 - n0));
                         }
                         /* dQ = dS K (its √D below, with the output) */
-                        for (int d = 0; d < s.Dp; d += NW)
-                            panel(n1 - n0, dSm + n0, s.Tp, 1, K + (long)(lo + n0) * s.Dp + d, s.Dp, dQ + (long)m * s.Dp + d, s.Dp, 0);
+                        head_cols(MR, n1 - n0, D, dSm + n0, s.Tp, 1, K + (long)(lo + n0) * s.Dp, s.Dp, dQ + (long)m * s.Dp, s.Dp, 0);
                         for (int r = 0; r < pr; r++) {
                             emit_qk_grad(a, 1, b, h, i0 + m + r, dQ + (long)(m + r) * s.Dp, scale, gq);
                         }
@@ -245,10 +273,9 @@ static int bwd_fp32(const Attn *a)
                     for (int n = 0; n < hi; n += MR) {
                         const int key = lo + n, r0 = key > i0 ? key - i0 : 0, mr = hi - n < MR ? hi - n : MR;
                         if (r0 >= rows) break;
-                        for (int d = 0; d < s.Dp; d += NW) { /* (a last panel of mr < MR keys where MR does not divide NW) */
-                            panel_rows(mr, rows - r0, dS + (long)r0 * s.Tp + n, 1, s.Tp, Q + (long)r0 * s.Dp + d, s.Dp, dK + (long)key * s.Dp + d, s.Dp, 1);
-                            panel_rows(mr, rows - r0, P + (long)r0 * s.Tp + n, 1, s.Tp, dO + (long)r0 * s.Dp + d, s.Dp, dV + (long)key * s.Dp + d, s.Dp, 1);
-                        }
+                        /* (a last panel of mr < MR keys where MR does not divide NW) */
+                        head_cols(mr, rows - r0, D, dS + (long)r0 * s.Tp + n, 1, s.Tp, Q + (long)r0 * s.Dp, s.Dp, dK + (long)key * s.Dp, s.Dp, 1);
+                        head_cols(mr, rows - r0, D, P + (long)r0 * s.Tp + n, 1, s.Tp, dO + (long)r0 * s.Dp, s.Dp, dV + (long)key * s.Dp, s.Dp, 1);
                     }
                 }
             }
