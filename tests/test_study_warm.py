@@ -197,3 +197,53 @@ def test_a_study_that_ignores_ctrl_c_gives_its_runs_the_same(tmp_path: Path, mon
     finally:
         signal.signal(signal.SIGINT, previous)
     assert procs["a"]["sigint_ignored"] and (procs["a"]["ppid"] != os.getpid()) == (warm == "1")
+
+
+def test_a_study_starts_its_warm_processes_before_it_prepares_its_data(
+        study_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their imports (~2.4 s) overlap the data's preparation instead of following it."""
+    import shutil
+
+    from test_study_relocate import TRAIN_FN, InlineRunner, _spec
+
+    from sanlab.study import orchestrate
+
+    events: list[str] = []
+
+    class Runner(InlineRunner):
+        def warm_up(self) -> None:
+            events.append("warm_up")
+
+        def run(self, jobs: list[Job], on_done: object) -> None:
+            events.append("run")
+            super().run(jobs, on_done)
+
+    resolve = orchestrate.resolve_data
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        if kwargs.get("prepare"):  # (the checks before it read the data without preparing it)
+            events.append("prepare")
+        return resolve(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(orchestrate, "resolve_data", recorded)
+    shutil.copytree(study_data_dir, tmp_path / "s" / "data")
+    assert orchestrate.Study(_spec(), tmp_path / "s", train_fn=TRAIN_FN, runner=Runner()).run() == 0  # type: ignore[arg-type]
+    assert events[:3] == ["warm_up", "prepare", "run"]
+
+
+def test_a_warm_process_never_asked_to_run_is_stopped_at_once(tmp_path: Path) -> None:
+    """`close` kills a warm process that never forked a run (a study with nothing left to
+    run need not wait for its imports); one that did ends on its own when its stdin closes."""
+    idle = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    idle.warm_up()
+    assert idle._warm is not None
+    proc = idle._warm.queue[0].proc
+    idle.close()
+    assert proc.returncode == -signal.SIGKILL
+    used = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    used.warm_up()
+    assert used._warm is not None
+    proc = used._warm.queue[0].proc
+    _run(used, _jobs(tmp_path, ["a"]))
+    used.close()
+    assert proc.returncode == 0

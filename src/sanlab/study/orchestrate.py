@@ -407,6 +407,9 @@ class Study:
         if note:
             self.console.print(f"note: {note}", highlight=False)
         save_spec(self.spec, self.dir)
+        warm_up = getattr(self.runner, "warm_up", None)
+        if warm_up is not None:  # (the local runner's warm processes import while the data is prepared)
+            warm_up()
         self._prepare()
         if self.spec.sweep.enabled:
             self._sweep()

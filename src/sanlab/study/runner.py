@@ -287,10 +287,16 @@ class LocalRunner:
             raise
         pool.shutdown(wait=True)
 
+    def warm_up(self) -> None:
+        """Start the warm processes now (a study calls this before it prepares its data, so
+        their imports overlap the preparation); `run` starts them otherwise."""
+        self._start_warm()
+
     def _start_warm(self) -> None:
-        """One warm process a worker (`sanlab.study.warm`; CPU runs only), started by the
-        first `run` so their imports overlap, and kept for the next (a study's sweep rounds
-        and final runs) until `close`; `_launch` settles whether each can fork runs."""
+        """One warm process a worker (`sanlab.study.warm`; CPU runs only), started by
+        `warm_up` or the first `run` so their imports overlap, and kept for the next (a
+        study's sweep rounds and final runs) until `close`; `_launch` settles whether each
+        can fork runs."""
         if self._warm is not None or self.gpus or not warm.enabled():
             return
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "SANLAB_PARENT_PID": str(os.getpid())}

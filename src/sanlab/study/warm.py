@@ -167,6 +167,8 @@ class WarmWorker:
             return None
 
     def close(self) -> None:
+        if self.ready is None:  # never asked to run anything (a study with nothing left to run):
+            self.proc.kill()    # stop it now rather than wait for its imports to finish
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
