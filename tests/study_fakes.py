@@ -108,3 +108,21 @@ def process_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, for
         "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}))
     time.sleep(float(os.environ.get("SANLAB_FAKE_SECONDS", "0")))
     return train(cfg, out_dir, resume=resume, force=force)
+
+
+def timed_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """`train` that takes SANLAB_FAKE_SECONDS_BY_KIND's seconds for its kind ("san=0.05,ffn=0.6")
+    and appends its start and end times to times.jsonl next to the run."""
+    import os
+    import time
+
+    out = Path(out_dir)
+    if (out / "meta.json").is_file():
+        return train(cfg, out_dir, resume=resume, force=force)
+    seconds = dict(kv.split("=") for kv in os.environ.get("SANLAB_FAKE_SECONDS_BY_KIND", "san=0,ffn=0").split(","))
+    start = time.time()
+    time.sleep(float(seconds["ffn" if cfg.model.ffn else "san"]))
+    meta = train(cfg, out_dir, resume=resume, force=force)
+    with open(out.parent / "times.jsonl", "a") as f:
+        f.write(json.dumps({"run": out.name, "start": start, "end": time.time()}) + "\n")
+    return meta

@@ -42,6 +42,7 @@ from sanlab.study.plan import (
     StudyArm,
     build_arms,
     cell_decision,
+    cell_key,
     cells,
     data_points,
     final_runs,
@@ -269,6 +270,7 @@ class Study:
         self.store = ResultStore(self.dir)
         self.runner = runner or make_runner(spec.runner, self.dir)
         self.attempted: set[str] = set()  # run ids executed by this invocation
+        self.announced: set[tuple[str, ...]] = set()  # cell keys whose lock this invocation printed
         self.arms: list[StudyArm] = []
         self.data_dir = ""  # the first (without a data axis: the only) data point's dir
         self.points: list[DataPoint] = []
@@ -282,19 +284,29 @@ class Study:
 
     # ---------------------------------------------------------------- execution
 
+    def _jobs(self, todo: list[PlannedRun], records: Mapping[str, dict]) -> list[Job]:
+        return [Job(run_id=r.run_id, run_dir=os.path.abspath(self.dir / RUNS / r.run_id),
+                    config=self._run_config(r), jobs_dir=os.path.abspath(self.dir / "jobs"),
+                    train_fn=self.train_fn, cost=cost, rank=0 if "sweep" in r.phases else 1)
+                for r, cost in zip(todo, run_costs(todo, records))]
+
     def _execute(self, runs: list[PlannedRun], what: str) -> None:
         records = self.store.runs()
         todo = [r for r in runs if records.get(r.run_id, {}).get("status") not in FINAL_STATUSES]
-        skipped = len(runs) - len(todo)
+        left = {r.run_id for r in todo}
+        # (finished before this invocation: a stream may have run some of them already)
+        skipped = len([r for r in runs if r.run_id not in left and r.run_id not in self.attempted])
         if skipped:
             self.console.print(f"{what}: {skipped} run(s) already finished, skipped")
         if not todo:
             return
-        by_id = {r.run_id: r for r in todo}
         self.console.print(f"{what}: {len(todo)} run(s)")
-        jobs = [Job(run_id=r.run_id, run_dir=os.path.abspath(self.dir / RUNS / r.run_id),
-                    config=self._run_config(r), jobs_dir=os.path.abspath(self.dir / "jobs"),
-                    train_fn=self.train_fn, cost=cost) for r, cost in zip(todo, run_costs(todo, records))]
+        self.runner.run(self._jobs(todo, records), self._on_done(todo))
+
+    def _on_done(self, todo: list[PlannedRun]) -> Any:
+        """The callback that records each finished run and prints its line ([k/N]: N the
+        runs of `todo`, which a stream extends)."""
+        by_id = {r.run_id: r for r in todo}
         count = [0]
 
         def on_done(job: Job, outcome: dict[str, Any]) -> None:
@@ -316,7 +328,12 @@ class Study:
             self.console.print(f"  [{count[0]}/{len(todo)}] {r.run_id}: {outcome['status']} {loss} "
                                f"({outcome.get('wall_s', 0):.0f} s){err}", highlight=False)
 
-        self.runner.run(jobs, on_done)
+        def add(runs: list[PlannedRun]) -> None:
+            todo.extend(runs)
+            by_id.update({r.run_id: r for r in runs})
+
+        on_done.add = add  # type: ignore[attr-defined]
+        return on_done
 
     def _run_config(self, r: PlannedRun) -> dict[str, Any]:
         config: dict[str, Any] = json.loads(r.config.model_dump_json())
@@ -354,10 +371,91 @@ class Study:
             round_no += 1
             self._execute(batch, f"sweep round {round_no}")
 
-    def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
-        """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
+    def _stream(self) -> None:
+        """The sweep and the final runs as one stream, on a runner that takes jobs while it
+        runs (the local one): a cell's next sweep points start as soon as its last ones
+        have finished, and its final runs (with the noise pair, for the reference) as soon
+        as it locks, instead of every cell waiting for the slowest cell's round and the
+        final runs for the last lock. The same runs, decisions and locks as by rounds
+        (each cell's sweep reads only its own points); free workers take sweep points
+        before final runs, since those decide what runs next."""
+        spec = self.spec
+        started: set[str] = set()
+
+        def wanted() -> list[PlannedRun]:
+            records = self.store.runs()
+            runs: list[PlannedRun] = []
+            for point in self.points:
+                if not sweeps_at(spec, self.points, point):
+                    continue
+                for arm, opt in cells(spec, self.arms):
+                    d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted, point.slug))
+                    for m in d.pending:
+                        note = "" if m in spec.sweep.multipliers else "boundary extension"
+                        runs += sweep_runs(spec, arm, opt, [m], point.dir, note=note, point=point)
+            by_point = locks_by_point(spec, self.arms, records, self.attempted, self.points)
+            if spec.sweep.enabled:
+                self._announce_locks(by_point, records, self.attempted)
+            for p in self.points:
+                runs += final_runs(spec, self.arms, by_point[p.slug], p.dir, point=p if p.key is not None else None)
+            new = [r for r in merge(runs) if r.run_id not in started
+                   and records.get(r.run_id, {}).get("status") not in FINAL_STATUSES]
+            started.update(r.run_id for r in new)
+            return new
+
+        def header(runs: list[PlannedRun], more: bool) -> None:
+            sweep = [r for r in runs if "sweep" in r.phases]
+            finals = [r for r in runs if "sweep" not in r.phases]
+            if sweep:
+                what = "sweep, boundary extension" if more else "sweep"
+                self.console.print(f"{what}: {len(sweep)} run(s)"
+                                   + (f" ({', '.join(sorted({f'{r.arm} {r.optimizer}' for r in sweep}))})"
+                                      if more else ""), highlight=False)
+            if finals:
+                self.console.print(f"final + noise-floor runs: {len(finals)} run(s)"
+                                   + (f" ({', '.join(sorted({f'{r.arm} {r.optimizer}' for r in finals}))})"
+                                      if more else ""), highlight=False)
+
+        first = wanted()
+        if not first:
+            self._check_not_stuck()
+            return
+        header(first, False)
+        on_done = self._on_done(first)
+
+        def more() -> list[Job]:
+            new = wanted()
+            if not new:
+                return []
+            header(new, True)
+            on_done.add(new)
+            return self._jobs(new, self.store.runs())
+
+        self.runner.run(self._jobs(first, self.store.runs()), on_done, more=more)  # type: ignore[call-arg]
+        self._check_not_stuck()
+
+    def _check_not_stuck(self) -> None:
+        """After a stream: a cell whose sweep still wants points that the store holds as
+        finished runs (not as its sweep points) can never lock (see `_sweep`)."""
         records = self.store.runs()
-        by_point = locks_by_point(self.spec, self.arms, records, set(records), self.points)
+        stuck: list[str] = []
+        for point in self.points:
+            if not sweeps_at(self.spec, self.points, point):
+                continue
+            for arm, opt in cells(self.spec, self.arms):
+                d = cell_decision(self.spec, sweep_results(self.spec, arm, opt, records, self.attempted, point.slug))
+                stuck += [r.run_id for r in sweep_runs(self.spec, arm, opt, d.pending, point.dir, point=point)
+                          if records.get(r.run_id, {}).get("status") in FINAL_STATUSES]
+        if stuck:
+            raise DataError(f"{self.store.path}: the sweep needs {', '.join(stuck[:3])}"
+                            f"{' …' if len(stuck) > 3 else ''}, which the store holds as finished runs "
+                            "but not as sweep points of this spec (a results.jsonl edited, or written by "
+                            "another spec); move the study dir aside and run the study afresh")
+
+    def _announce_locks(self, by_point: Mapping[str, Mapping[tuple[str, str], float]],
+                        records: Mapping[str, dict], attempted: set[str], last: bool = False) -> None:
+        """Store and print the lock of every cell that has locked and was not announced yet
+        (`last`, once the sweep is over: and say which cells have none)."""
         for point in self.points:
             if sweep_point(self.spec, self.points, point) != point:
                 continue
@@ -366,10 +464,12 @@ class Study:
             at = f" at {point.label}" if point.key is not None else ""
             for arm, opt in cells(self.spec, self.arms):
                 key = (arm.name, opt)
-                if key not in lock:
+                if key not in lock and last:
                     self.console.print(f"[red]{arm.name} {opt}{at}: every sweep point failed; no final runs[/red]")
+                if key not in lock or cell_key(point.slug, *key) in self.announced:
                     continue
-                results = sweep_results(self.spec, arm, opt, records, set(records), point.slug)
+                self.announced.add(cell_key(point.slug, *key))
+                results = sweep_results(self.spec, arm, opt, records, attempted, point.slug)
                 d = cell_decision(self.spec, results)
                 if stored.get(key, {}).get("lr") != lock[key]:
                     self.store.append({"type": "lock", "arm": arm.name, "optimizer": opt,
@@ -378,6 +478,12 @@ class Study:
                                        **({"data": point.slug} if point.slug else {})})
                 self.console.print(f"lock {arm.name} {opt}{at}: lr {lock[key]:g}"
                                    + (" (still at an edge of the sweep)" if d.at_edge else ""), highlight=False)
+
+    def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
+        """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
+        records = self.store.runs()
+        by_point = locks_by_point(self.spec, self.arms, records, set(records), self.points)
+        self._announce_locks(by_point, records, set(records), last=True)
         return by_point
 
     def _prepare(self) -> None:
@@ -411,7 +517,9 @@ class Study:
         if warm_up is not None:  # (the local runner's warm processes import while the data is prepared)
             warm_up()
         self._prepare()
-        if self.spec.sweep.enabled:
+        if getattr(self.runner, "streams", False):
+            self._stream()
+        elif self.spec.sweep.enabled:
             self._sweep()
         by_point = self._record_locks()
         finals = merge([r for p in self.points

@@ -51,6 +51,7 @@ from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, pl
 from sanlab.study.spec import RunnerSpec
 
 OnDone = Callable[["Job", dict[str, Any]], None]
+More = Callable[[], Sequence["Job"]]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ class Job:
     # its estimated seconds, or its training FLOPs (`orchestrate.run_costs`), or 0 if
     # unknown: the local runner starts the costliest first
     cost: float = 0.0
+    # the local runner starts a lower rank first, whatever the costs (a study: its sweep
+    # points, which decide what runs next, 0; its final runs 1)
+    rank: int = 0
 
     @property
     def job_file(self) -> Path:
@@ -181,6 +185,8 @@ def execute(job: Job) -> dict[str, Any]:
 class LocalRunner:
     """`workers` concurrent runs on this machine, each in its own process."""
 
+    streams = True  # `run` takes more jobs while it runs (`more`)
+
     def __init__(self, spec: RunnerSpec) -> None:
         self.workers = spec.workers
         self.threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.workers)
@@ -258,31 +264,46 @@ class LocalRunner:
             groups += [[same[i] for i in g] for g in plan_groups([j.config for j in same], self.members, self.workers)]
         return groups
 
-    def run(self, jobs: Sequence[Job], on_done: OnDone) -> None:
+    def run(self, jobs: Sequence[Job], on_done: OnDone, more: More | None = None) -> None:
         """Run every job, calling `on_done(job, outcome)` in this thread as each finishes
-        (the members of a group as their group finishes)."""
-        jobs = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus})
-                for j in jobs]
+        (the members of a group as their group finishes). `more`, called in this thread
+        after each finished group's `on_done`, returns jobs to run as well (a study's next
+        sweep points, the final runs of a cell that locked); they are grouped among
+        themselves. A free worker takes the waiting group of the lowest rank, then the
+        costliest."""
 
         def one(group: list[Job]) -> list[dict[str, Any]]:
             return [self._one(group[0])] if len(group) == 1 else self._group(group)
 
-        # longest first (as `study plan`'s estimate assumes, `plan.makespan`): a long run
-        # started last would keep one worker busy while the others wait for it
-        groups = sorted(self._groups(jobs), key=lambda g: -sum(j.cost for j in g))
+        waiting: list[list[Job]] = []
+
+        def add(new: Sequence[Job]) -> None:
+            own = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus}) for j in new]
+            waiting.extend(self._groups(own))
+            # longest first (as `study plan`'s estimate assumes, `plan.makespan`): a long run
+            # started last would keep one worker busy while the others wait for it (a stable
+            # sort: runs of unknown cost keep their order)
+            waiting.sort(key=lambda g: (min(j.rank for j in g), -sum(j.cost for j in g)))
+
+        add(jobs)
         self._start_warm()
         pool = ThreadPoolExecutor(max_workers=self.workers)
         try:
-            pending: dict[Future[list[dict[str, Any]]], list[Job]] = {pool.submit(one, g): g for g in groups}
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            running: dict[Future[list[dict[str, Any]]], list[Job]] = {}
+            while waiting or running:
+                while waiting and len(running) < self.workers:
+                    group = waiting.pop(0)
+                    running[pool.submit(one, group)] = group
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    for job, outcome in zip(pending.pop(fut), fut.result()):
+                    for job, outcome in zip(running.pop(fut), fut.result()):
                         on_done(job, outcome)
+                if more is not None:
+                    add(more())
         except BaseException:
             # Ctrl-C (KeyboardInterrupt) reaches the running runs too, one process group:
-            # they stop at their next step with a checkpoint, and the runs still queued
-            # never start (leaving the pool with `with` would have started every one)
+            # they stop at their next step with a checkpoint, and the runs still waiting
+            # never start
             pool.shutdown(wait=True, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
