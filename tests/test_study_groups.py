@@ -173,3 +173,33 @@ def test_plan_total_spreads_groups_not_runs(monkeypatch: pytest.MonkeyPatch) -> 
     # one worker: everything one after another
     assert groups.plan_seconds(plan, "auto", 1) == pytest.approx(4.0 + 30.0 / groups.MEMBER_SPEEDUP + 10.0)
     assert [r[1] for r in groups.plan_table_rows(plan, "auto", 2)] == [["a", "b", "c"]]
+
+
+def test_the_streamed_estimate_releases_a_cells_final_runs_when_its_sweep_ends() -> None:
+    """`stream_makespan`: two workers; the SAN's sweep (1 s) ends long before the iso-FLOP
+    arm's (9 s), so its final run (8 s) runs beside that sweep: 11 s, against 9 + 8 = 17 s
+    with a barrier between the phases. The noise arm's final run waits for the reference's
+    sweep; a unit of sweep points goes before a longer final unit."""
+    from types import SimpleNamespace
+
+    from sanlab.study.plan import makespan, stream_makespan
+
+    def run(arm: str, phase: str) -> SimpleNamespace:
+        return SimpleNamespace(arm=arm, optimizer="muon", data="", phases=[phase])
+
+    units = [(1.0, [run("san", "sweep")]), (9.0, [run("iso_flop", "sweep")]),
+             (8.0, [run("san", "final")]), (2.0, [run("iso_flop", "final")])]
+    assert stream_makespan(units, 2) == pytest.approx(11.0)
+    # a final run never starts before its cell's sweep ends, even with a worker free
+    assert stream_makespan([(9.0, [run("iso_flop", "sweep")]), (2.0, [run("iso_flop", "final")])], 2) == 11.0
+    assert makespan([1.0, 9.0], 2) + makespan([8.0, 2.0], 2) == pytest.approx(17.0)
+    # the noise arm (no sweep of its own) trains at the reference's lock: it waits for the SAN's sweep
+    noise = units + [(5.0, [run("san_rms", "noise")])]
+    assert stream_makespan(noise, 2, "san", "muon") == pytest.approx(11.0 + 5.0 - 2.0)  # 1→9 san final, 9→14 noise
+    # one worker: sweep points first (1 + 9), then the final runs longest first
+    assert stream_makespan(units, 1) == pytest.approx(20.0)
+    # as the runner ranks them: at 1 s the SAN's final run (10 s) is ready, yet the waiting
+    # iso-depth sweep point (0.5 s) goes first (1→1.5), the final run after it: 11.5 s, not 11
+    ranked = [(3.0, [run("iso_flop", "sweep")]), (1.0, [run("san", "sweep")]), (0.5, [run("iso_depth", "sweep")]),
+              (10.0, [run("san", "final")])]
+    assert stream_makespan(ranked, 2) == pytest.approx(11.5)

@@ -84,9 +84,10 @@ def test_estimate_uses_the_measured_step(study_data_dir: Path, monkeypatch: pyte
 
 
 def test_estimate_follows_how_study_run_schedules(study_data_dir: Path) -> None:
-    """Two workers: the sweep points are one batch and the final runs another, each as long
-    as its busiest worker (longest run first); boundary extension can add up to
-    `max_extensions` rounds of one more point per sweep cell."""
+    """Two workers: the local runner streams (a cell's final runs once its sweep points have
+    finished, `plan.stream_makespan`); the SLURM runner's sweep points are one batch and the
+    final runs another, each as long as its busiest worker (longest run first); boundary
+    extension can add up to `max_extensions` rounds of one more point per sweep cell."""
     spec = tiny_spec(study_data_dir, runner={"workers": 2, "threads": 1},
                      sweep={"tokens": 1280, "multipliers": [0.5, 1.0, 2.0], "max_extensions": 3})
     plan = plan_study(spec)
@@ -95,8 +96,20 @@ def test_estimate_follows_how_study_run_schedules(study_data_dir: Path) -> None:
     sweep = sorted(plan.run_seconds(r) for r in plan.runs if "sweep" in r.phases)
     finals = sorted(plan.run_seconds(r) for r in plan.runs if "sweep" not in r.phases)
     assert sweep == [1.0] * 3 + [3.0] * 3 and finals == [2.0, 6.0]
-    # LPT on two workers: sweep {3, 3} vs {3, 1, 1, 1} -> 6; finals {6} vs {2} -> 6
+    # streamed: the SAN's points 0→3, 0→3, 3→6, iso-param's 3→4, 4→5, 5→6; both cells end at
+    # 6, then the finals 6→12 and 6→8
+    assert plan.stream and plan.total_seconds == pytest.approx(12.0)
+    # by batches (SLURM), LPT on two workers: sweep {3, 3} vs {3, 1, 1, 1} -> 6; finals {6} vs {2} -> 6
+    plan.stream = False
     assert plan.total_seconds == pytest.approx(12.0)
+    # a cell whose sweep ends early: iso-param's points twice as long (2 s) make its sweep end
+    # at 6 with the SAN's by batches, but streamed the SAN's final run (6 s) starts when its own
+    # last point ends
+    cost["iso_param"] = 2.0
+    plan.stream = True
+    streamed = plan.total_seconds
+    plan.stream = False
+    assert streamed < plan.total_seconds
     assert plan.extension_seconds == pytest.approx(3 * 3.0)  # san's and iso_param's points side by side
     assert plan.to_dict()["est_extension_seconds"] == pytest.approx(9.0)
     off = plan_study(tiny_spec(study_data_dir, sweep={"tokens": 1280, "multipliers": [1.0], "extend": False}))

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
-from sanlab.study.plan import makespan
+from sanlab.study.plan import makespan, stream_makespan
 
 # the study runner's default train_fn: the trainer itself
 DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
@@ -150,12 +150,16 @@ def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[s
 
 
 def plan_seconds(plan: Any, setting: int | str, workers: int) -> float:
-    """The study's wall time with member groups: per phase (the sweep, then the rest), each
-    group one unit and each run left solo another, spread over the workers longest first
-    (`sanlab.study.plan.makespan`). A few large groups can take longer than their runs
-    would solo: the workers balance coarser units."""
-    return sum(makespan([_unit_seconds(plan, runs, g) for g in groups], workers)
-               for _, runs, groups in _phase_units(plan, setting, workers))
+    """The study's wall time with member groups: each group one unit and each run left solo
+    another, streamed over the workers as the local runner streams them
+    (`sanlab.study.plan.stream_makespan`); without a stream per phase (the sweep, then the
+    rest), longest first (`sanlab.study.plan.makespan`). A few large groups can take longer
+    than their runs would solo: the workers balance coarser units."""
+    phases = _phase_units(plan, setting, workers)
+    if getattr(plan, "stream", False):
+        units = [(_unit_seconds(plan, runs, g), [runs[i] for i in g]) for _, runs, groups in phases for g in groups]
+        return stream_makespan(units, workers, plan.arms[0].name if plan.arms else "", plan.noise_optimizer)
+    return sum(makespan([_unit_seconds(plan, runs, g) for g in groups], workers) for _, runs, groups in phases)
 
 
 # --------------------------------------------------------------------------- the worker

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from sanlab.config import Config, ModelConfig, TrainConfig, format_tokens, to_toml_dict, validate
 from sanlab.errors import ConfigError
@@ -245,6 +245,55 @@ def makespan(seconds: Iterable[float], workers: int) -> float:
     return max(ends)
 
 
+def stream_makespan(units: Sequence[tuple[float, Sequence[PlannedRun]]], workers: int,
+                    reference: str = "", noise_optimizer: str = "") -> float:
+    """Wall time of a study streamed as the local runner streams it (`Study._stream`):
+    `units` are (seconds, runs) of what runs as one (a run, or a group of members). A unit
+    of final runs becomes ready when every sweep unit of its cells has finished (its arm ×
+    optimizer at its data point, or at any point where only another point sweeps; the
+    noise arm's: the reference's cell at `noise_optimizer`); a free worker takes a ready
+    sweep unit before a final one, then the longest. Sweep points that boundary extension
+    adds are not known here (`StudyPlan.extension_seconds`)."""
+    def is_sweep(runs: Sequence[PlannedRun]) -> bool:
+        return any("sweep" in r.phases for r in runs)
+
+    sweep_cells: dict[tuple[str, str, str], list[int]] = {}
+    for i, (_, runs) in enumerate(units):
+        if is_sweep(runs):
+            for r in runs:
+                sweep_cells.setdefault((r.data, r.arm, r.optimizer), []).append(i)
+    swept_arms = {(arm, opt) for _, arm, opt in sweep_cells}
+    deps: list[set[int]] = []
+    for _, runs in units:
+        need: set[int] = set()
+        if not is_sweep(runs):
+            for r in runs:
+                arm, opt = r.arm, r.optimizer
+                if (arm, opt) not in swept_arms and "noise" in r.phases:
+                    arm, opt = reference, noise_optimizer  # the noise arm trains at the reference's lock
+                own = sweep_cells.get((r.data, arm, opt))
+                need.update(own if own is not None else
+                            [i for (_, a, o), ids in sweep_cells.items() if (a, o) == (arm, opt) for i in ids])
+        deps.append(need)
+    done: set[int] = set()
+    waiting = set(range(len(units)))
+    running: list[tuple[float, int]] = []  # (end, unit)
+    now = 0.0
+    while waiting or running:
+        ready = sorted((i for i in waiting if deps[i] <= done),
+                       key=lambda i: (not is_sweep(units[i][1]), -units[i][0], i))
+        while ready and len(running) < max(1, workers):
+            i = ready.pop(0)
+            waiting.discard(i)
+            running.append((now + units[i][0], i))
+        if not running:  # (a unit whose cells have no sweep unit: ready from the start)
+            break
+        running.sort()
+        now, i = running.pop(0)
+        done.add(i)
+    return now
+
+
 def cell_key(data: str, arm: str, optimizer: str) -> tuple[str, ...]:
     """A sweep cell's key: (arm, optimizer), with the data slug first on a data axis."""
     return (data, arm, optimizer) if data else (arm, optimizer)
@@ -333,6 +382,8 @@ class StudyPlan:
     max_extensions: int = 0  # sweep rounds boundary extension may add (0: extension off)
     # cell_key(data slug, arm, optimizer) -> sweep points boundary extension may still add beyond `runs`
     extension_room: dict[tuple[str, ...], int] = field(default_factory=dict)
+    stream: bool = False  # the runner streams the sweep and the final runs (the local one)
+    noise_optimizer: str = ""  # the noise pair's optimizer (its runs train at the reference's lock)
 
     @property
     def max_extension_runs(self) -> int:
@@ -373,8 +424,12 @@ class StudyPlan:
 
     @property
     def total_seconds(self) -> float:
-        """Wall time as `study run` executes the runs: the sweep points as one batch, then
-        the final and noise runs as another (each batch waits for its slowest worker)."""
+        """Wall time as `study run` executes the runs: streamed on the local runner
+        (`stream_makespan`), else the sweep points as one batch, then the final and noise
+        runs as another (each batch waits for its slowest worker)."""
+        if self.stream:
+            return stream_makespan([(self.run_seconds(r), [r]) for r in self.runs], self.workers,
+                                   self.arms[0].name if self.arms else "", self.noise_optimizer)
         sweep = [r for r in self.runs if "sweep" in r.phases]
         return self.makespan(sweep) + self.makespan([r for r in self.runs if "sweep" not in r.phases])
 
@@ -483,4 +538,4 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
     extensions = spec.sweep.max_extensions if spec.sweep.enabled and spec.sweep.extend else 0
     return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions,
-                     extension_room=room)
+                     extension_room=room, stream=spec.runner.kind == "local", noise_optimizer=spec.noise_optimizer)
