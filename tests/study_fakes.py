@@ -93,6 +93,7 @@ def process_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, for
     """`train` that first records the process it runs in (process.json in its run dir): its
     pid, its parent's, whether torch's compiler stack was imported before the run began,
     its torch thread count and whether it ignores SIGINT; with SANLAB_FAKE_SECONDS it then waits that long."""
+    import gc
     import os
     import signal
     import sys
@@ -103,6 +104,7 @@ def process_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, for
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "process.json").write_text(json.dumps({
+        "gc_frozen": gc.get_freeze_count(), "gc_enabled": gc.isenabled(),
         "pid": os.getpid(), "ppid": os.getppid(), "preloaded": "torch._dynamo" in sys.modules,
         "threads": torch.get_num_threads(), "parent_env": os.environ.get("SANLAB_PARENT_PID"),
         "sigint_ignored": signal.getsignal(signal.SIGINT) == signal.SIG_IGN}))

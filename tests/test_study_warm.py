@@ -61,6 +61,8 @@ def test_runs_fork_from_warm_processes_kept_across_rounds(tmp_path: Path) -> Non
     assert {p["ppid"] for p in second.values()} <= {p["ppid"] for p in first.values()}  # the same warm processes
     assert len({p["pid"] for p in procs.values()}) == 5  # each run its own process
     assert all(p["preloaded"] and p["threads"] == 1 and not p["sigint_ignored"] for p in procs.values())
+    # the imports were frozen out of the collector's reach, which is on again for the run
+    assert all(p["gc_frozen"] > 100_000 and p["gc_enabled"] for p in procs.values())
     assert all(p["parent_env"] == str(p["ppid"]) for p in procs.values())  # dies with its warm process
     deadline = time.time() + 10
     while any(_alive(pid) for pid in warm) and time.time() < deadline:
@@ -76,6 +78,7 @@ def test_cold_runs_when_warm_workers_are_off(tmp_path: Path, monkeypatch: pytest
     finally:
         runner.close()
     assert all(p["ppid"] == os.getpid() and p["parent_env"] == str(os.getpid()) for p in procs.values())
+    assert all(p["gc_frozen"] == 0 and p["gc_enabled"] for p in procs.values())
 
 
 def test_a_dead_warm_process_leaves_its_runs_to_new_processes(tmp_path: Path) -> None:
