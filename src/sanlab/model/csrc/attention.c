@@ -84,15 +84,49 @@ static inline void panel_rows1(int mr, int K, const float *A, long am, long ak, 
         if (m < mr) vstore(C + m * ldc, c0[m]);
 }
 
+#if VL >= 8
+typedef float vhalf __attribute__((vector_size(VL / 2 * sizeof(float))));
+
+/* panel_rows over VL/2 columns, half a vector a row: the same sums, column for column */
+static inline void panel_rows_half(int mr, int K, const float *A, long am, long ak, const float *B, long ldb,
+                                   float *C, long ldc, int acc)
+{
+    vhalf c0[MR];
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++) {
+        vhalf z = {0};
+        if (acc && m < mr) memcpy(&z, C + m * ldc, sizeof z);
+        c0[m] = z;
+    }
+    for (int k = 0; k < K; k++) {
+        vhalf b0;
+        memcpy(&b0, B + k * ldb, sizeof b0);
+        const float *a = A + k * ak;
+#pragma GCC unroll 8
+        for (int m = 0; m < MR; m++) c0[m] += a[m * am] * b0;
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; m++)
+        if (m < mr) memcpy(C + m * ldc, &c0[m], sizeof c0[m]);
+}
+#endif
+
 /* C's columns [0, D) of the head dim (row stride ldc, B's columns alike): NW-wide panels,
-   and one VL-wide panel where at most VL columns are left. The columns past D in a
-   buffer of Dp = round_up(D, NW) are padding nobody reads: at D = 16 on AVX-512 (the demo's
-   and the probe's heads) a full panel computed twice the columns the head has. */
+   then one VL-wide panel where at most VL columns are left, or a VL/2-wide one where at
+   most VL/2 are. The columns past D in a buffer of Dp = round_up(D, NW) are padding nobody
+   reads: at D = 16 on AVX-512 (the demo's and the probe's heads) a full panel computed
+   twice the columns the head has, at D = 8 (the facts axis') four times. */
 static inline void head_cols(int mr, int K, int D, const float *A, long am, long ak, const float *B, long ldb,
                              float *C, long ldc, int acc)
 {
     int d = 0;
     for (; D - d > VL; d += NW) panel_rows(mr, K, A, am, ak, B + d, ldb, C + d, ldc, acc);
+#if VL >= 8
+    if (d < D && D - d <= VL / 2) {
+        panel_rows_half(mr, K, A, am, ak, B + d, ldb, C + d, ldc, acc);
+        return;
+    }
+#endif
     if (d < D) panel_rows1(mr, K, A, am, ak, B + d, ldb, C + d, ldc, acc);
 }
 
