@@ -1665,8 +1665,14 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_study_costs.py",), "an unmeasured arm takes its neighbour's tokens/s unscaled by FLOPs"),
     M("sweep-goes-round-forever", "src/sanlab/study/orchestrate.py",
       "            if len(stuck) == len(batch):", "            if not batch:",
-      (T + "test_study_usage.py::test_a_store_whose_sweep_points_read_as_other_runs_is_one_line_not_an_endless_sweep",),
+      (T + "test_study_usage.py::test_a_store_whose_sweep_points_read_as_other_runs_is_one_line_not_an_endless_sweep"
+           "[by-rounds]",),
       "a sweep whose wanted points are finished runs of another phase plans them again forever"),
+    M("stream-ends-stuck-in-silence", "src/sanlab/study/orchestrate.py",
+      "        if stuck:\n            raise self._stuck(stuck)", "        if False:\n            raise self._stuck(stuck)",
+      (T + "test_study_usage.py::test_a_store_whose_sweep_points_read_as_other_runs_is_one_line_not_an_endless_sweep"
+           "[streamed]",),
+      "a streamed sweep whose wanted points are finished runs of another phase ends without a lock or a word"),
     M("override-tokens-unparsed", "src/sanlab/configbase.py",
       "            current = field.rebuild_annotation()", "            current = field.annotation",
       (T + "test_study_usage.py",), "sweep.tokens=30K is refused on the command line (the file reads it)"),

@@ -154,12 +154,17 @@ def test_a_study_dir_refuses_another_spec_and_rewrites_nothing(home: Path, capsy
             assert _tree(home) == before, "the study dir was rewritten"
 
 
+@pytest.mark.parametrize("streams", [True, False], ids=["streamed", "by-rounds"])
 def test_a_store_whose_sweep_points_read_as_other_runs_is_one_line_not_an_endless_sweep(
-        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, streams: bool) -> None:
     """A results.jsonl edited so that finished sweep points no longer read as sweep points
     (their phases rewritten): the sweep wants them, finds them finished and runs nothing,
     and would plan them again every round, forever. The study stops at once with one line
-    naming the store and a run, exit 2, and writes nothing."""
+    naming the store and a run, exit 2, and writes nothing: streamed (the local runner) and
+    by rounds (the SLURM runner's way)."""
+    from sanlab.study.runner import LocalRunner
+
+    monkeypatch.setattr(LocalRunner, "streams", streams)
     assert main(["study", "run", "spec.toml", "--out", "runs/s"]) == 0
     store = Path("runs/s/results.jsonl")
     records = [json.loads(line) for line in store.read_text().splitlines()]

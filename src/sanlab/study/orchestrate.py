@@ -28,7 +28,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from rich.console import Console
 
@@ -55,6 +55,7 @@ from sanlab.study.plan import (
 from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
+from sanlab.study.sweep import SweepDecision
 from sanlab.study.table import locks, locks_by_point, print_tables, throughput
 from sanlab.tables import Output
 
@@ -340,34 +341,39 @@ class Study:
         config["data"]["dir"] = portable_data_dir(config["data"]["dir"], self.dir, self.dir / RUNS / r.run_id)
         return config
 
+    def _decisions(self, records: Mapping[str, dict]) -> Iterator[tuple[DataPoint, StudyArm, str, SweepDecision]]:
+        """What the sweep of each cell of each data point that sweeps does next, given the
+        store (a failed point counts as a bad one once this invocation has retried it)."""
+        for point in self.points:
+            if not sweeps_at(self.spec, self.points, point):
+                continue
+            for arm, opt in cells(self.spec, self.arms):
+                yield point, arm, opt, cell_decision(
+                    self.spec, sweep_results(self.spec, arm, opt, records, self.attempted, point.slug))
+
+    def _stuck(self, stuck: list[str]) -> DataError:
+        """The error for sweep points the store holds as finished runs but not as this sweep's
+        points (a record of another phase or budget under their ids): the sweep would plan
+        them again, forever."""
+        return DataError(f"{self.store.path}: the sweep needs {', '.join(stuck[:3])}"
+                         f"{' …' if len(stuck) > 3 else ''}, which the store holds as finished runs "
+                         "but not as sweep points of this spec (a results.jsonl edited, or written by "
+                         "another spec); move the study dir aside and run the study afresh")
+
     def _sweep(self) -> None:
         """Rounds of sweep points until every cell (of every data point that sweeps) has
         locked its LR; the points' sweeps run side by side, round by round."""
-        spec = self.spec
         round_no = 0
         while True:
             records = self.store.runs()
-            batch: list[PlannedRun] = []
-            for point in self.points:
-                if not sweeps_at(spec, self.points, point):
-                    continue
-                for arm, opt in cells(spec, self.arms):
-                    d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted, point.slug))
-                    if not d.done:
-                        note = "boundary extension" if round_no else ""
-                        batch += sweep_runs(spec, arm, opt, d.pending, point.dir, note=note, point=point)
+            note = "boundary extension" if round_no else ""
+            batch = merge(r for point, arm, opt, d in self._decisions(records) if not d.done
+                          for r in sweep_runs(self.spec, arm, opt, d.pending, point.dir, note=note, point=point))
             if not batch:
                 return
-            batch = merge(batch)
             stuck = [r.run_id for r in batch if records.get(r.run_id, {}).get("status") in FINAL_STATUSES]
             if len(stuck) == len(batch):
-                # every point still wanted is a finished run that does not count as this
-                # sweep's point (a record of another phase or budget under its id): another
-                # round would plan the same runs again, forever
-                raise DataError(f"{self.store.path}: the sweep needs {', '.join(stuck[:3])}"
-                                f"{' …' if len(stuck) > 3 else ''}, which the store holds as finished runs "
-                                "but not as sweep points of this spec (a results.jsonl edited, or written by "
-                                "another spec); move the study dir aside and run the study afresh")
+                raise self._stuck(stuck)
             round_no += 1
             self._execute(batch, f"sweep round {round_no}")
 
@@ -385,14 +391,10 @@ class Study:
         def wanted() -> list[PlannedRun]:
             records = self.store.runs()
             runs: list[PlannedRun] = []
-            for point in self.points:
-                if not sweeps_at(spec, self.points, point):
-                    continue
-                for arm, opt in cells(spec, self.arms):
-                    d = cell_decision(spec, sweep_results(spec, arm, opt, records, self.attempted, point.slug))
-                    for m in d.pending:
-                        note = "" if m in spec.sweep.multipliers else "boundary extension"
-                        runs += sweep_runs(spec, arm, opt, [m], point.dir, note=note, point=point)
+            for point, arm, opt, d in self._decisions(records):
+                for m in d.pending:
+                    note = "" if m in spec.sweep.multipliers else "boundary extension"
+                    runs += sweep_runs(spec, arm, opt, [m], point.dir, note=note, point=point)
             by_point = locks_by_point(spec, self.arms, records, self.attempted, self.points)
             if spec.sweep.enabled:
                 self._announce_locks(by_point, records, self.attempted)
@@ -438,19 +440,11 @@ class Study:
         """After a stream: a cell whose sweep still wants points that the store holds as
         finished runs (not as its sweep points) can never lock (see `_sweep`)."""
         records = self.store.runs()
-        stuck: list[str] = []
-        for point in self.points:
-            if not sweeps_at(self.spec, self.points, point):
-                continue
-            for arm, opt in cells(self.spec, self.arms):
-                d = cell_decision(self.spec, sweep_results(self.spec, arm, opt, records, self.attempted, point.slug))
-                stuck += [r.run_id for r in sweep_runs(self.spec, arm, opt, d.pending, point.dir, point=point)
-                          if records.get(r.run_id, {}).get("status") in FINAL_STATUSES]
+        stuck = [r.run_id for point, arm, opt, d in self._decisions(records)
+                 for r in sweep_runs(self.spec, arm, opt, d.pending, point.dir, point=point)
+                 if records.get(r.run_id, {}).get("status") in FINAL_STATUSES]
         if stuck:
-            raise DataError(f"{self.store.path}: the sweep needs {', '.join(stuck[:3])}"
-                            f"{' …' if len(stuck) > 3 else ''}, which the store holds as finished runs "
-                            "but not as sweep points of this spec (a results.jsonl edited, or written by "
-                            "another spec); move the study dir aside and run the study afresh")
+            raise self._stuck(stuck)
 
     def _announce_locks(self, by_point: Mapping[str, Mapping[tuple[str, str], float]],
                         records: Mapping[str, dict], attempted: set[str], last: bool = False) -> None:
