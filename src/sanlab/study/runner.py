@@ -303,8 +303,8 @@ class LocalRunner:
         except BaseException:
             # Ctrl-C (KeyboardInterrupt) reaches the running runs too, one process group:
             # they stop at their next step with a checkpoint, and the runs still waiting
-            # never start
-            pool.shutdown(wait=True, cancel_futures=True)
+            # never start (the pool only ever holds running ones)
+            pool.shutdown(wait=True)
             raise
         pool.shutdown(wait=True)
 
