@@ -28,7 +28,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from rich.console import Console
 
@@ -52,7 +52,7 @@ from sanlab.study.plan import (
     sweep_runs,
     sweeps_at,
 )
-from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, SlurmRunner, make_runner
+from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, OnDone, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
 from sanlab.study.sweep import SweepDecision
@@ -302,11 +302,12 @@ class Study:
         if not todo:
             return
         self.console.print(f"{what}: {len(todo)} run(s)")
-        self.runner.run(self._jobs(todo, records), self._on_done(todo))
+        on_done, _ = self._recorder(todo)
+        self.runner.run(self._jobs(todo, records), on_done)
 
-    def _on_done(self, todo: list[PlannedRun]) -> Any:
-        """The callback that records each finished run and prints its line ([k/N]: N the
-        runs of `todo`, which a stream extends)."""
+    def _recorder(self, todo: list[PlannedRun]) -> tuple[OnDone, Callable[[list[PlannedRun]], None]]:
+        """(the callback that records each finished run and prints its line, [k/N] with N the
+        runs of `todo`; a function that adds runs to `todo`, as a stream starts them)."""
         by_id = {r.run_id: r for r in todo}
         count = [0]
 
@@ -333,8 +334,7 @@ class Study:
             todo.extend(runs)
             by_id.update({r.run_id: r for r in runs})
 
-        on_done.add = add  # type: ignore[attr-defined]
-        return on_done
+        return on_done, add
 
     def _run_config(self, r: PlannedRun) -> dict[str, Any]:
         config: dict[str, Any] = json.loads(r.config.model_dump_json())
@@ -423,14 +423,14 @@ class Study:
             self._check_not_stuck()
             return
         header(first, False)
-        on_done = self._on_done(first)
+        on_done, add = self._recorder(first)
 
         def more() -> list[Job]:
             new = wanted()
             if not new:
                 return []
             header(new, True)
-            on_done.add(new)
+            add(new)
             return self._jobs(new, self.store.runs())
 
         self.runner.run(self._jobs(first, self.store.runs()), on_done, more=more)  # type: ignore[call-arg]
