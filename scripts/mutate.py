@@ -52,7 +52,8 @@ class Mutant:
     mutated: str
     tests: tuple[str, ...]  # test files (or node ids) run with -x, in this order
     what: str  # the bug, in words
-    needs: str = ""  # hardware its code path needs ("amx", "avx512", "avx512bf16"): elsewhere it is untestable
+    needs: str = ""  # hardware its code path needs ("amx", "avx512", "avx512bf16", "sleef-exp": torch's vector
+    #                  exp is SLEEF's, x86 with AVX2 or AVX-512): elsewhere it is untestable
 
     @property
     def module(self) -> str:
@@ -284,6 +285,22 @@ MUTANTS: tuple[Mutant, ...] = (
       "const float sigma = a->sigmas ? a->sigmas[j / group] : a->sigma;\n            for (; j + VL",
       "const float sigma = a->sigmas ? a->sigmas[0] : a->sigma;\n            for (; j + VL",
       (T + "test_native.py",), "every member's residual reads the first member's gate"),
+    M("silu-gate-table-act-unrounded", "src/sanlab/model/csrc/swiglu.c",
+      "vstore(ACT + i, vround_bf16(g / e1));", "vstore(ACT + i, g / e1);",
+      (T + "test_native.py",), "the bf16 SiLU ⊙ up multiplies by the unrounded SiLU (F.silu's tensor is bf16)",
+      needs="sleef-exp"),
+    M("silu-gate-fp32-slope-unfused", "src/sanlab/model/csrc/swiglu.c",
+      "*dg = ((dy * up) * s) * vfmav(g, 1.0f - s, vsplat(1.0f));", "*dg = ((dy * up) * s) * (1.0f + g * (1.0f - s));",
+      (T + "test_native.py",), "the fp32 gate gradient rounds g·(1 − s) before adding 1 (torch's silu_backward fuses it)",
+      needs="sleef-exp"),
+    M("silu-gate-no-libm-tail", "src/sanlab/model/kernels.py",
+      "vec_cols = F if floats is None else F - F % (2 * floats * (2 if bf16 else 1))", "vec_cols = F",
+      (T + "test_native.py",), "a row's last values take the vector exp where torch's scalar tail calls expf",
+      needs="sleef-exp"),
+    M("silu-gate-exp-truncates", "src/sanlab/model/csrc/swiglu.c",
+      "const vf q = (p + magic) - magic;", "const vf q = __builtin_convertvector(__builtin_convertvector(p, vi), vf);",
+      (T + "test_native.py",), "the exp's 2^q rounds toward zero, not to nearest (SLEEF's rint): another polynomial range",
+      needs="sleef-exp"),
     M("warm-workers-never-used", "src/sanlab/study/warm.py",
       "    return os.environ.get(\"SANLAB_WARM_WORKERS\", \"1\") != \"0\" and",
       "    return False and",
@@ -1789,7 +1806,10 @@ def has_hardware(tree: Path, needs: str) -> bool:
                            "print(int(native.available() and info.exists() and 'avx512f' in info.read_text()))",
                  "avx512bf16": "import pathlib\nfrom sanlab.model import native\n"
                                "info = pathlib.Path('/proc/cpuinfo')\n"
-                               "print(int(native.available() and info.exists() and 'avx512_bf16' in info.read_text()))"}[needs]
+                               "print(int(native.available() and info.exists() and 'avx512_bf16' in info.read_text()))",
+                 "sleef-exp": "import torch\nfrom sanlab.model import native\n"
+                              "print(int(native.available() and torch.backends.cpu.get_cpu_capability() in "
+                              "('AVX2', 'AVX512')))"}[needs]
         env = dict(os.environ, PYTHONPATH=str(tree / "src"))
         p = subprocess.run([sys.executable, "-c", probe], cwd=tree, env=env, capture_output=True, text=True)
         _HARDWARE[needs] = p.stdout.strip() == "1"

@@ -602,6 +602,72 @@ def test_native_gated_residual_gives_each_group_its_own_gate(h_dtype):
         torch.set_num_threads(threads)
 
 
+# torch's exp in its vector code is SLEEF's u10 with fused multiply-adds on these: there the
+# compiled SiLU ⊙ up gives torch's bits (csrc/swiglu.c); elsewhere its formula's rounding
+_SLEEF_EXP = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+def _silu_gate_pair(gu: torch.Tensor, dy: torch.Tensor):  # noqa: ANN202
+    """(y, d gate_up) through the compiled kernel and through `_SiLUGate`'s torch formulas."""
+    out = []
+    for fn in (kernels.silu_gate, kernels._SiLUGate.apply):
+        leaf = gu.clone().requires_grad_()
+        y = fn(leaf)
+        y.backward(dy)
+        out.append((y, leaf.grad))
+    assert type(out[0][0].grad_fn).__name__ == "_NativeSiLUGateBackward"
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_silu_gate_is_the_torch_formulas(dtype):
+    """SiLU(gate) ⊙ up and its backward by the compiled kernel: torch's bits where torch's
+    exp is SLEEF's (x86 with AVX2 or AVX-512), for widths with whole vector blocks, with a
+    scalar tail (torch's libm expf) and with only a tail; values from small to past exp's
+    range (±104); both within the formula's rounding of fp64 autograd everywhere."""
+    g = torch.Generator().manual_seed(0)
+    for F in (1, 7, 16, 37, 64, 100, 256):
+        gu = torch.randn(3, 5, 2 * F, generator=g) * torch.tensor([0.1, 4.0, 40.0])[:, None, None]
+        gu.view(-1)[:4] = torch.tensor([120.0, -120.0, 0.0, -0.0])
+        gu, dy = gu.to(dtype), torch.randn(3, 5, F, generator=g).to(dtype)
+        (y, grad), (y_ref, grad_ref) = _silu_gate_pair(gu, dy)
+        assert y.dtype == grad.dtype == dtype
+        if _SLEEF_EXP:
+            assert torch.equal(y, y_ref), (F, (y != y_ref).sum())
+            assert torch.equal(grad, grad_ref), (F, (grad != grad_ref).sum())
+        leaf = gu.detach().double().requires_grad_()
+        ref = kernels.silu_gate_reference(leaf)
+        ref.backward(dy.double())
+        tol = 1e-6 if dtype == torch.float32 else 8e-3
+        assert _rel(y, ref) < tol and _rel(grad, leaf.grad) < tol, F
+
+
+def test_native_silu_gate_takes_every_bf16_gate_as_torch_silu():
+    """The bf16 path reads SiLU(g), σ(g) and the slope from tables built when the library
+    loads: every one of the 65,536 bf16 gates (±inf, NaN, subnormals included) gives
+    F.silu's value bit for bit, and its gradients torch's silu_backward of the same gate."""
+    if not _SLEEF_EXP:
+        pytest.skip("torch's exp is not SLEEF's here")
+    gate = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(-1, 256)
+    gu = torch.cat([gate, torch.ones_like(gate)], dim=-1)
+    dy = torch.full(gate.shape, 0.75, dtype=torch.bfloat16)
+    (y, grad), _ = _silu_gate_pair(gu, dy)
+    F_silu = torch.nn.functional.silu(gate)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(y, F_silu, **exact)
+    torch.testing.assert_close(grad[:, :256], torch.ops.aten.silu_backward(dy, gate), **exact)
+    torch.testing.assert_close(grad[:, 256:], dy * F_silu, **exact)
+    assert y.isnan().sum() == gate.isnan().sum() + 1  # (−inf's too: −inf / (1 + inf))
+
+
+def test_native_silu_gate_with_a_gradient_of_another_dtype_promotes_as_torch():
+    """A gradient in fp32 for bf16 activations takes the torch formulas (their promotion)."""
+    gu, dy = torch.randn(4, 2 * 32).bfloat16(), torch.randn(4, 32)
+    (y, grad), (y_ref, grad_ref) = _silu_gate_pair(gu, dy)
+    assert grad.dtype == torch.bfloat16
+    torch.testing.assert_close(grad, grad_ref, rtol=0, atol=0)
+
+
 def test_native_norms_do_not_depend_on_the_thread_count():
     torch.manual_seed(0)
     x, w = torch.randn(5, 300, 64), torch.randn(64)
@@ -686,6 +752,9 @@ def test_the_kernels_built_for_other_x86_cpus(march, tmp_path, monkeypatch):
     test_native_norm_rope_matches_the_formula(torch.bfloat16)
     test_native_rms_norm_matches_the_formula(torch.bfloat16)
     test_native_gated_residual_matches_the_formula(torch.bfloat16)
+    for dtype in (torch.float32, torch.bfloat16):  # (the exp's fused steps by fmaf on plain x86-64: the same bits)
+        test_native_silu_gate_is_the_torch_formulas(dtype)
+    test_native_silu_gate_takes_every_bf16_gate_as_torch_silu()
 
 
 # --------------------------------------------------------------------------- the C interface (csrc/sanlab.h)
@@ -717,7 +786,7 @@ def test_the_ctypes_structs_mirror_the_header():
 
     header = _header_structs()
     assert list(header) == ["sanlab_tensor", "sanlab_attn_args", "sanlab_norm_rope_args", "sanlab_rms_norm_args",
-                            "sanlab_gated_residual_args", "sanlab_head_ce_args"]
+                            "sanlab_gated_residual_args", "sanlab_head_ce_args", "sanlab_silu_gate_args"]
     assert len(header) == len(native.STRUCTS)
     for (cname, cfields), struct in zip(header.items(), native.STRUCTS):
         assert [f for f, _ in cfields] == [f for f, _ in struct._fields_], cname

@@ -168,6 +168,8 @@ def silu_gate_reference(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def silu_gate(gate_up: torch.Tensor) -> torch.Tensor:
+    if native.ready(gate_up) and gate_up.dtype in NATIVE_DTYPES and gate_up.is_contiguous():
+        return _NativeSiLUGate.apply(gate_up)
     return _SiLUGate.apply(gate_up)
 
 
@@ -193,4 +195,47 @@ class _SiLUGate(torch.autograd.Function):
         grad = torch.empty(*gate.shape[:-1], 2 * n, dtype=gate.dtype, device=gate.device)
         torch.mul(dy, act, out=grad[..., n:])
         torch.ops.aten.silu_backward.grad_input(dy * up, gate, grad_input=grad[..., :n])
+        return grad
+
+
+# floats in one of torch's CPU vectors, by the capability its kernels dispatch to
+_TORCH_VECTOR_FLOATS = {"AVX512": 16, "AVX2": 8}
+
+
+def _silu_gate_args(gate_up: torch.Tensor, **ptrs: torch.Tensor) -> native.SiLUGateArgs:
+    """The kernel's arguments. `vec_cols`: the values of a row that torch's elementwise loop
+    runs by vector blocks (two vectors a step; a bf16 vector holds twice the floats), the
+    rest by its scalar code (the C library's expf); on another CPU, the whole row."""
+    F, bf16 = gate_up.shape[-1] // 2, gate_up.dtype == torch.bfloat16
+    floats = _TORCH_VECTOR_FLOATS.get(torch.backends.cpu.get_cpu_capability())
+    vec_cols = F if floats is None else F - F % (2 * floats * (2 if bf16 else 1))
+    return native.SiLUGateArgs(rows=gate_up.numel() // max(2 * F, 1), F=F, gate_up=gate_up.data_ptr(), bf16=int(bf16),
+                               nthreads=torch.get_num_threads(), vec_cols=vec_cols,
+                               **{k: v.data_ptr() for k, v in ptrs.items()})
+
+
+class _NativeSiLUGate(torch.autograd.Function):
+    """`_SiLUGate` by the compiled kernels (`csrc/swiglu.c`): one pass each way, the same
+    bits where torch's exp is SLEEF's u10 (x86 with AVX2 or AVX-512; tests/test_native.py
+    compares them bit for bit there). The forward keeps only gate_up (the backward computes
+    SiLU(gate) again), a third less memory held than the torch formulas' gate, up and act.
+    The torch formulas' intermediates were strided views of gate_up, which torch's
+    elementwise kernels read and write several times slower than contiguous rows: the
+    demo's iso-depth member-step spent 19% of its time in them (benchmarks/README.md)."""
+
+    @staticmethod
+    def forward(ctx, gate_up):  # type: ignore[override]
+        y = torch.empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2, dtype=gate_up.dtype)
+        native.call(native.library().sanlab_silu_gate_fwd, _silu_gate_args(gate_up, y=y))
+        ctx.save_for_backward(gate_up)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        (gate_up,) = ctx.saved_tensors
+        if dy.dtype != gate_up.dtype:  # (torch's formulas promote: as `_SiLUGate` does)
+            gate, up = gate_up.chunk(2, dim=-1)
+            return torch.cat([torch.ops.aten.silu_backward(dy * up, gate), dy * F.silu(gate)], dim=-1)
+        grad = torch.empty_like(gate_up)
+        native.call(native.library().sanlab_silu_gate_bwd, _silu_gate_args(gate_up, dy=dy.contiguous(), grad=grad))
         return grad

@@ -1,7 +1,8 @@
 """Compiled CPU kernels: C sources in `csrc/`, built on first use and loaded with ctypes.
 
 The fused attention kernel (`csrc/attention.c`, `csrc/attention_amx.c`), QK-norm + RoPE
-(`csrc/norm_rope.c`), RMS norm and the gated residual's backward (`csrc/norms.c`) are
+(`csrc/norm_rope.c`), RMS norm and the gated residual (`csrc/norms.c`), the head's loss
+(`csrc/head.c`) and SiLU ⊙ up (`csrc/swiglu.c`) are
 plain C with GCC vector extensions and OpenMP: they include only the C library, so the
 library builds with the system C compiler in about a second (`cc -O3 -march=native
 -fopenmp`), without PyTorch's headers, ninja or a Python build step, and a missing
@@ -114,9 +115,16 @@ class HeadCEArgs(ctypes.Structure):
                 ("ld_grad", _I64), ("nthreads", _I32)]
 
 
+class SiLUGateArgs(ctypes.Structure):
+    """`sanlab_silu_gate_args`: SiLU(gate) ⊙ up from the fused [gate | up] product, forward and backward."""
+
+    _fields_ = [("rows", _I64), ("F", _I32), ("gate_up", _P), ("bf16", _I32), ("y", _P), ("dy", _P), ("grad", _P),
+                ("nthreads", _I32), ("vec_cols", _I32)]
+
+
 # in the order of `sanlab_abi_sizes`
 STRUCTS: tuple[type[ctypes.Structure], ...] = (Tensor, AttnArgs, NormRoPEArgs, RMSNormArgs, GatedResidualArgs,
-                                               HeadCEArgs)
+                                               HeadCEArgs, SiLUGateArgs)
 # entry point -> the struct it takes
 ENTRY_POINTS: dict[str, type[ctypes.Structure]] = {
     "sanlab_attn_fwd": AttnArgs, "sanlab_attn_bwd": AttnArgs,
@@ -124,6 +132,7 @@ ENTRY_POINTS: dict[str, type[ctypes.Structure]] = {
     "sanlab_rms_norm_fwd": RMSNormArgs, "sanlab_rms_norm_bwd": RMSNormArgs,
     "sanlab_gated_residual_fwd": GatedResidualArgs, "sanlab_gated_residual_bwd": GatedResidualArgs,
     "sanlab_head_ce": HeadCEArgs,
+    "sanlab_silu_gate_fwd": SiLUGateArgs, "sanlab_silu_gate_bwd": SiLUGateArgs,
 }
 
 

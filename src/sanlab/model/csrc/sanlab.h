@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#define SANLAB_ABI_VERSION 6
+#define SANLAB_ABI_VERSION 7
 
 /* A strided operand, its last dim contiguous: element (b, h, t, d) at
    data + (b·sb + h·sh + t·st + d) elements; fp32, or bf16 where bf16 is 1. */
@@ -148,6 +148,20 @@ typedef struct {
     int32_t nthreads;
 } sanlab_head_ce_args;
 
+/* SiLU(gate) ⊙ up from the fused [gate | up] product (swiglu.c), torch's formulas bit for bit
+   where torch's exp is SLEEF's u10: forward y = SiLU(gate)·up; backward [d gate | d up]. */
+typedef struct {
+    int64_t rows;
+    int32_t F;             /* gate's (and up's) width: a row of gate_up, and of grad, is 2F values */
+    const void *gate_up;   /* (rows, 2F) contiguous */
+    int32_t bf16;          /* gate_up, y, dy and grad are all bf16 (1) or all fp32 (0) */
+    void *y;               /* forward: (rows, F) */
+    const void *dy;        /* backward: (rows, F) */
+    void *grad;            /* backward: (rows, 2F) */
+    int32_t nthreads;
+    int32_t vec_cols;      /* a row's first vec_cols values take the vector exp, the rest the C library's expf */
+} sanlab_silu_gate_args;
+
 int sanlab_abi_version(void);
 /* sizeof of the structs above, in their order, into sizes[0, n); returns how many there are */
 int sanlab_abi_sizes(int64_t *sizes, int n);
@@ -161,5 +175,7 @@ int sanlab_rms_norm_bwd(const sanlab_rms_norm_args *a);
 int sanlab_gated_residual_fwd(const sanlab_gated_residual_args *a);
 int sanlab_gated_residual_bwd(const sanlab_gated_residual_args *a);
 int sanlab_head_ce(const sanlab_head_ce_args *a);
+int sanlab_silu_gate_fwd(const sanlab_silu_gate_args *a);
+int sanlab_silu_gate_bwd(const sanlab_silu_gate_args *a);
 
 #endif
