@@ -153,8 +153,9 @@ def test_study_plan_shows_the_groups(study_data_dir: Path, tmp_path: Path) -> No
 
 
 def test_plan_total_spreads_groups_not_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan's total with member groups: each group one unit (its runs summed / the
-    speed-up), spread over the workers longest first, the sweep before the rest."""
+    """The plan's total with member groups: each group one unit (its process started once,
+    its runs without their start summed / the speed-up), spread over the workers longest
+    first, the sweep before the rest, after the once-only start-up."""
     from types import SimpleNamespace
 
     from sanlab.study import groups
@@ -164,15 +165,20 @@ def test_plan_total_spreads_groups_not_runs(monkeypatch: pytest.MonkeyPatch) -> 
             return "{}"
 
     secs = {"a": 10.0, "b": 10.0, "c": 10.0, "d": 10.0, "s": 4.0}
+    start = 2.0  # each process's start, inside a run's seconds: a group's process starts once
     runs = [SimpleNamespace(run_id=k, phases=("sweep",) if k == "s" else ("final",), config=Cfg()) for k in secs]
-    plan = SimpleNamespace(runs=runs, run_seconds=lambda r: secs[r.run_id])
+    plan = SimpleNamespace(runs=runs, run_seconds=lambda r, start=True: secs[r.run_id] - (0.0 if start else 2.0),
+                           start_seconds=lambda r: start, startup_seconds=1.5)
     monkeypatch.setattr(groups, "plan_groups", lambda cfgs, setting, workers: (
         [[0, 1, 2], [3]] if len(cfgs) == 4 else [[0]]))
-    # final: a group of three (30 / speed-up) and a solo run (10) on two workers; sweep: 4
-    assert groups.plan_seconds(plan, "auto", 2) == pytest.approx(4.0 + 30.0 / groups.MEMBER_SPEEDUP)
+    group = start + 3 * (10.0 - start) / groups.MEMBER_SPEEDUP
+    # the once-only start-up (warm processes), then final: a group of three (started once, its
+    # runs summed / speed-up) and a solo run (10) on two workers; sweep: 4
+    assert groups.plan_seconds(plan, "auto", 2) == pytest.approx(1.5 + 4.0 + group)
     # one worker: everything one after another
-    assert groups.plan_seconds(plan, "auto", 1) == pytest.approx(4.0 + 30.0 / groups.MEMBER_SPEEDUP + 10.0)
-    assert [r[1] for r in groups.plan_table_rows(plan, "auto", 2)] == [["a", "b", "c"]]
+    assert groups.plan_seconds(plan, "auto", 1) == pytest.approx(1.5 + 4.0 + group + 10.0)
+    rows = groups.plan_table_rows(plan, "auto", 2)
+    assert [r[1] for r in rows] == [["a", "b", "c"]] and rows[0][2] == pytest.approx(group)
 
 
 def test_the_streamed_estimate_releases_a_cells_final_runs_when_its_sweep_ends() -> None:

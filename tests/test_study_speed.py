@@ -11,6 +11,7 @@ import pytest
 from sanlab.study import speed
 from sanlab.study.plan import plan_study
 from sanlab.study.spec import StudySpec
+from sanlab.study.warm import WARM_START_S
 
 
 def tiny_spec(data_dir: Path, **extra: object) -> StudySpec:
@@ -73,14 +74,33 @@ def test_estimate_uses_the_measured_step(study_data_dir: Path, monkeypatch: pyte
     steps = 2560 // (4 * 32)  # 20 steps
     evals = 1 + 4  # step 0, then every 5 steps (the last one among them)
     saves = 1 + 4  # step 0, then milestones 25/50/75/100% at steps 5, 10, 15, 20
-    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125)
+    body = 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125
+    # the local runner forks each run from a warm process: the imports (ready_s) once a worker
+    assert plan.warm and plan.startup_seconds == 2.0
+    assert plan.run_seconds(final) == pytest.approx(WARM_START_S + body)
+    assert plan.run_seconds(final, start=False) == pytest.approx(body)
     # a last step off the eval grid is evaluated too; rolling checkpoints add saves
     odd = final.config.model_copy(update={"train": final.config.train.model_copy(
         update={"eval_every": 6, "checkpoint_every": 8})})
     final.config = odd
     evals, saves = 1 + 4, 1 + 6  # 6, 12, 18, 20; milestones 5/10/15/20 and 8, 16
-    assert plan.run_seconds(final) == pytest.approx(2.0 + 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125)
-    assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))  # one worker
+    body = 0.1 + steps * 0.5 + evals * 0.25 + saves * 0.125
+    assert plan.run_seconds(final) == pytest.approx(WARM_START_S + body)
+    # one worker: the imports once, then every run one after another
+    assert plan.total_seconds == pytest.approx(2.0 + sum(plan.run_seconds(r) for r in plan.runs))
+    # a fresh process for each run (SLURM, SANLAB_WARM_WORKERS=0): each run pays the imports
+    plan.warm = False
+    assert plan.startup_seconds == 0.0 and plan.run_seconds(final) == pytest.approx(2.0 + body)
+    assert plan.total_seconds == pytest.approx(sum(plan.run_seconds(r) for r in plan.runs))
+
+
+def test_the_plan_knows_when_runs_fork_from_warm_processes(study_data_dir: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    assert plan_study(tiny_spec(study_data_dir)).warm
+    assert not plan_study(tiny_spec(study_data_dir, runner={"kind": "slurm"})).warm
+    assert not plan_study(tiny_spec(study_data_dir, runner={"gpus_per_run": 2})).warm
+    monkeypatch.setenv("SANLAB_WARM_WORKERS", "0")
+    assert not plan_study(tiny_spec(study_data_dir)).warm
 
 
 def test_estimate_follows_how_study_run_schedules(study_data_dir: Path) -> None:

@@ -145,8 +145,9 @@ def _plan(args: argparse.Namespace) -> int:
                 gt.column(col, "right" if col in ("members", "est. time") else "left")
             for phase, ids, secs in rows:
                 gt.add_row(phase, str(len(ids)), ", ".join(ids), Cell(_fmt_seconds(secs), fields={"s": secs}))
-            gt.notes.append("a group's time: its runs' times summed / the measured members speed-up "
-                            "(sanlab/study/groups.py); runner.members = 1 trains every run on its own")
+            gt.notes.append("a group's time: its process's start, once, + its runs' times without it summed / "
+                            "the measured members speed-up (sanlab/study/groups.py); runner.members = 1 trains "
+                            "every run on its own")
             out.table(gt)
     for note in plan.notes:
         out.note(f"note: {note}")

@@ -138,9 +138,12 @@ def _phase_units(plan: Any, setting: int | str, workers: int) -> list[tuple[str,
 
 
 def _unit_seconds(plan: Any, runs: list[Any], group: list[int]) -> float:
-    """A group's estimate: its members' solo estimates summed / MEMBER_SPEEDUP (a run left
-    solo: its own)."""
-    return sum(plan.run_seconds(runs[i]) for i in group) / (MEMBER_SPEEDUP if len(group) > 1 else 1.0)
+    """A group's estimate: its process's start, once, + its members' solo estimates without
+    it summed / MEMBER_SPEEDUP (a run left solo: its own)."""
+    if len(group) == 1:
+        return plan.run_seconds(runs[group[0]])
+    return (plan.start_seconds(runs[group[0]])
+            + sum(plan.run_seconds(runs[i], start=False) for i in group) / MEMBER_SPEEDUP)
 
 
 def plan_table_rows(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[str], float]]:
@@ -158,8 +161,10 @@ def plan_seconds(plan: Any, setting: int | str, workers: int) -> float:
     phases = _phase_units(plan, setting, workers)
     if getattr(plan, "stream", False):
         units = [(_unit_seconds(plan, runs, g), [runs[i] for i in g]) for _, runs, groups in phases for g in groups]
-        return stream_makespan(units, workers, plan.arms[0].name if plan.arms else "", plan.noise_optimizer)
-    return sum(makespan([_unit_seconds(plan, runs, g) for g in groups], workers) for _, runs, groups in phases)
+        return plan.startup_seconds + stream_makespan(units, workers, plan.arms[0].name if plan.arms else "",
+                                                      plan.noise_optimizer)
+    return plan.startup_seconds + sum(makespan([_unit_seconds(plan, runs, g) for g in groups], workers)
+                                      for _, runs, groups in phases)
 
 
 # --------------------------------------------------------------------------- the worker

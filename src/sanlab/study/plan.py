@@ -384,6 +384,9 @@ class StudyPlan:
     extension_room: dict[tuple[str, ...], int] = field(default_factory=dict)
     stream: bool = False  # the runner streams the sweep and the final runs (the local one)
     noise_optimizer: str = ""  # the noise pair's optimizer (its runs train at the reference's lock)
+    # each worker's runs fork from a warm process (the local runner on the CPU, sanlab.study.warm):
+    # its imports (`ready_s`) are paid once a worker, each run then starts in `WARM_START_S`
+    warm: bool = False
 
     @property
     def max_extension_runs(self) -> int:
@@ -391,12 +394,32 @@ class StudyPlan:
         extension budget, summed): the plan's "N runs + up to M sweep extensions"."""
         return sum(self.extension_room.values())
 
-    def run_seconds(self, run: PlannedRun) -> float:
-        """Time estimate of one run. Timed shapes: start-up and building the model +
-        steps × measured step time + evaluations (the initial one, every `eval_every`
-        steps and the last) × measured evaluation time + checkpoints (the initial one,
-        milestones, every `checkpoint_every` steps and the last) × measured save time.
-        Otherwise the reference's throughput scaled by FLOPs per token."""
+    def start_seconds(self, run: PlannedRun) -> float:
+        """A process's start before it builds its model (a run's, or a member group's: once
+        for all its members): a fresh process's imports (measured `ready_s`), or, forked
+        from a warm process, `WARM_START_S`. Untimed shapes: 0 (their FLOP-scaled estimate
+        has no start of its own)."""
+        speed = self.speeds.get(run.run_id)
+        if speed is None:
+            return 0.0
+        # lazy: the warm module imports the member groups' module, which imports this one
+        from sanlab.study.warm import WARM_START_S
+
+        return WARM_START_S if self.warm else speed["ready_s"]
+
+    @property
+    def startup_seconds(self) -> float:
+        """Paid once before the first run: the warm processes' imports (`ready_s`; they start
+        while `study run` prepares the data), or 0 when each run starts a process of its own."""
+        return max((s["ready_s"] for s in self.speeds.values()), default=0.0) if self.warm else 0.0
+
+    def run_seconds(self, run: PlannedRun, start: bool = True) -> float:
+        """Time estimate of one run. Timed shapes: its process's start (`start_seconds`;
+        `start=False`: without it, as a member of a group, whose process starts once) and
+        building the model + steps × measured step time + evaluations (the initial one,
+        every `eval_every` steps and the last) × measured evaluation time + checkpoints
+        (the initial one, milestones, every `checkpoint_every` steps and the last) ×
+        measured save time. Otherwise the reference's throughput scaled by FLOPs per token."""
         speed = self.speeds.get(run.run_id)
         if speed is None:
             ref_flops = self.arms[0].flops_per_token
@@ -412,7 +435,7 @@ class StudyPlan:
 
         evals = 1 + len(every(t.eval_every))  # + the initial one
         saves = 1 + len(every(t.checkpoint_every) | (set(trained.milestones) - {0}))  # + the initial one (step 0)
-        return (speed["ready_s"] + speed.get("setup_s", 0.0) + steps * speed["step_s"]
+        return ((self.start_seconds(run) if start else 0.0) + speed.get("setup_s", 0.0) + steps * speed["step_s"]
                 + evals * speed["eval_s"] + saves * speed.get("save_s", 0.0))
 
     @property
@@ -428,10 +451,12 @@ class StudyPlan:
         (`stream_makespan`), else the sweep points as one batch, then the final and noise
         runs as another (each batch waits for its slowest worker)."""
         if self.stream:
-            return stream_makespan([(self.run_seconds(r), [r]) for r in self.runs], self.workers,
-                                   self.arms[0].name if self.arms else "", self.noise_optimizer)
+            return self.startup_seconds + stream_makespan(
+                [(self.run_seconds(r), [r]) for r in self.runs], self.workers,
+                self.arms[0].name if self.arms else "", self.noise_optimizer)
         sweep = [r for r in self.runs if "sweep" in r.phases]
-        return self.makespan(sweep) + self.makespan([r for r in self.runs if "sweep" not in r.phases])
+        return (self.startup_seconds + self.makespan(sweep)
+                + self.makespan([r for r in self.runs if "sweep" not in r.phases]))
 
     @property
     def extension_seconds(self) -> float:
@@ -537,5 +562,10 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
                      "so their LR and run id may change")
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
     extensions = spec.sweep.max_extensions if spec.sweep.enabled and spec.sweep.extend else 0
+    # lazy: sanlab.study.warm imports the member groups' module, which imports this one
+    from sanlab.study import warm
+
+    local = spec.runner.kind == "local"
     return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions,
-                     extension_room=room, stream=spec.runner.kind == "local", noise_optimizer=spec.noise_optimizer)
+                     extension_room=room, stream=local, noise_optimizer=spec.noise_optimizer,
+                     warm=local and not spec.runner.gpus_per_run and warm.enabled())
