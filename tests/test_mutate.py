@@ -77,14 +77,19 @@ def test_a_mutant_whose_hardware_is_missing_is_untestable_not_survived(tmp_path:
         "fused-amx-sees-next-token": "amx", "fused-amx-split-dropped": "amx", "fused-amx-transpose-lanes-swapped": "amx",
         "fused-amx-product-half-width": "amx", "fused-amx-dd-drops-partial-block": "amx",
         "fused-amx-masked-exp-one": "amx", "bf16-store-subnormals-to-zero": "avx512bf16",
-        "vexp-scalef-unmasked": "avx512"}
+        "vexp-scalef-unmasked": "avx512", "silu-gate-table-act-unrounded": "sleef-exp",
+        "silu-gate-fp32-slope-unfused": "sleef-exp", "silu-gate-no-libm-tail": "sleef-exp",
+        "silu-gate-exp-truncates": "sleef-exp"}
+    import torch
+
     from sanlab.model import native
 
     cpuinfo = Path("/proc/cpuinfo")
     flags = cpuinfo.read_text() if cpuinfo.exists() else ""
     here = {"amx": native.available() and bool(native.library().sanlab_amx_available()),
             "avx512": native.available() and "avx512f" in flags,
-            "avx512bf16": native.available() and "avx512_bf16" in flags}
+            "avx512bf16": native.available() and "avx512_bf16" in flags,
+            "sleef-exp": native.available() and torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")}
     for needs, expected in here.items():  # the probes answer for this machine
         monkeypatch.delitem(mutate._HARDWARE, needs, raising=False)
         assert mutate.has_hardware(ROOT, needs) == expected, needs
