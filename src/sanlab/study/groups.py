@@ -23,13 +23,11 @@ resumes from its own checkpoint (`train_members` lets a member that is ahead wai
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import importlib
 import json
 import math
 import os
-import signal
 import sys
 import time
 import traceback
@@ -39,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
 from sanlab.study.plan import makespan, stream_makespan
+from sanlab.study.warm import die_with_parent
 
 # the study runner's default train_fn: the trainer itself
 DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
@@ -52,13 +51,6 @@ AUTO_MAX_MEMBERS = 8
 AUTO_MIN_MEMBERS = 2
 # a group's time against its members' solo times one after another (one thread, M = 2..8)
 MEMBER_SPEEDUP = 1.05
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def _class_key(cfg: Config) -> str:

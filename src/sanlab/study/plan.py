@@ -26,6 +26,8 @@ from sanlab.study.spec import (
     StudySpec,
     reference_name,
 )
+from sanlab.study.warm import WARM_START_S
+from sanlab.study.warm import enabled as warm_enabled
 from sanlab.study.sweep import SweepDecision, decide
 
 MATCH_TARGETS = {"iso_param": "params", "iso_flop": "flops", "iso_depth": "depth"}
@@ -402,9 +404,6 @@ class StudyPlan:
         speed = self.speeds.get(run.run_id)
         if speed is None:
             return 0.0
-        # lazy: the warm module imports the member groups' module, which imports this one
-        from sanlab.study.warm import WARM_START_S
-
         return WARM_START_S if self.warm else speed["ready_s"]
 
     @property
@@ -562,10 +561,7 @@ def plan_study(spec: StudySpec, study_dir: str | Path | None = None,
                      "so their LR and run id may change")
     parallel = spec.runner.workers if spec.runner.kind == "local" else spec.runner.slurm.array_parallelism
     extensions = spec.sweep.max_extensions if spec.sweep.enabled and spec.sweep.extend else 0
-    # lazy: sanlab.study.warm imports the member groups' module, which imports this one
-    from sanlab.study import warm
-
     local = spec.runner.kind == "local"
     return StudyPlan(arms, merge(runs), notes, spec.runner.tokens_per_s, parallel, max_extensions=extensions,
                      extension_room=room, stream=local, noise_optimizer=spec.noise_optimizer,
-                     warm=local and not spec.runner.gpus_per_run and warm.enabled())
+                     warm=local and not spec.runner.gpus_per_run and warm_enabled())

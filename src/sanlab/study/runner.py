@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 from sanlab.config import Config, validate
 from sanlab.study import warm
-from sanlab.study.groups import DEFAULT_TRAIN_FN, die_with_parent, groupable, plan_groups, resolve
+from sanlab.study.groups import DEFAULT_TRAIN_FN, groupable, plan_groups, resolve
 from sanlab.study.spec import RunnerSpec
 
 OnDone = Callable[["Job", dict[str, Any]], None]
@@ -409,7 +409,7 @@ def main(argv: Sequence[str]) -> int:
             return 0
     else:
         parent = os.environ.get("SANLAB_PARENT_PID")
-        die_with_parent()
+        warm.die_with_parent()
         if parent is not None and os.getppid() != int(parent):
             return 1  # the study died before the death signal was armed
         outcome = execute(job)

@@ -23,6 +23,7 @@ stops every run, which saves its checkpoint on SIGTERM.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import json
 import os
 import signal
@@ -33,7 +34,6 @@ import traceback
 from pathlib import Path
 from typing import IO, Any, Sequence
 
-from sanlab.study.groups import die_with_parent
 
 # what a run's process imports before its first step (the trainer, the members' trainer,
 # the entry points, and torch's compiler stack that the optimizers import)
@@ -41,6 +41,15 @@ PRELOAD = ("torch", "torch._dynamo", "sanlab.train.trainer", "sanlab.train.membe
            "sanlab.study.groups")
 ENTRY_POINTS = ("sanlab.study.runner", "sanlab.study.groups")
 READY = "ready"
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when its parent dies (no-op elsewhere)."""
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 # A run's (or a member group's) start when forked from a warm process: from its request to
 # its trainer's first line of work. Measured 0.15-0.36 s in the demo study (2-core AMD
 # EPYC, `jobs/*.group.json` written to meta.json's started_at, 9 groups); `study plan`
