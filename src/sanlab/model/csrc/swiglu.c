@@ -152,66 +152,68 @@ static inline void store_part(void *p, int bf16, long j, int n, vf x)
     for (int i = 0; i < n; i++) put1(p, bf16, j + i, x[i]);
 }
 
-int sanlab_silu_gate_fwd(const sanlab_silu_gate_args *a)
+/* row r's forward: gate_up from element in, y from element out */
+static void fwd_row(const sanlab_silu_gate_args *a, long in, long out)
 {
-    const long rows = a->rows;
     const int F = a->F, bf16 = a->bf16, vec_cols = a->vec_cols;
-    if (rows < 0 || F < 0 || vec_cols < 0 || vec_cols > F) return 1;
-#pragma omp parallel for schedule(static) num_threads(a->nthreads)
-    for (long r = 0; r < rows; r++) {
-        const long in = r * 2L * F, out = r * (long)F;
-        const void *gu = a->gate_up;
-        int j = 0;
-        for (; j + VL <= vec_cols; j += VL)
-            putv(a->y, bf16, out + j, fwd_vec(getv(gu, bf16, in + j), getv(gu, bf16, in + F + j), bf16));
-        if (j < vec_cols) {
-            const int n = vec_cols - j;
-            const vf y = fwd_vec(load_part(gu, bf16, in + j, n), load_part(gu, bf16, in + F + j, n), bf16);
-            store_part(a->y, bf16, out + j, n, y);
-            j = vec_cols;
-        }
-        for (; j < F; j++) {
-            const float g = get1(a->gate_up, bf16, in + j);
-            float act = g / (1.0f + expf(-g));
-            if (bf16) act = bf16_to_f32(f32_to_bf16(act));
-            put1(a->y, bf16, out + j, act * get1(a->gate_up, bf16, in + F + j));
-        }
+    const void *gu = a->gate_up;
+    int j = 0;
+    for (; j + VL <= vec_cols; j += VL)
+        putv(a->y, bf16, out + j, fwd_vec(getv(gu, bf16, in + j), getv(gu, bf16, in + F + j), bf16));
+    if (j < vec_cols) {
+        const int n = vec_cols - j;
+        store_part(a->y, bf16, out + j, n, fwd_vec(load_part(gu, bf16, in + j, n), load_part(gu, bf16, in + F + j, n),
+                                                   bf16));
+        j = vec_cols;
     }
+    for (; j < F; j++) {
+        const float g = get1(gu, bf16, in + j);
+        float act = g / (1.0f + expf(-g));
+        if (bf16) act = bf16_to_f32(f32_to_bf16(act));
+        put1(a->y, bf16, out + j, act * get1(gu, bf16, in + F + j));
+    }
+}
+
+/* row r's backward: gate_up and grad from element in, dy from element out */
+static void bwd_row(const sanlab_silu_gate_args *a, long in, long out)
+{
+    const int F = a->F, bf16 = a->bf16, vec_cols = a->vec_cols;
+    const void *gu = a->gate_up;
+    vf dg, du;
+    int j = 0;
+    for (; j + VL <= vec_cols; j += VL) {
+        bwd_vec(getv(gu, bf16, in + j), getv(gu, bf16, in + F + j), getv(a->dy, bf16, out + j), bf16, &dg, &du);
+        putv(a->grad, bf16, in + j, dg);
+        putv(a->grad, bf16, in + F + j, du);
+    }
+    if (j < vec_cols) {
+        const int n = vec_cols - j;
+        bwd_vec(load_part(gu, bf16, in + j, n), load_part(gu, bf16, in + F + j, n),
+                load_part(a->dy, bf16, out + j, n), bf16, &dg, &du);
+        store_part(a->grad, bf16, in + j, n, dg);
+        store_part(a->grad, bf16, in + F + j, n, du);
+        j = vec_cols;
+    }
+    for (; j < F; j++) {
+        const float g = get1(gu, bf16, in + j), dy = get1(a->dy, bf16, out + j);
+        const float act = g / (1.0f + expf(-g)), s = 1.0f / (1.0f + expf(-g));
+        float t = dy * get1(gu, bf16, in + F + j);
+        if (bf16) t = bf16_to_f32(f32_to_bf16(t));
+        put1(a->grad, bf16, in + F + j, dy * (bf16 ? bf16_to_f32(f32_to_bf16(act)) : act));
+        put1(a->grad, bf16, in + j, (t * s) * fmaf(g, 1.0f - s, 1.0f));
+    }
+}
+
+/* `row` over every row, split between the threads (each value its own: no sums) */
+static int each_row(const sanlab_silu_gate_args *a, void (*row)(const sanlab_silu_gate_args *, long, long))
+{
+    const long rows = a->rows, F = a->F;
+    if (rows < 0 || F < 0 || a->vec_cols < 0 || a->vec_cols > F) return 1;
+#pragma omp parallel for schedule(static) num_threads(a->nthreads)
+    for (long r = 0; r < rows; r++) row(a, r * 2 * F, r * F);
     return 0;
 }
 
-int sanlab_silu_gate_bwd(const sanlab_silu_gate_args *a)
-{
-    const long rows = a->rows;
-    const int F = a->F, bf16 = a->bf16, vec_cols = a->vec_cols;
-    if (rows < 0 || F < 0 || vec_cols < 0 || vec_cols > F) return 1;
-#pragma omp parallel for schedule(static) num_threads(a->nthreads)
-    for (long r = 0; r < rows; r++) {
-        const long in = r * 2L * F, out = r * (long)F;
-        const void *gu = a->gate_up;
-        vf dg, du;
-        int j = 0;
-        for (; j + VL <= vec_cols; j += VL) {
-            bwd_vec(getv(gu, bf16, in + j), getv(gu, bf16, in + F + j), getv(a->dy, bf16, out + j), bf16, &dg, &du);
-            putv(a->grad, bf16, in + j, dg);
-            putv(a->grad, bf16, in + F + j, du);
-        }
-        if (j < vec_cols) {
-            const int n = vec_cols - j;
-            bwd_vec(load_part(gu, bf16, in + j, n), load_part(gu, bf16, in + F + j, n),
-                    load_part(a->dy, bf16, out + j, n), bf16, &dg, &du);
-            store_part(a->grad, bf16, in + j, n, dg);
-            store_part(a->grad, bf16, in + F + j, n, du);
-            j = vec_cols;
-        }
-        for (; j < F; j++) {
-            const float g = get1(a->gate_up, bf16, in + j), dy = get1(a->dy, bf16, out + j);
-            const float act = g / (1.0f + expf(-g)), s = 1.0f / (1.0f + expf(-g));
-            float t = dy * get1(a->gate_up, bf16, in + F + j);
-            if (bf16) t = bf16_to_f32(f32_to_bf16(t));
-            put1(a->grad, bf16, in + F + j, dy * (bf16 ? bf16_to_f32(f32_to_bf16(act)) : act));
-            put1(a->grad, bf16, in + j, (t * s) * fmaf(g, 1.0f - s, 1.0f));
-        }
-    }
-    return 0;
-}
+int sanlab_silu_gate_fwd(const sanlab_silu_gate_args *a) { return each_row(a, fwd_row); }
+
+int sanlab_silu_gate_bwd(const sanlab_silu_gate_args *a) { return each_row(a, bwd_row); }
