@@ -188,14 +188,18 @@ class _SiLUGate(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        gate, up, act = ctx.saved_tensors
-        if torch.compiler.is_compiling():  # (inductor fuses this; it rejects out= into views)
-            return torch.cat([torch.ops.aten.silu_backward(dy * up, gate), dy * act], dim=-1)
-        n = gate.shape[-1]
-        grad = torch.empty(*gate.shape[:-1], 2 * n, dtype=gate.dtype, device=gate.device)
-        torch.mul(dy, act, out=grad[..., n:])
-        torch.ops.aten.silu_backward.grad_input(dy * up, gate, grad_input=grad[..., :n])
-        return grad
+        return _silu_gate_backward(*ctx.saved_tensors, dy)
+
+
+def _silu_gate_backward(gate: torch.Tensor, up: torch.Tensor, act: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """[d gate | d up] by torch's formulas, written into the two halves of one gradient."""
+    if torch.compiler.is_compiling():  # (inductor fuses this; it rejects out= into views)
+        return torch.cat([torch.ops.aten.silu_backward(dy * up, gate), dy * act], dim=-1)
+    n = gate.shape[-1]
+    grad = torch.empty(*gate.shape[:-1], 2 * n, dtype=gate.dtype, device=gate.device)
+    torch.mul(dy, act, out=grad[..., n:])
+    torch.ops.aten.silu_backward.grad_input(dy * up, gate, grad_input=grad[..., :n])
+    return grad
 
 
 # floats in one of torch's CPU vectors, by the capability its kernels dispatch to
@@ -233,9 +237,9 @@ class _NativeSiLUGate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         (gate_up,) = ctx.saved_tensors
-        if dy.dtype != gate_up.dtype:  # (torch's formulas promote: as `_SiLUGate` does)
+        if dy.dtype != gate_up.dtype:  # (torch's formulas promote: `_SiLUGate`'s backward)
             gate, up = gate_up.chunk(2, dim=-1)
-            return torch.cat([torch.ops.aten.silu_backward(dy * up, gate), dy * F.silu(gate)], dim=-1)
+            return _silu_gate_backward(gate, up, F.silu(gate), dy)
         grad = torch.empty_like(gate_up)
         native.call(native.library().sanlab_silu_gate_bwd, _silu_gate_args(gate_up, dy=dy.contiguous(), grad=grad))
         return grad

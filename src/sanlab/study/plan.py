@@ -26,9 +26,9 @@ from sanlab.study.spec import (
     StudySpec,
     reference_name,
 )
+from sanlab.study.sweep import SweepDecision, decide
 from sanlab.study.warm import WARM_START_S
 from sanlab.study.warm import enabled as warm_enabled
-from sanlab.study.sweep import SweepDecision, decide
 
 MATCH_TARGETS = {"iso_param": "params", "iso_flop": "flops", "iso_depth": "depth"}
 # Outcomes that are results; `failed` and `interrupted` are retried by the next `study run`.
