@@ -123,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = a.shapes.split(",")
     if unknown := [s for s in shapes if s not in bm.SHAPES]:
         raise SystemExit(f"bench_swiglu: unknown shape(s) {', '.join(unknown)} (known: {', '.join(bm.SHAPES)})")
-    if not native.available():
-        raise SystemExit(f"bench_swiglu: the compiled kernels are unavailable: {native.unavailable_reason()}")
+    if not native.available():  # (nothing to compare; `make bench` goes on)
+        print(f"bench_swiglu: skipped, the compiled kernels are unavailable: {native.unavailable_reason()}")
+        return 0
     tune_cpu_allocator()
     torch.set_num_threads(1)
     sleef = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")

@@ -47,3 +47,11 @@ def test_an_unknown_shape_is_one_line(load_benchmark):
     bs = load_benchmark("bench_swiglu")
     with pytest.raises(SystemExit, match="unknown shape"):
         bs.main(["--shapes", "nope"])
+
+
+def test_without_the_compiled_kernels_it_says_so_and_lets_make_bench_go_on(load_benchmark, monkeypatch, capsys):
+    bs = load_benchmark("bench_swiglu")
+    monkeypatch.setattr(native, "available", lambda: False)
+    monkeypatch.setattr(native, "unavailable_reason", lambda: "no C compiler on the PATH")
+    assert bs.main(["--shapes", "demo"]) == 0
+    assert "skipped, the compiled kernels are unavailable: no C compiler" in capsys.readouterr().out
