@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--members", type=int, default=3, help="members folded into the batch (the demo's sweep: 3)")
     p.add_argument("--rounds", type=int, default=10)
     a = p.parse_args(argv)
+    if a.members < 1 or a.rounds < 1:
+        raise SystemExit(f"bench_swiglu: --members and --rounds must be at least 1 (got {a.members}, {a.rounds})")
     import torch
 
     from sanlab.model import native

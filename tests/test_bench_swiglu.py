@@ -43,10 +43,13 @@ def test_a_kernel_that_differs_from_torch_fails_the_benchmark(load_benchmark, mo
     assert members.silu_gate is model_silu_gate  # (the benchmark leaves the model as it found it)
 
 
-def test_an_unknown_shape_is_one_line(load_benchmark):
+def test_an_unknown_shape_or_an_empty_count_is_one_line(load_benchmark):
     bs = load_benchmark("bench_swiglu")
     with pytest.raises(SystemExit, match="unknown shape"):
         bs.main(["--shapes", "nope"])
+    for bad in (["--rounds", "0"], ["--members", "0"]):
+        with pytest.raises(SystemExit, match="must be at least 1"):
+            bs.main(["--shapes", "facts", *bad])
 
 
 def test_without_the_compiled_kernels_it_says_so_and_lets_make_bench_go_on(load_benchmark, monkeypatch, capsys):
