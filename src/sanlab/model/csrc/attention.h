@@ -308,6 +308,13 @@ static inline void panel_keys(const int32_t *start, int i0, int rows, int lo, in
     *n1 = (int)round_up(last + 1 - lo, NW);
 }
 
+/* panel_keys with n1 a multiple of VL (the portable kernel's key panels may end half way) */
+static inline void panel_keys_vl(const int32_t *start, int i0, int rows, int lo, int *n0, int *n1)
+{
+    *n0 = (start[i0] - lo) / NW * NW;
+    *n1 = (int)round_up(i0 + rows - lo, VL);
+}
+
 /* Rows [0, rows) of two (·, ld) fp32 buffers: columns [0, n0) and [n1, hi) set to zero. */
 static inline void zero_outside(float *x, float *y, long ld, int rows, int n0, int n1, int hi)
 {
@@ -321,27 +328,36 @@ static inline void zero_outside(float *x, float *y, long ld, int rows, int n0, i
     }
 }
 
-/* Row i of a block, its scores row[n0, n1) (keys relative to the block's first key; n0,
-   n1 multiples of NW), of which [a, e) are allowed: the rest of [n0, n1) is set to −inf,
-   the allowed ones to exp(s − max). Returns the sum of the exponentials; *mx gets the
-   max. (Two vectors a step: two independent chains for the max and the sum.) */
+/* Row i of a block, its scores row[n0, n1) (keys relative to the block's first key; n0
+   a multiple of NW, n1 of VL), of which [a, e) are allowed: the rest of [n0, n1) is set
+   to −inf, the allowed ones to exp(s − max). Returns the sum of the exponentials; *mx
+   gets the max. (Two vectors a step: two independent chains for the max and the sum. A
+   last single vector joins the first chain, where a whole NW panel put it: the second
+   would have added exp(−inf) = 0, so the sums have the bits of an NW-rounded n1.) */
 static inline float softmax_row(float *row, int n0, int n1, int a, int e, float *mx)
 {
     for (int j = n0; j < a; j++) row[j] = -INFINITY;
     for (int j = e; j < n1; j++) row[j] = -INFINITY;
     vf m0 = vsplat(-INFINITY), m1 = m0;
-    for (int j = n0; j < n1; j += 2 * VL) {
+    int j = n0;
+    for (; j + 2 * VL <= n1; j += 2 * VL) {
         m0 = vmax(m0, vload(row + j));
         m1 = vmax(m1, vload(row + j + VL));
     }
+    if (j < n1) m0 = vmax(m0, vload(row + j));
     const float m = hmax(vmax(m0, m1));
     vf s0 = vsplat(0.0f), s1 = s0;
-    for (int j = n0; j < n1; j += 2 * VL) {
+    for (j = n0; j + 2 * VL <= n1; j += 2 * VL) {
         const vf p0 = vexp(vload(row + j) - m), p1 = vexp(vload(row + j + VL) - m);
         vstore(row + j, p0);
         vstore(row + j + VL, p1);
         s0 += p0;
         s1 += p1;
+    }
+    if (j < n1) {
+        const vf p0 = vexp(vload(row + j) - m);
+        vstore(row + j, p0);
+        s0 += p0;
     }
     *mx = m;
     return hsum(s0 + s1);
