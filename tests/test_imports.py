@@ -152,6 +152,28 @@ def test_the_config_reference_needs_no_torch() -> None:
     assert proc.returncode == 0, proc.stderr
 
 
+QUICK = str(SRC.parents[1] / "examples" / "quick.toml")
+
+
+def test_a_study_groups_and_plans_its_runs_without_torch() -> None:
+    """The study's own process groups its runs into members (its workers import torch, it
+    does not: ~2.5 s before its first run started), and `study plan --no-timing` shows the
+    groups and their estimate without it."""
+    proc = _run("import os, tempfile\n"
+                "from sanlab.cli import main\n"
+                "from sanlab.study.groups import plan_groups\n"
+                "from sanlab.study.plan import plan_study\n"
+                "from sanlab.study.spec import load_spec\n"
+                f"spec = load_spec({QUICK!r}, [])\n"
+                "runs = [r for r in plan_study(spec, None, {}).runs if 'sweep' in r.phases]\n"
+                "groups = plan_groups([r.config.model_dump(mode='json') for r in runs], 'auto', 2)\n"
+                "assert sorted(len(g) for g in groups) == [3, 3, 3, 3], groups\n"
+                "out = os.path.join(tempfile.mkdtemp(), 'plan')\n"
+                f"assert main(['study', 'plan', {QUICK!r}, '--out', out, '--no-timing']) == 0\n"
+                "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    assert proc.returncode == 0, proc.stderr
+
+
 # `sanlab export --help` lists `--as` families from sanlab.hf.stock, which imports torch
 TORCH_FREE = ["match", "prepare", "train", "study", "analyze", "signal", "eval", "sample", "report", "probe",
               "record", "import"]

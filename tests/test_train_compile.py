@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sanlab.config import load_config
-from sanlab.train.compiling import resolve_compile
+from sanlab.train.resolve import resolve_compile
 from sanlab.train.trainer import resolve, train
 
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1", "model.vocab_size=320",

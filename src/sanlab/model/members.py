@@ -67,32 +67,10 @@ from sanlab.model.attention.fused import fused_mode, qkv_attention
 from sanlab.model.kernels import (NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, native_gated_residual,
                                   rope_rotate, silu_gate, upcast)
 from sanlab.model.lm import LM
+from sanlab.model.member_rules import members_unsupported
 from sanlab.model.loss import head_loss
 from sanlab.model.norms import (_NativeRMSNorm, _RMSNorm, gained_rope, norm_rope, qk_normalise,
                                 qk_normalise_backward)
-
-
-def members_unsupported(cfg: ModelConfig, freeze: Sequence[str] = ()) -> str | None:
-    """Why `cfg` cannot train as members (None: it can)."""
-    layers = set(cfg.layer_mixers)
-    if layers != {"softmax"}:
-        return f"sequence mixers {sorted(layers)} (members run softmax attention only)"
-    if cfg.state_mixer not in ("none", "swiglu"):
-        return f"state mixer {cfg.state_mixer!r} (members run none or swiglu)"
-    if not cfg.qk_norm:
-        return "model.qk_norm=false"
-    if cfg.sandwich_norm:
-        return "model.sandwich_norm=true"
-    if cfg.head_dim % 2:
-        return "an odd head_dim"
-    if freeze:
-        return "train.freeze"
-    return None
-
-
-def same_architecture(a: ModelConfig, b: ModelConfig) -> bool:
-    """Whether two model configs build the same module (members must)."""
-    return a.model_dump() == b.model_dump()
 
 
 # --------------------------------------------------------------------------- one kernel per member

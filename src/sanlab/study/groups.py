@@ -2,7 +2,7 @@
 
 The local runner (`runner.LocalRunner`) groups the runs it is given that share an
 architecture, a data shape and a plan and differ only in what members may differ in (LR,
-weight decay, schedule, seed, data dir: `sanlab.train.members.group_unsupported`): an arm's
+weight decay, schedule, seed, data dir: `sanlab.train.resolve.group_unsupported`): an arm's
 sweep points and seeds. Each group trains in one worker process (`python -m
 sanlab.study.groups GROUP.json`), which takes every member's run lock (in run-id order),
 runs `train_members(..., resume=True)` and writes each member's outcome file as a solo
@@ -38,6 +38,8 @@ from typing import Any, Callable, Sequence
 from sanlab.config import Config, validate
 from sanlab.study.plan import makespan, stream_makespan
 from sanlab.study.warm import die_with_parent
+from sanlab.train.resolve import PER_MEMBER_OPTIM, PER_MEMBER_TRAIN, group_unsupported
+from sanlab.train.resolve import resolve as resolve_config
 
 # the study runner's default train_fn: the trainer itself
 DEFAULT_TRAIN_FN = "sanlab.train.trainer:train"
@@ -55,9 +57,6 @@ MEMBER_SPEEDUP = 1.05
 
 def _class_key(cfg: Config) -> str:
     """What members must share (the fields they may differ in left out)."""
-    # lazy: torch; `study status` and `table` import the runner without it
-    from sanlab.train.members import PER_MEMBER_OPTIM, PER_MEMBER_TRAIN
-
     d = json.loads(cfg.model_dump_json())
     for k in PER_MEMBER_OPTIM:
         d["optim"].pop(k, None)
@@ -82,16 +81,12 @@ def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: 
     first run."""
     if setting == 1 or len(configs) < 2:
         return [[i] for i in range(len(configs))]
-    # lazy: torch; `study status` and `table` import the runner without it
-    from sanlab.train.members import group_unsupported
-    from sanlab.train.trainer import resolve
-
     classes: dict[str, list[int]] = {}
     cfgs: list[Config] = []
     caps: dict[str, int] = {}
     solo: list[list[int]] = []
     for i, raw in enumerate(configs):
-        cfg = resolve(validate(Config, raw, source="run config"))
+        cfg = resolve_config(validate(Config, raw, source="run config"))
         cfgs.append(cfg)
         cap = _cap(setting, cfg)
         if cap <= 1 or group_unsupported([cfg]) is not None:

@@ -29,6 +29,7 @@ from sanlab.study.spec import (
 from sanlab.study.sweep import SweepDecision, decide
 from sanlab.study.warm import WARM_START_S
 from sanlab.study.warm import enabled as warm_enabled
+from sanlab.train.resolve import make_plan  # the trainer's own steps and milestones
 
 MATCH_TARGETS = {"iso_param": "params", "iso_flop": "flops", "iso_depth": "depth"}
 # Outcomes that are results; `failed` and `interrupted` are retried by the next `study run`.
@@ -423,9 +424,6 @@ class StudyPlan:
         if speed is None:
             ref_flops = self.arms[0].flops_per_token
             return run.tokens / (self.tokens_per_s * ref_flops / run.flops_per_token)
-        # lazy: torch; `sanlab study table` and `status` import this module and run without it
-        from sanlab.train.trainer import make_plan  # the trainer's own steps and milestones
-
         t, trained = run.config.train, make_plan(run.config, 1)
         steps = trained.steps
 

@@ -24,6 +24,7 @@ left to the FLOP-scaled estimate, and the plan says so.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -50,12 +51,22 @@ def local_threads(runner: Any) -> int:
     return runner.threads or max(1, (os.cpu_count() or 1) // runner.workers)
 
 
+def torch_version() -> str:
+    """torch's version, from its package metadata where it is installed as a package (no
+    import: a study's process and `study plan` run without torch), else `torch.__version__`."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        # lazy: torch, only where its metadata is missing (a source tree on the path)
+        import torch
+
+        return str(torch.__version__)
+
+
 def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> str:
     """What decides a step's cost: model, rows and their split, seq_len, precision,
     device, threads, how many runs share the machine, the software versions and, on the
     CPU, the compiled kernels (not LR, seed or length)."""
-    import torch
-
     t = cfg["train"]
     parts = {"model": cfg["model"], "seq_len": cfg["data"]["seq_len"], "batch_rows": t["batch_rows"],
              "micro_batch_rows": t.get("micro_batch_rows"), "precision": t.get("precision"),
@@ -63,7 +74,7 @@ def shape_key(cfg: Mapping[str, Any], threads: int, side_by_side: int = 1) -> st
              "freeze": t.get("freeze"), "optimizer": cfg["optim"]["name"],
              "ns_precision": cfg["optim"].get("ns_precision"), "threads": threads,
              "side_by_side": side_by_side,
-             "versions": [__version__, torch.__version__],
+             "versions": [__version__, torch_version()],
              "kernels": native.identity() if t.get("device") != "cuda" else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -1,4 +1,4 @@
-"""`train.compile`: whether a run compiles its model (`resolve_compile`), and compiling it
+"""`train.compile`: whether a run compiles its model (`sanlab.train.resolve.resolve_compile`), and compiling it
 so that a compiler failure never stops a run (`compile_for_training`).
 """
 
@@ -11,16 +11,6 @@ import torch
 
 from sanlab.errors import SanlabError
 from sanlab.model.lm import LM
-
-
-def resolve_compile(setting: bool | str, device: str) -> bool:
-    """`train.compile` as it will run on `device` ("cuda" or "cpu"): auto is on for CUDA
-    (where inductor doubled the standard arm's speed on an H200: docs/gpu.md) and off on
-    the CPU, where the hand-written kernels already run fused and a compile costs more
-    than most CPU runs last; true and false as given."""
-    if setting == "auto":
-        return device == "cuda"
-    return bool(setting)
 
 
 def compile_for_training(model: LM, on: bool, probe: Callable[[], None], say: Callable[[str], None]) -> bool:

@@ -54,55 +54,23 @@ from sanlab.errors import EXIT_INTERRUPTED, EXIT_OK, CheckpointError, ConfigErro
 from sanlab.fileio import try_read_json_object
 from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM
-from sanlab.model.members import MemberLM, members_unsupported, same_architecture
+from sanlab.model.members import MemberLM
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
 from sanlab.train.host import tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import Optimizers, _muon_lr, build_optimizers, route, routing_table
+from sanlab.train.resolve import Plan, group_unsupported, make_plan, resolve
 from sanlab.train.schedule import lr_multiplier
 from sanlab.train.signals import StopSignal
 from sanlab.train.trainer import (
-    _COLLAPSE_STEPS, _EMA_DECAY, _EMA_WARMUP, Plan, _check_finished, _complete_milestones, _heldout_tokens, _loader,
-    _micro_batches, collapsed, emulated_bf16_note, evaluate, make_plan, resolve,
+    _COLLAPSE_STEPS, _EMA_DECAY, _EMA_WARMUP, _check_finished, _complete_milestones, _heldout_tokens, _loader,
+    _micro_batches, collapsed, emulated_bf16_note, evaluate,
 )
 
 # The stated tolerance of a member's losses against its solo run's, relative, by precision
 # (derived in the module docstring; measured: 0 in both on this project's CPU kernels).
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-3}
-# What may differ between members' optimizer configs (the rest must be equal).
-PER_MEMBER_OPTIM = ("lr", "adam_lr", "weight_decay", "grad_clip", "schedule", "warmup_frac", "decay_frac",
-                    "final_lr_frac")
-# What may differ between members' train configs.
-PER_MEMBER_TRAIN = ("seed", "milestones")
-
-
-def group_unsupported(cfgs: Sequence[Config]) -> str | None:
-    """Why these (resolved) configs cannot train as the members of one model (None: they can)."""
-    first = cfgs[0]
-    why = members_unsupported(first.model, first.train.freeze)
-    if why is not None:
-        return why
-    plan = make_plan(first, 1)
-    for c in cfgs[1:]:
-        if not same_architecture(c.model, first.model):
-            return "the members' model configs differ"
-        if c.data.seq_len != first.data.seq_len:
-            return "the members' data.seq_len differ"
-        if (make_plan(c, 1).steps, make_plan(c, 1).micro_rows) != (plan.steps, plan.micro_rows) \
-                or c.train.batch_rows != first.train.batch_rows:
-            return "the members' plans (steps, batch rows) differ"
-        o1, o2 = (o.model_dump(exclude=set(PER_MEMBER_OPTIM)) for o in (first.optim, c.optim))
-        if o1 != o2:
-            return "the members' optimizer configs differ beyond LR, decay and schedule"
-        skip = set(PER_MEMBER_TRAIN) | {"steps", "tokens"}
-        if c.train.model_dump(exclude=skip) != first.train.model_dump(exclude=skip):
-            return "the members' train configs differ beyond seed and milestones"
-    if first.train.compile:
-        return "train.compile"
-    return None
-
-
 # --------------------------------------------------------------------------- the optimizers
 
 

@@ -35,10 +35,11 @@ from sanlab.model.attention import attention_kernel
 from sanlab.model.lm import LM, token_losses
 from sanlab.paths import check_out_dir, raise_no_space
 from sanlab.train import checkpoint, dist, rundir
-from sanlab.train.compiling import compile_for_training, resolve_compile
-from sanlab.train.host import native_bf16, resolve_precision, tune_cpu_allocator
+from sanlab.train.compiling import compile_for_training
+from sanlab.train.host import native_bf16, tune_cpu_allocator
 from sanlab.train.logs import RunLog, truncate_metrics
 from sanlab.train.optim import build_optimizers, clip_grad_norm, routing_table
+from sanlab.train.resolve import Plan, make_plan, resolve
 from sanlab.train.schedule import lr_multiplier
 from sanlab.train.signals import StopSignal
 
@@ -58,21 +59,6 @@ def collapsed(train_loss: float, grad_norm: float, vocab_size: int) -> bool:
 # --------------------------------------------------------------------------- resolution
 
 
-def resolve(cfg: Config) -> Config:
-    """Replace `auto` device, precision and compile with what will run (recorded in config.json)."""
-    t = cfg.train
-    device = t.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is available")
-    return cfg.model_copy(update={
-        "train": t.model_copy(update={"device": device, "precision": resolve_precision(t.precision, device),
-                                      "compile": resolve_compile(t.compile, device)}),
-        "optim": cfg.optim.model_copy(update={"ns_precision": resolve_precision(cfg.optim.ns_precision, device)}),
-    })
-
-
 def emulated_bf16_note(cfg: Config) -> str | None:
     """A one-line note when a resolved config asks for bf16 on a CPU that emulates it."""
     asked = []
@@ -86,36 +72,6 @@ def emulated_bf16_note(cfg: Config) -> str | None:
             "(AVX512-BF16, AMX): its bf16 products are emulated and over 10x slower than fp32; "
             "'auto' picks fp32 here")
 
-
-@dataclass(frozen=True)
-class Plan:
-    """How the configured length and batch map onto steps, ranks and micro-batches."""
-
-    steps: int
-    tokens_per_step: int
-    rank_rows: int  # rows per rank per step
-    micro_rows: int  # rows per forward/backward
-    accum: int  # micro-batches per step
-    milestones: dict[int, int]  # step -> percent of training
-
-
-def make_plan(cfg: Config, world_size: int) -> Plan:
-    t, seq_len = cfg.train, cfg.data.seq_len
-    tokens_per_step = t.batch_rows * seq_len
-    if t.steps is not None:
-        steps = t.steps
-    elif t.tokens is not None:
-        steps = math.ceil(t.tokens / tokens_per_step)
-    else:
-        raise ConfigError("set the training length: train.tokens=N or train.steps=N")
-    if t.batch_rows % world_size:
-        raise ConfigError(f"train.batch_rows={t.batch_rows} is not divisible by {world_size} processes")
-    rank_rows = t.batch_rows // world_size
-    micro = min(t.micro_batch_rows or rank_rows, rank_rows)
-    if rank_rows % micro:
-        raise ConfigError(f"train.micro_batch_rows={micro} does not divide the per-process batch of {rank_rows} rows")
-    milestones = {round(m * steps): round(m * 100) for m in sorted(t.milestones)}
-    return Plan(steps, tokens_per_step, rank_rows, micro, rank_rows // micro, milestones)
 
 
 def _heldout_tokens(cfg: Config, n: int) -> torch.Tensor:
