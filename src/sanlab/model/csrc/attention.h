@@ -328,6 +328,24 @@ static inline void zero_outside(float *x, float *y, long ld, int rows, int n0, i
     }
 }
 
+/* row[j] = −inf for the keys j in [n0, a) and [e, n1) (n0 and n1 multiples of VL, n0 ≤ a < e
+   ≤ n1), a vector at a time where the scores were stored: a scalar store into a vector that
+   is loaded right after makes the load wait (a store that cannot be forwarded) */
+static inline void mask_outside(float *row, int n0, int n1, int a, int e)
+{
+    vi lane;
+    for (int l = 0; l < VL; l++) lane[l] = l;
+    const vf ninf = vsplat(-INFINITY);
+    for (int j = n0; j < a; j += VL) {
+        const vi key = lane + j;
+        vstore(row + j, vselect((key >= a) & (key < e), vload(row + j), ninf));
+    }
+    for (int j = n0 + (e - n0) / VL * VL; j < n1; j += VL) {
+        const vi key = lane + j;
+        vstore(row + j, vselect((key >= a) & (key < e), vload(row + j), ninf));
+    }
+}
+
 /* Row i of a block, its scores row[n0, n1) (keys relative to the block's first key; n0
    a multiple of NW, n1 of VL), of which [a, e) are allowed: the rest of [n0, n1) is set
    to −inf, the allowed ones to exp(s − max). Returns the sum of the exponentials; *mx
@@ -336,8 +354,7 @@ static inline void zero_outside(float *x, float *y, long ld, int rows, int n0, i
    would have added exp(−inf) = 0, so the sums have the bits of an NW-rounded n1.) */
 static inline float softmax_row(float *row, int n0, int n1, int a, int e, float *mx)
 {
-    for (int j = n0; j < a; j++) row[j] = -INFINITY;
-    for (int j = e; j < n1; j++) row[j] = -INFINITY;
+    mask_outside(row, n0, n1, a, e);
     vf m0 = vsplat(-INFINITY), m1 = m0;
     int j = n0;
     for (; j + 2 * VL <= n1; j += 2 * VL) {
@@ -367,8 +384,7 @@ static inline float softmax_row(float *row, int n0, int n1, int a, int e, float 
    P = exp(s − lse) (0 outside the allowed [a, e)) and ds becomes P ⊙ (dP − δ). */
 static inline void grad_row(float *p, float *ds, int n0, int n1, int a, int e, float lse, float delta)
 {
-    for (int j = n0; j < a; j++) p[j] = -INFINITY;
-    for (int j = e; j < n1; j++) p[j] = -INFINITY;
+    mask_outside(p, n0, n1, a, e);
     for (int j = n0; j < n1; j += VL) {
         const vf pv = vexp(vload(p + j) - lse);
         vstore(p + j, pv);
