@@ -67,8 +67,8 @@ from sanlab.model.attention.fused import fused_mode, qkv_attention
 from sanlab.model.kernels import (NATIVE_DTYPES, _GatedResidual, _NativeGatedResidual, native_gated_residual,
                                   rope_rotate, silu_gate, upcast)
 from sanlab.model.lm import LM
-from sanlab.model.member_rules import members_unsupported
 from sanlab.model.loss import head_loss
+from sanlab.model.member_rules import members_unsupported
 from sanlab.model.norms import (_NativeRMSNorm, _RMSNorm, gained_rope, norm_rope, qk_normalise,
                                 qk_normalise_backward)
 

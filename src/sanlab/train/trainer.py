@@ -17,7 +17,7 @@ import contextlib
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
