@@ -53,6 +53,109 @@ def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path)
     assert plan_groups(wide, 8) == [[0, 1]]
 
 
+def test_balance_cuts_groups_where_that_ends_the_batch_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`balance`: the runner gives a free worker the costliest unit left (a group costs its
+    runs' sum / MEMBER_SPEEDUP); a group is cut into even parts, the best cut first, while
+    a cut shortens the batch by more than BALANCE_GAIN."""
+    from sanlab.study import groups
+    from sanlab.study.groups import balance
+
+    assert groups.MEMBER_SPEEDUP == 1.05 and groups.BALANCE_GAIN == 0.05  # (the numbers below)
+    # one group of four equal runs on two workers: 4 / 1.05 = 3.81 on one, the other idle;
+    # halves 2 / 1.05 = 1.90 each; a solo run and a group of three, or four solo runs, 2.0
+    assert balance([[0, 1, 2, 3]], [1.0] * 4, 2) == [[0, 1], [2, 3]]
+    # the demo's first sweep round on a 2-core AVX2 CPU, seconds a run: iso-depth 26 / 3,
+    # iso-FLOP 13 / 3, SAN 12 / 3, iso-param 9 / 3, each arm a group of three. As they are:
+    # iso-depth (24.76) on one worker, iso-FLOP (12.38) + SAN (11.43) + iso-param (8.57) on
+    # the other, 32.38. The best cut: a SAN run solo (4) and its other two a group (7.62):
+    # iso-depth + the SAN run 28.76, iso-FLOP + iso-param + the SAN pair 28.57: 28.76 (-11%);
+    # no further cut gains 5%.
+    costs = [26 / 3] * 3 + [13 / 3] * 3 + [4.0] * 3 + [3.0] * 3
+    four = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert balance(four, costs, 2) == [[0, 1, 2], [3, 4, 5], [6], [7, 8], [9, 10, 11]]
+    assert balance(four, [1.0] * 12, 2) == four  # four equal groups on two workers: nothing to gain
+    assert balance(four, costs, 1) == four  # one worker: a cut only loses the members' speed-up
+    assert balance(four, [0.0, *costs[1:]], 2) == four  # a run of unknown cost: as they are
+    monkeypatch.setattr(groups, "BALANCE_GAIN", 0.2)  # the 11% is below it
+    assert balance(four, costs, 2) == four
+
+
+def test_plan_groups_balances_by_the_runs_costs(study_data_dir: Path, tmp_path: Path) -> None:
+    """With costs (the runner's, for a batch that starts on idle workers) "auto" groups are
+    balanced; an integer setting is the user's and is kept. The SAN's three sweep points
+    (1 each) and the iso-param arm's two (5 each) on two workers: as groups 2.86 and 9.52;
+    the iso-param pair cut, 5 | 5 + 2.86 = 7.86; then the SAN's, 5 + 1.90 | 5 + 1: 6.90."""
+    from sanlab.study.runner import Job, LocalRunner
+    from sanlab.study.spec import RunnerSpec
+
+    spec = _spec(study_data_dir, "auto")
+    san, iso = build_arms(spec)
+    runs = [*sweep_runs(spec, san, "muon", [0.5, 1, 2], str(study_data_dir)),
+            *sweep_runs(spec, iso, "muon", [1, 2], str(study_data_dir))]
+    configs = [_config(r) for r in runs]
+    costs = [1.0, 1.0, 1.0, 5.0, 5.0]
+    assert plan_groups(configs, "auto", 2, costs) == [[0], [1, 2], [3], [4]]
+    assert plan_groups(configs, "auto", 2) == [[0, 1, 2], [3, 4]]
+    assert plan_groups(configs, 8, 2, costs) == [[0, 1, 2], [3, 4]]
+    jobs = [Job(run_id=r.run_id, run_dir=str(tmp_path / r.run_id), config=c, jobs_dir=str(tmp_path), cost=k)
+            for r, c, k in zip(runs, configs, costs)]
+    runner = LocalRunner(RunnerSpec(workers=2, threads=1))
+    ids = [r.run_id for r in runs]
+    assert [[j.run_id for j in g] for g in runner._groups(jobs, balance=True)] == [[ids[0]], ids[1:3], [ids[3]], [ids[4]]]
+    assert [[j.run_id for j in g] for g in runner._groups(jobs)] == [ids[:3], ids[3:]]
+
+
+def test_study_plan_balances_the_sweep_as_the_runner_does(study_data_dir: Path) -> None:
+    """`study plan`'s groups follow the runner's: the sweep, which starts on idle workers,
+    balanced by the runs' estimates (the costs of the test above), streamed or by rounds."""
+    from types import SimpleNamespace
+
+    from sanlab.study.groups import plan_table_rows
+
+    spec = _spec(study_data_dir, "auto")
+    san, iso = build_arms(spec)
+    runs = [*sweep_runs(spec, san, "muon", [0.5, 1, 2], str(study_data_dir)),
+            *sweep_runs(spec, iso, "muon", [1, 2], str(study_data_dir))]
+    secs = dict(zip([r.run_id for r in runs], [1.0, 1.0, 1.0, 5.0, 5.0]))
+    for stream in (True, False):
+        plan = SimpleNamespace(runs=runs, run_seconds=lambda r, start=True: secs[r.run_id] + (0.5 if start else 0.0),
+                               start_seconds=lambda r: 0.5, stream=stream)
+        rows = plan_table_rows(plan, "auto", 2)
+        assert [r[1] for r in rows] == [[runs[1].run_id, runs[2].run_id]]  # the SAN pair; the rest solo
+        assert rows[0][2] == pytest.approx(0.5 + 2.0 / 1.05)
+
+
+def test_the_runner_balances_the_batch_it_starts_with_not_what_joins_it(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`LocalRunner.run` balances its first batch, which starts on idle workers; the jobs
+    `more` adds (a cell's next sweep points, its final runs) join while others run and are
+    grouped as they come."""
+    from sanlab.study.runner import Job, LocalRunner
+    from sanlab.study.spec import RunnerSpec
+    from test_study_warm import _jobs
+
+    a, b, c, d = _jobs(tmp_path, ["a", "b", "c", "d"])
+    extra = [d]
+    runner = LocalRunner(RunnerSpec(workers=2, threads=1, members=1))
+    seen: list[tuple[list[str], bool]] = []
+    real = runner._groups
+
+    def spy(jobs: list[Job], balance: bool = False) -> list[list[Job]]:
+        seen.append(([j.run_id for j in jobs], balance))
+        return real(jobs, balance)
+
+    def more() -> list[Job]:
+        out, extra[:] = list(extra), []
+        return out
+
+    monkeypatch.setattr(runner, "_groups", spy)
+    try:
+        runner.run([a, b, c], lambda job, outcome: None, more=more)
+    finally:
+        runner.close()
+    assert [x for x in seen if x[0]] == [(["a", "b", "c"], True), (["d"], False)]
+
+
 def test_which_train_fns_can_train_members() -> None:
     """The trainer's runs, and runs of a train_fn that says how a member's run finishes
     (the probe suite's scoring), may train as members; any other train_fn, or one that
@@ -169,7 +272,7 @@ def test_plan_total_spreads_groups_not_runs(monkeypatch: pytest.MonkeyPatch) -> 
     runs = [SimpleNamespace(run_id=k, phases=("sweep",) if k == "s" else ("final",), config=Cfg()) for k in secs]
     plan = SimpleNamespace(runs=runs, run_seconds=lambda r, start=True: secs[r.run_id] - (0.0 if start else 2.0),
                            start_seconds=lambda r: start, startup_seconds=1.5)
-    monkeypatch.setattr(groups, "plan_groups", lambda cfgs, setting, workers: (
+    monkeypatch.setattr(groups, "plan_groups", lambda cfgs, setting, workers, costs=None: (
         [[0, 1, 2], [3]] if len(cfgs) == 4 else [[0]]))
     group = start + 3 * (10.0 - start) / groups.MEMBER_SPEEDUP
     # the once-only start-up (warm processes), then final: a group of three (started once, its

@@ -13,7 +13,9 @@ except meta.json's `members` entry (the batch it trained in).
 `runner.members`: an int caps the group size (1: no grouping); "auto" (the default) groups
 on the CPU where it pays: models up to `AUTO_MAX_D` wide, at most `AUTO_MAX_MEMBERS` a
 group, groups of at least `AUTO_MIN_MEMBERS` (smaller ones run solo), and a class of runs
-is split into more groups while there are fewer groups than workers. Runs the members
+is split into more groups while there are fewer groups than workers; a batch that starts
+on idle workers (a study's first sweep round; by rounds, each round) is then balanced by
+its runs' costs (`balance`: a group is cut where that ends the batch sooner). Runs the members
 engine refuses (`members_unsupported`: other mixers, frozen weights, torch.compile, ...),
 GPU runs, and runs of a `train_fn` that cannot finish a member's run (`groupable`:
 the trainer's runs and the probe suite's scored runs can) run solo. A killed grouped study resumes: the
@@ -53,6 +55,9 @@ AUTO_MAX_MEMBERS = 8
 AUTO_MIN_MEMBERS = 2
 # a group's time against its members' solo times one after another (one thread, M = 2..8)
 MEMBER_SPEEDUP = 1.05
+# `balance` cuts a group only where the batch's estimated wall time falls by more than this
+# share (each part is one more process start, and its members batch less)
+BALANCE_GAIN = 0.05
 
 
 def _class_key(cfg: Config) -> str:
@@ -75,10 +80,12 @@ def _cap(setting: int | str, cfg: Config) -> int:
     return int(setting)
 
 
-def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: int = 1) -> list[list[int]]:
+def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: int = 1,
+                costs: Sequence[float] | None = None) -> list[list[int]]:
     """Indices of `configs` (run configs as JSON data) in groups: each inner list trains as
     the members of one model (one index: solo). Order: the groups in the order of their
-    first run."""
+    first run. With `costs` (each run's, as the local runner orders them) and "auto", the
+    groups are then split where that shortens the batch's wall time (`balance`)."""
     if setting == 1 or len(configs) < 2:
         return [[i] for i in range(len(configs))]
     classes: dict[str, list[int]] = {}
@@ -111,16 +118,63 @@ def plan_groups(configs: Sequence[dict[str, Any]], setting: int | str, workers: 
                 groups.append(part)
             else:
                 groups += [[i] for i in part]
+    if costs is not None and setting == "auto":
+        groups = balance(groups, costs, workers)
     return sorted(groups, key=lambda g: g[0])
+
+
+def _parts(group: list[int], n: int) -> list[list[int]]:
+    """`group` cut into `n` even parts, in order (a part of one run trains solo)."""
+    return [group[len(group) * k // n:len(group) * (k + 1) // n] for k in range(n)]
+
+
+def _unit_cost(part: list[int], costs: Sequence[float]) -> float:
+    """What a part costs a worker: its runs' costs summed, / MEMBER_SPEEDUP for members."""
+    total = sum(costs[i] for i in part)
+    return total / MEMBER_SPEEDUP if len(part) > 1 else total
+
+
+def balance(groups: list[list[int]], costs: Sequence[float], workers: int) -> list[list[int]]:
+    """`groups` with some cut into even parts where that shortens the batch's wall time on
+    `workers` workers that each take the costliest unit left when they free up (the local
+    runner's order, `sanlab.study.plan.makespan`): one group at a time, the cut that
+    shortens it most, while a cut shortens it by more than BALANCE_GAIN. One arm three
+    times as costly as the others, as one group, keeps a worker busy while the other
+    trains the rest and then waits (the demo's first sweep round on a 2-core CPU: the
+    iso-depth group 26 s against the other arms' 13 + 12 + 9 s). Unknown costs (0) leave
+    the groups as they are."""
+    if workers < 2 or not groups or min(costs[i] for g in groups for i in g) <= 0:
+        return groups
+    cuts = [1] * len(groups)
+
+    def span(cuts: list[int]) -> float:
+        return makespan([_unit_cost(p, costs) for g, n in zip(groups, cuts) for p in _parts(g, n)], workers)
+
+    now = span(cuts)
+    while True:
+        trials = [(span(t), t) for i, g in enumerate(groups) for n in range(1, len(g) + 1) if n != cuts[i]
+                  for t in [cuts[:i] + [n] + cuts[i + 1:]]]
+        if not trials:
+            break
+        best, trial = min(trials, key=lambda x: x[0])
+        if best >= now * (1 - BALANCE_GAIN):
+            break
+        now, cuts = best, trial
+    return [p for g, n in zip(groups, cuts) for p in _parts(g, n)]
 
 
 def _phase_units(plan: Any, setting: int | str, workers: int) -> list[tuple[str, list[Any], list[list[int]]]]:
     """(phase, its planned runs, their groups) as `study run` groups them: the sweep's runs
-    apart from the final ones."""
+    apart from the final ones, each batch that starts on idle workers balanced by its runs'
+    estimates (`balance`: the sweep's first round; by rounds, the final runs too; streamed,
+    each cell's final runs join the stream as it locks and are not)."""
     out = []
     for phase in ("sweep", "final"):
         runs = [r for r in plan.runs if ("sweep" in r.phases) == (phase == "sweep")]
-        out.append((phase, runs, plan_groups([json.loads(r.config.model_dump_json()) for r in runs], setting, workers)))
+        costs = ([plan.run_seconds(r, start=False) for r in runs]
+                 if phase == "sweep" or not getattr(plan, "stream", False) else None)
+        out.append((phase, runs, plan_groups([json.loads(r.config.model_dump_json()) for r in runs], setting,
+                                             workers, costs)))
     return out
 
 

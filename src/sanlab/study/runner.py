@@ -248,9 +248,11 @@ class LocalRunner:
         return [json.loads(j.outcome_file.read_text()) if j.outcome_file.is_file()
                 else _failed(f"worker exited with code {rc} (see {jobs[0].log_file})") for j in jobs]
 
-    def _groups(self, jobs: list[Job]) -> list[list[Job]]:
+    def _groups(self, jobs: list[Job], balance: bool = False) -> list[list[Job]]:
         """The jobs as groups of members (`sanlab.study.groups.plan_groups`), each group of
-        one train_fn that can train members (`groupable`); CPU runs only."""
+        one train_fn that can train members (`groupable`); CPU runs only. `balance`: the
+        jobs start on idle workers, so groups are cut where their costs say that ends the
+        batch sooner (`sanlab.study.groups.balance`)."""
         if self.members == 1 or self.gpus:
             return [[j] for j in jobs]
         by_fn: dict[str, list[Job]] = {}
@@ -261,7 +263,8 @@ class LocalRunner:
             if not groupable(fn):
                 groups += [[j] for j in same]
                 continue
-            groups += [[same[i] for i in g] for g in plan_groups([j.config for j in same], self.members, self.workers)]
+            groups += [[same[i] for i in g] for g in plan_groups([j.config for j in same], self.members, self.workers,
+                                                                 [j.cost for j in same] if balance else None)]
         return groups
 
     def run(self, jobs: Sequence[Job], on_done: OnDone, more: More | None = None) -> None:
@@ -277,15 +280,15 @@ class LocalRunner:
 
         waiting: list[list[Job]] = []
 
-        def add(new: Sequence[Job]) -> None:
+        def add(new: Sequence[Job], first: bool = False) -> None:
             own = [Job(**{**asdict(j), "threads": j.threads or self.threads, "gpus": self.gpus}) for j in new]
-            waiting.extend(self._groups(own))
+            waiting.extend(self._groups(own, balance=first))
             # longest first (as `study plan`'s estimate assumes, `plan.makespan`): a long run
             # started last would keep one worker busy while the others wait for it (a stable
             # sort: runs of unknown cost keep their order)
             waiting.sort(key=lambda g: (min(j.rank for j in g), -sum(j.cost for j in g)))
 
-        add(jobs)
+        add(jobs, first=True)
         self._start_warm()
         pool = ThreadPoolExecutor(max_workers=self.workers)
         try:
