@@ -137,9 +137,14 @@ class Members:
         from sanlab.train.members import MemberOptim
         from sanlab.train.optim import route
 
+        from sanlab.train.host import resolve_precision
+
         self.model = build_members(cfg, list(range(M))).to(device)
         cfgs = [OptimConfig(lr=0.02 * 2 ** (m % 3 - 1)) for m in range(M)]
-        self.opt = MemberOptim(self.model, cfgs, torch.bfloat16)
+        # Muon's iterations in the precision the solo runs' optimizer resolves (`build_optimizers`:
+        # bf16 where the CPU has bf16 products, fp32 where it would emulate them)
+        ns = {"bf16": torch.bfloat16, "fp32": torch.float32}[resolve_precision(cfgs[0].ns_precision, device)]
+        self.opt = MemberOptim(self.model, cfgs, ns)
         from sanlab.model.lm import LM
 
         self.opt.groups = {g: [n for n, _ in v] for g, v in route(LM(cfg)).items() if g != "frozen"}
@@ -345,12 +350,13 @@ def run_job(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def matmul_peak(threads: int) -> float:
-    """bf16 matmul FLOP/s on this machine now (best of a few 1024³ products)."""
+def matmul_peak(threads: int, precision: str = "bf16") -> float:
+    """Matmul FLOP/s in `precision` on this machine now (best of a few 1024³ products)."""
     import torch
 
     torch.set_num_threads(threads)
-    a, b = torch.randn(1024, 1024, dtype=torch.bfloat16), torch.randn(1024, 1024, dtype=torch.bfloat16)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
     best = math.inf
     for _ in range(8):
         t0 = time.perf_counter()
@@ -546,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="member counts for the partner arms (0: none)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per mode (after one warmup step)")
     p.add_argument("--rounds", type=int, default=1)
-    p.add_argument("--precision", default="bf16", choices=("bf16", "fp32"))
+    p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="auto: bf16 where the CPU (or GPU) has bf16 products, else fp32, as training resolves it")
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
     p.add_argument("--figure", default=None, help="also draw the scaling curve into this PNG")
     p.add_argument("--device", default=None,
@@ -564,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("bench_members: --figure draws the runner comparison, not --device's")
         if len(a.members) < 2 and len(a.partner_members) < 2:
             raise SystemExit("bench_members: --figure needs two or more member counts (--members)")
+    from sanlab.train.host import resolve_precision
+
+    a.precision = resolve_precision(a.precision, "cuda" if (a.device or "cpu").startswith("cuda") else "cpu")
     if a.device is not None:
         return device_main(a)
 
@@ -571,8 +581,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.steps} timed steps x {a.rounds} round(s)")
     if a.vmap:
         print("vmap over sanlab's LM:", vmap_error(arm_configs("demo")["san"]))
-    peak = run_peak()
-    print(f"bf16 matmul peak (2 threads, 1024^3): {peak / 1e9:.0f} GFLOP/s")
+    peak = run_peak(a.precision)
+    print(f"{a.precision} matmul peak (2 threads, 1024^3): {peak / 1e9:.0f} GFLOP/s")
     results: dict[str, dict[int, dict[str, float]]] = {}
     header = (f"{'M':>3} {'mode':<11} {'tok/s total':>12} {'per member':>11} {'vs runner':>10} {'% peak':>7} "
               f"{'RSS MiB':>8}")
@@ -594,14 +604,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _peak_child(queue: Any) -> None:
-    queue.put(matmul_peak(2))
+def _peak_child(queue: Any, precision: str) -> None:
+    queue.put(matmul_peak(2, precision))
 
 
-def run_peak() -> float:
+def run_peak(precision: str = "bf16") -> float:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    pr = ctx.Process(target=_peak_child, args=(q,))
+    pr = ctx.Process(target=_peak_child, args=(q, precision))
     pr.start()
     v = q.get()
     pr.join()

@@ -93,7 +93,7 @@ def test_the_scaling_figure_draws_what_was_measured(load_benchmark, monkeypatch,
     fake = {1: {"solo": 100.0, "members": 90.0, "runner": 100.0},
             2: {"solo": 100.0, "runner": 160.0, "members": 120.0, "members x2": 200.0},
             4: {"solo": 100.0, "runner": 180.0, "members": 150.0, "members x2": 270.0}}
-    monkeypatch.setattr(bm, "run_peak", lambda: 1e12)
+    monkeypatch.setattr(bm, "run_peak", lambda precision="bf16": 1e12)
     monkeypatch.setattr(bm, "measure", lambda shape, arm, M, a: {k: {"tps": v, "rss": 1.0} for k, v in fake[M].items()})
     drawn = {}
     real = bm.draw_scaling
@@ -111,7 +111,7 @@ def test_the_scaling_figure_draws_what_was_measured(load_benchmark, monkeypatch,
 
 def test_bad_device_or_figure_is_refused_before_any_timing(load_benchmark, monkeypatch):
     bm = load_benchmark("bench_members")
-    monkeypatch.setattr(bm, "run_peak", lambda: (_ for _ in ()).throw(AssertionError("timed")))
+    monkeypatch.setattr(bm, "run_peak", lambda *_: (_ for _ in ()).throw(AssertionError("timed")))
     with pytest.raises(SystemExit, match="--device 'tpu'"):
         bm.main(["--device", "tpu"])
     with pytest.raises(SystemExit, match="not a writable directory"):
