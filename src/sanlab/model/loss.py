@@ -89,7 +89,10 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
             g0 = i // group * group if grad else i  # first row of this chunk's dW group
             g = g_rows[i - g0:i - g0 + n] if grad else None  # this chunk's gradient rows
             if compiled:
-                lse, x_t = _compiled_rows(x[j] @ w_x.t(), targets[j], weights[j], c, g)
+                # with a gradient, the logits are written where their gradient goes (the kernel
+                # reads a row whole before it writes it): half the memory, which stays in cache
+                logits = x[j] @ w_x.t() if g is None else torch.mm(x[j], w_x.t(), out=g)
+                lse, x_t = _compiled_rows(logits, targets[j], weights[j], c, g)
             else:
                 lse, x_t = _torch_rows(x[j], w_x, targets[j], weights[j], c, g)
             ce += ((lse - x_t) * weights[j]).sum()
@@ -98,7 +101,7 @@ class _HeadCrossEntropyZLoss(torch.autograd.Function):
                 dx[j] = g @ w_x
                 last = min(N, g0 + group)
                 if i + n == last:  # the group is complete: its dW product
-                    dw += g_rows[:last - g0].t() @ x[g0:last]
+                    dw += _dw_product(g_rows[:last - g0], x[g0:last])
         if grad:
             ctx.save_for_backward(dx, dw)
         ctx.mark_non_differentiable(ce)
@@ -139,6 +142,17 @@ def _compiled(x: torch.Tensor, weights: torch.Tensor) -> bool:
     built here, eager mode, fp32 or bf16 hidden states and fp32 weights."""
     return (x.dtype in (torch.float32, torch.bfloat16) and weights.dtype == torch.float32
             and native.ready(x))
+
+
+def _dw_product(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """gᵀ x, (V, d), from the gradient rows g (n, V) and the rows x (n, d). In fp32 on the
+    CPU as (xᵀ g)ᵀ: MKL forms it ~1.5x faster (4.3 against 6.6 ms at the demo's head, n 2048,
+    V 1024, d 64, on an AVX2 CPU) with the same bits (checked: groups of 128-2048 rows, V
+    777-16,384, d 32-64, 1 and 2 threads); bf16 products (oneDNN's where the CPU has them)
+    and other devices keep the form they had."""
+    if g.dtype == torch.float32 and g.device.type == "cpu":
+        return (x.t() @ g).t()
+    return g.t() @ x
 
 
 def _compiled_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, c: float,
