@@ -250,6 +250,33 @@ MUTANTS: tuple[Mutant, ...] = (
     M("head-ce-lse-without-max", "src/sanlab/model/csrc/head.c",
       "const float lse = m + logf(s),", "const float lse = logf(s),",
       (T + "test_model.py",), "the compiled head's lse forgets the row max it subtracted"),
+    M("head-ce-target-logit-read-after-the-gradient", "src/sanlab/model/csrc/head.c",
+      "                a->x_t[i] = x_t;\n"
+      "                if (!e) continue;\n"
+      "                const float w = a->weights[i], scale = 1.0f + 2.0f * a->c * lse, inv = 1.0f / s;\n"
+      "                const float k = w * scale;\n"
+      "                const float target = (e[t] * inv - 1.0f / scale) * k;\n"
+      "                const long go = i * a->ld_grad;\n"
+      "                for (j = 0; j + VL <= V; j += VL) putv(a->grad, a->grad_bf16, go + j, vload(e + j) * inv * k);\n"
+      "                for (; j < V; j++) put1(a->grad, a->grad_bf16, go + j, e[j] * inv * k);\n"
+      "                put1(a->grad, a->grad_bf16, go + t, target);\n",
+      "                if (!e) { a->x_t[i] = x_t; continue; }\n"
+      "                const float w = a->weights[i], scale = 1.0f + 2.0f * a->c * lse, inv = 1.0f / s;\n"
+      "                const float k = w * scale;\n"
+      "                const float target = (e[t] * inv - 1.0f / scale) * k;\n"
+      "                const long go = i * a->ld_grad;\n"
+      "                for (j = 0; j + VL <= V; j += VL) putv(a->grad, a->grad_bf16, go + j, vload(e + j) * inv * k);\n"
+      "                for (; j < V; j++) put1(a->grad, a->grad_bf16, go + j, e[j] * inv * k);\n"
+      "                put1(a->grad, a->grad_bf16, go + t, target);\n"
+      "                a->x_t[i] = get1(a->logits, bf16, off + t); /* after the gradient row */\n",
+      (T + "test_model.py",), "the compiled head reads a row's target logit after writing the row's gradient, "
+      "which the fused head writes over the logits (x_t then a gradient value)"),
+    M("head-logits-into-the-groups-first-rows", "src/sanlab/model/loss.py",
+      "torch.mm(x[j], w_x.t(), out=g)", "torch.mm(x[j], w_x.t(), out=g_rows[:n])",
+      (T + "test_model.py",), "a chunk's logits go to the first rows of its dW group's buffer, not its own"),
+    M("head-dw-fp32-product-of-another-chunk", "src/sanlab/model/loss.py",
+      "        return (x.t() @ g).t()", "        return (x[:g.shape[0]].t() @ g[:1].expand_as(g)).t()",
+      (T + "test_model.py",), "the fp32 dW product takes every row's gradient from the first row"),
     M("head-ce-target-unchecked", "src/sanlab/model/csrc/head.c",
       "if (a->targets[i] < 0 || a->targets[i] >= V) return 1;", "(void)0;",
       (T + "test_model.py", T + "test_kernels_build.py"), "the compiled head reads a target outside the vocabulary"),
