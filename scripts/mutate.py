@@ -234,7 +234,8 @@ MUTANTS: tuple[Mutant, ...] = (
     M("qkv-one-vector-rope-unswapped", "src/sanlab/model/csrc/attention.h",
       "#define SWAP_H(x) __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3)",
       "#define SWAP_H(x) __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7)",
-      (T + "test_native.py",), "a row of half a vector (D = 8) rotates each half with itself"),
+      (T + "test_native.py",), "a row of half a vector (D = 8) rotates each half with itself",
+      needs="avx512"),  # (half a vector is D 8 only where a vector holds 16 floats)
     M("qkv-one-vector-backward-sign", "src/sanlab/model/csrc/attention.h",
       "for (int i = 0; i < W; i++) sgn[i] = i < W / 2 ? 1.0f : -1.0f;",
       "for (int i = 0; i < W; i++) sgn[i] = i < W / 2 ? -1.0f : 1.0f;",
@@ -286,11 +287,13 @@ MUTANTS: tuple[Mutant, ...] = (
       (T + "test_kernels_build.py",), "a kernel source stops compiling (every compiled-kernel test would skip)"),
     M("members-linear-autograd-through-bmm", "src/sanlab/model/members.py",
       "        y = _BmmLinear.apply(x.reshape(M, -1, k), w)", "        y = torch.bmm(x.reshape(M, -1, k), w.transpose(1, 2))",
-      (T + "test_members.py",), "the members' weight gradients are (xᵀ dy)ᵀ: bf16 roundings differ from the solo run's"),
+      (T + "test_members.py",), "the members' weight gradients are (xᵀ dy)ᵀ: bf16 roundings differ from the solo run's",
+      needs="avx512bf16"),  # (in fp32, where a CPU without bf16 products trains, MKL gives both the same bits)
     M("members-linear-batched-weight-grad", "src/sanlab/model/members.py",
       "            for m in range(w.shape[0]):\n                torch.mm(dy[m].t(), x[m], out=dw[m])",
       "            dw.copy_(torch.bmm(dy.transpose(1, 2), x))",
-      (T + "test_members.py",), "the members' weight gradients as one batched product (differs from mm at 2 threads)"),
+      (T + "test_members.py",), "the members' weight gradients as one batched product (differs from mm at 2 threads)",
+      needs="avx512bf16"),  # (the same bits as mm in fp32 on an AVX2 CPU, where training runs in fp32)
     M("attention-zero-grads-materialized", "src/sanlab/model/attention/fused.py",
       "    ctx.set_materialize_grads(False)", "    ctx.set_materialize_grads(True)",
       (T + "test_native.py",), "autograd fills a zero gradient for each kept output of the fused ops every step"),
