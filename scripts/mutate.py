@@ -253,22 +253,7 @@ MUTANTS: tuple[Mutant, ...] = (
       "const float lse = m + logf(s),", "const float lse = logf(s),",
       (T + "test_model.py",), "the compiled head's lse forgets the row max it subtracted"),
     M("head-ce-target-logit-read-after-the-gradient", "src/sanlab/model/csrc/head.c",
-      "                a->x_t[i] = x_t;\n"
-      "                if (!e) continue;\n"
-      "                const float w = a->weights[i], scale = 1.0f + 2.0f * a->c * lse, inv = 1.0f / s;\n"
-      "                const float k = w * scale;\n"
-      "                const float target = (e[t] * inv - 1.0f / scale) * k;\n"
-      "                const long go = i * a->ld_grad;\n"
-      "                for (j = 0; j + VL <= V; j += VL) putv(a->grad, a->grad_bf16, go + j, vload(e + j) * inv * k);\n"
-      "                for (; j < V; j++) put1(a->grad, a->grad_bf16, go + j, e[j] * inv * k);\n"
       "                put1(a->grad, a->grad_bf16, go + t, target);\n",
-      "                if (!e) { a->x_t[i] = x_t; continue; }\n"
-      "                const float w = a->weights[i], scale = 1.0f + 2.0f * a->c * lse, inv = 1.0f / s;\n"
-      "                const float k = w * scale;\n"
-      "                const float target = (e[t] * inv - 1.0f / scale) * k;\n"
-      "                const long go = i * a->ld_grad;\n"
-      "                for (j = 0; j + VL <= V; j += VL) putv(a->grad, a->grad_bf16, go + j, vload(e + j) * inv * k);\n"
-      "                for (; j < V; j++) put1(a->grad, a->grad_bf16, go + j, e[j] * inv * k);\n"
       "                put1(a->grad, a->grad_bf16, go + t, target);\n"
       "                a->x_t[i] = get1(a->logits, bf16, off + t); /* after the gradient row */\n",
       (T + "test_model.py",), "the compiled head reads a row's target logit after writing the row's gradient, "
