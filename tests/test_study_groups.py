@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sanlab.configbase import apply_overrides
+from sanlab.errors import ConfigError
 from sanlab.study.groups import plan_groups
 from sanlab.study.orchestrate import Study
 from sanlab.study.plan import build_arms, sweep_runs
@@ -174,6 +176,20 @@ def test_runner_members_is_validated(study_data_dir: Path) -> None:
     for bad in (0, -1, "many", True, 2.5):
         with pytest.raises(ValueError, match=r'runner.members must be "auto" or an integer >= 1'):
             _spec(study_data_dir, bad)
+
+
+def test_a_runner_members_override_that_fits_neither_form_names_both(study_data_dir: Path) -> None:
+    """On the command line the value is parsed against `StrictInt | "auto"` before the spec
+    validates it: the one line names both forms, not pydantic's `runner.members.int` tag."""
+    raw = tomllib.loads(SPEC.format(data=study_data_dir))
+    for bad in ("abc", "AUTO", "1.5", "true"):
+        with pytest.raises(ConfigError) as e:
+            apply_overrides(StudySpec, raw, [f"runner.members={bad}"])
+        assert str(e.value) == f"override runner.members={bad}: Input should be a valid integer or 'auto'"
+    for good, want in (("auto", "auto"), ('"auto"', "auto"), ("3", 3)):
+        assert apply_overrides(StudySpec, raw, [f"runner.members={good}"]).runner.members == want
+    with pytest.raises(ConfigError, match=r"^override runner.workers=abc: Input should be a valid integer, unable"):
+        apply_overrides(StudySpec, raw, ["runner.workers=abc"])  # (a plain field keeps pydantic's own line)
 
 
 def _records(out: Path) -> dict[str, dict]:

@@ -274,8 +274,24 @@ def _parse_value(annotation: Any, raw: str, key: str) -> Any:
         except ValidationError as e:
             last = e
     assert last is not None
+    either = _union_alternatives(last)
+    if either is not None:
+        raise ConfigError(f"override {key}={raw}: {either}") from None
     inner = bool(last.errors()[0]["loc"])  # an item of a list / dict value: name it in full
     raise ConfigError(f"override {key}={raw}: {_format_validation_error(last, key if inner else '')}") from None
+
+
+def _union_alternatives(err: ValidationError) -> str | None:
+    """A value that fits no member of a union field (`runner.members`: an integer or
+    "auto") as one line naming every member: pydantic reports each member's refusal under
+    a location of its own tag (`int`, `literal['auto']`), which is no key of the spec.
+    None where the error is not that."""
+    errors = err.errors()
+    if len(errors) < 2 or any(len(e["loc"]) != 1 or not isinstance(e["loc"][0], str) for e in errors):
+        return None
+    lead = "Input should be "
+    wants = [e["msg"][len(lead):] if e["msg"].startswith(lead) else e["msg"] for e in errors]
+    return lead + " or ".join(dict.fromkeys(wants))
 
 
 def apply_overrides(
