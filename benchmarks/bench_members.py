@@ -419,14 +419,16 @@ def timed_arms(a: argparse.Namespace, header: str) -> Any:
             yield shape, arm, cfg, counts, accounting_summary(cfg, s["seq_len"])["train_flops_per_token"]
 
 
-def device_peak(device: str) -> float:
-    """bf16 matmul FLOP/s on `device` now (best of a few 4096³ products; on a CPU, as
-    `matmul_peak` with every thread)."""
+def device_peak(device: str, precision: str = "bf16") -> float:
+    """Matmul FLOP/s in `precision` on `device` now (best of a few 4096³ products; on a CPU,
+    as `matmul_peak` with every thread, so a CPU without bf16 products is measured in the
+    fp32 that `auto` trains in, not in its emulated bf16)."""
     import torch
 
     if not device.startswith("cuda"):
-        return matmul_peak(torch.get_num_threads())
-    a, b = (torch.randn(4096, 4096, dtype=torch.bfloat16, device=device) for _ in range(2))
+        return matmul_peak(torch.get_num_threads(), precision)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[precision]
+    a, b = (torch.randn(4096, 4096, dtype=dtype, device=device) for _ in range(2))
     best = math.inf
     for _ in range(10):
         torch.cuda.synchronize()
@@ -481,9 +483,9 @@ def device_main(a: argparse.Namespace) -> int:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"bench_members: --device {a.device} but no CUDA device is available")
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU"
-    peak = device_peak(a.device)
+    peak = device_peak(a.device, a.precision)
     print(f"{name}, torch {torch.__version__}; {a.precision}; {a.steps} timed steps after {a.warmup} warmup; "
-          f"bf16 matmul peak {peak / 1e12:.1f} TFLOP/s")
+          f"{a.precision} matmul peak {peak / 1e12:.2f} TFLOP/s")
     header = f"{'M':>3} {'mode':<8} {'tok/s total':>12} {'per member':>11} {'vs solo':>8} {'% peak':>7} {'MiB':>7}"
     for shape, arm, cfg, counts, flops in timed_arms(a, header):
         for M in counts:

@@ -67,8 +67,12 @@ def test_the_device_mode_times_solo_against_members_in_one_process(load_benchmar
     bm = load_benchmark("bench_members")
     monkeypatch.setitem(bm.SHAPES, "tiny", dict(d=32, layers=2, heads=2, kv_heads=1, vocab=64, seq_len=16, batch=2,
                                                 docs=2, partners=()))
-    assert bm.main(["--device", "cpu", "--shapes", "tiny", "--members", "1,3", "--steps", "2", "--warmup", "1"]) == 0
+    peaks = []  # the peak's precision is the run's (in bf16 an AVX2 CPU's peak is emulated: ~90x "% peak")
+    monkeypatch.setattr(bm, "matmul_peak", lambda threads, precision="bf16": peaks.append(precision) or 1e12)
+    assert bm.main(["--device", "cpu", "--shapes", "tiny", "--members", "1,3", "--steps", "2", "--warmup", "1",
+                    "--precision", "fp32"]) == 0
     out = capsys.readouterr().out
+    assert peaks == ["fp32"] and "; fp32 matmul peak 1.00 TFLOP/s" in out.splitlines()[0]
     rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["3"])]
     assert [(r[0], r[1]) for r in rows] == [("1", "solo"), ("1", "members"), ("3", "solo"), ("3", "members")]
     for r in rows:
