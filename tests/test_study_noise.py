@@ -61,3 +61,29 @@ def test_the_gap_tables_verdict_is_the_rule(deltas: dict[int, float], floor: dic
     size = noise.floor_size(floor.values())
     if size is not None:
         assert (expected == "within noise") == (noise.sign(deltas.values(), size) == 0)
+
+
+def test_a_floor_below_the_fourth_decimal_keeps_two_significant_digits() -> None:
+    """A deterministic CPU in fp32 puts the control pair ~3e-5 apart: printed with four
+    decimals it read +0.0000 ± 0.0000 beside gaps of "11166× floor". Everything that would
+    round to zero but is not keeps two significant digits; the rest prints as before."""
+    assert noise.nats(3.2e-5) == "+3.2e-05" and noise.nats(-3.2e-5) == "-3.2e-05"
+    assert noise.nats(3.2e-5, signed=False) == "3.2e-05"
+    assert noise.nats(4.99e-5) == "+5.0e-05" and noise.nats(5e-5) == "+0.0001"  # (5e-5 prints 0.0001)
+    assert noise.nats(0.0) == "+0.0000" and noise.nats(-0.35834) == "-0.3583"
+    assert noise.nats(0.01213, signed=False) == "0.0121"
+
+
+def test_the_gap_table_and_the_report_print_a_tiny_floor_in_full() -> None:
+    from sanlab.report.build import _gap_row
+    from sanlab.study.table import _delta_cells
+
+    floor = Gap("san_rms", "noise", "x", "muon", 1000, "san", per_seed={1: 3.1e-5, 2: 3.3e-5})
+    per, mean_sd = _delta_cells(floor, [1, 2])
+    assert per.text == "+3.1e-05 +3.3e-05" and mean_sd.text == "+3.2e-05 ± 1.4e-06"
+    assert per.fields == {"s1": 3.1e-5, "s2": 3.3e-5} and mean_sd.fields["mean"] == pytest.approx(3.2e-5)
+    row = _gap_row({"per_seed": {"1": 3.1e-5, "2": 3.3e-5}, "mean": 3.2e-5, "spread": 1.4e-6, "label": "x",
+                    "optimizer": "muon", "tokens": 1000}, "noise floor (san_rms − san)", "")
+    assert row[6] == "s1: +3.1e-05 s2: +3.3e-05" and row[7] == "+3.2e-05 ± 1.4e-06"
+    g = Gap("iso_param", "iso-param", "x", "muon", 1000, "san", per_seed={1: -0.3497, 2: -0.3668})
+    assert [c.text for c in _delta_cells(g, [1, 2])] == ["-0.3497 -0.3668", "-0.3583 ± 0.0121"]

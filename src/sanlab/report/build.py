@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from sanlab.report import plots
 from sanlab.report.data import StudyData
+from sanlab.study.noise import nats
 
 BlockKind = Literal["text", "table", "figure", "placeholder", "warning", "code"]
 
@@ -209,8 +210,9 @@ def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
 
 
 def _gap_row(g: dict, name: str, verdict: str) -> list[str]:
-    per = " ".join(f"s{k}: {v:+.4f}" for k, v in g["per_seed"].items()) or MISSING
-    ms = MISSING if g.get("mean") is None else _f(g["mean"]) + ("" if g.get("spread") is None else f" ± {g['spread']:.4f}")
+    per = " ".join(f"s{k}: {nats(v)}" for k, v in g["per_seed"].items()) or MISSING
+    ms = MISSING if g.get("mean") is None else nats(g["mean"]) + ("" if g.get("spread") is None
+                                                               else f" ± {nats(g['spread'], False)}")
     return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("reference_loss"), "{:.4f}"),
             _f(g.get("arm_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
 

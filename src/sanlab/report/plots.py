@@ -27,6 +27,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 from sanlab.analysis.kinds import kind_deltas  # noqa: E402  (torch-free)
 from sanlab.analysis.output import MIN_GROUP_TOKENS  # noqa: E402  (torch-free)
 from sanlab.report.data import StudyData  # noqa: E402
+from sanlab.study.noise import nats  # noqa: E402  (torch-free)
 
 DPI = 110
 COLORS = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # the arms' colours
@@ -285,7 +286,7 @@ def draw_sweep(data: StudyData) -> Drawn | str:
         size = floors.get(r.get("data", ""))
         if size is not None:  # points in the band are not told apart from the best (the noise rule)
             ax.axhspan(0, size, color="#9ca3af", alpha=0.3, lw=0, gid=f"floor:{r['arm']}:{r['optimizer']}",
-                       label=f"within the noise floor (F = {size:.4f})")
+                       label=f"within the noise floor (F = {nats(size, False)})")
         if r.get("at_edge"):
             title += "\n⚠ never turned: best LR at the sweep's edge"
             ax.set_facecolor("#fff3e0")
@@ -362,7 +363,7 @@ def draw_gaps(data: StudyData) -> Drawn | str:
             ax.text(x, end, text, ha="center", va="top" if g["mean"] < 0 else "bottom", fontsize=9,
                     fontweight="bold", gid=f"floor:{g['arm']}:{g['optimizer']}:{g['tokens']}")
     if size is not None:
-        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{size:.4f}", gid="noise-band")
+        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{nats(size, False)}", gid="noise-band")
     ax.axhline(0, color="black", lw=0.8)
     ax.set_ylim(lo - pad, hi + pad)
     ax.set_xticks(list(xs))
@@ -378,7 +379,7 @@ def draw_gaps(data: StudyData) -> Drawn | str:
     ax.legend(fontsize=8)
     notes = []
     if size is not None:
-        notes.append(f"Each bar's label is its |Δ| in noise floors (floor = {size:.4f} nats, the larger of "
+        notes.append(f"Each bar's label is its |Δ| in noise floors (floor = {nats(size, False)} nats, the larger of "
                      "the control pair's mean gap and its seed spread), as the gap table's verdict.")
     return Drawn(fig, notes)
 
@@ -466,7 +467,7 @@ def draw_delta_vs_size(data: StudyData) -> Drawn | str:
 def _floor_band(data: StudyData, ax: Any) -> None:
     size = _floor_size(data)
     if size is not None:
-        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{size:.4f}", gid="noise-band")
+        ax.axhspan(-size, size, color="grey", alpha=0.3, label=f"noise floor ±{nats(size, False)}", gid="noise-band")
     ax.axhline(0, color="black", lw=0.8, gid="zero")
 
 
@@ -889,7 +890,7 @@ def draw_delta_vs_axis(data: StudyData) -> Drawn | str:
                         gid=f"axis:{arm}:{kind}")
     sizes = [n["size"] for n in (data.tables or {}).get("noise_floor", []) if n.get("size") is not None]
     if sizes:
-        ax.axhspan(-max(sizes), max(sizes), color="grey", alpha=0.3, label=f"noise floor ±{max(sizes):.4f}",
+        ax.axhspan(-max(sizes), max(sizes), color="grey", alpha=0.3, label=f"noise floor ±{nats(max(sizes), False)}",
                    gid="noise-band")
     ax.axhline(0, color="black", lw=0.8, gid="zero")
     key = (data.tables or {}).get("data", {}).get("key")

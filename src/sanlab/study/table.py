@@ -225,13 +225,13 @@ def _tokens(n: int) -> Cell:
 
 def _mean_sd(mean: float | None, sd: float | None, mark: str = "") -> Cell:
     """"−0.3144 ± 0.0104" shown; mean and sd apart as data."""
-    text = MISSING if mean is None else _f(mean) + ("" if sd is None else f" ± {sd:.4f}") + mark
+    text = MISSING if mean is None else noise.nats(mean) + ("" if sd is None else f" ± {noise.nats(sd, False)}") + mark
     return Cell(text, fields={"mean": mean, "sd": sd})
 
 
 def _delta_cells(g: Gap, seeds: list[int]) -> tuple[Cell, Cell]:
     """The gap's Δ per seed (one field per seed of the study) and its mean ± sd."""
-    per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING
+    per = " ".join(noise.nats(v) for v in g.per_seed.values()) or MISSING
     return Cell(per, fields={f"s{s}": g.per_seed.get(s) for s in seeds}), _mean_sd(g.mean, g.spread)
 
 
@@ -493,8 +493,8 @@ def sweep_table(spec: StudySpec, arms: list[StudyArm], records: Mapping[str, dic
                             "of the sweep (extension off or limit reached); the optimum may lie beyond")
         if unresolved_lock(r, floor):
             warnings.append(f"warning: {r.arm} {r.optimizer}{at.split(' (')[0]}: lock {r.lock:g} beats "
-                            f"{round_lr(r.base_lr * r.runner_up()):g} by {r.margin:.4f} nats, within the noise floor "
-                            f"(F = {floor:.4f}): at {format_tokens(spec.sweep.tokens)} tokens the sweep does not tell "
+                            f"{round_lr(r.base_lr * r.runner_up()):g} by {noise.nats(r.margin, False)} nats, within the noise "
+                            f"floor (F = {noise.nats(floor, False)}): at {format_tokens(spec.sweep.tokens)} tokens the sweep does not tell "
                             "the two apart, so noise chose the final runs' LR (a longer sweep.tokens may separate them)")
     return table, warnings
 
