@@ -1782,6 +1782,21 @@ MUTANTS: tuple[Mutant, ...] = (
       "    return [a[s] - b[s] for s in seeds], floor, ax.label(lo), ax.label(hi)",
       (T + "test_records_axis.py::test_axis_record_claims_curve_and_check",),
       "the axis claims read smallest minus largest world"),
+    M("noise-floor-rounds-to-zero", "src/sanlab/study/noise.py",
+      "    if v != 0 and math.isfinite(v) and abs(v) < 5e-5:", "    if False:",
+      (T + "test_study_noise.py",), "a floor of 3e-5 prints +0.0000 ± 0.0000 beside its verdicts"),
+    M("gap-table-floor-four-decimals", "src/sanlab/study/table.py",
+      '    per = " ".join(noise.nats(v) for v in g.per_seed.values()) or MISSING',
+      '    per = " ".join(f"{v:+.4f}" for v in g.per_seed.values()) or MISSING',
+      (T + "test_study_noise.py",), "the gap table's per-seed Δ of a tiny floor prints +0.0000"),
+    M("override-union-one-branch", "src/sanlab/configbase.py",
+      '    return lead + " or ".join(dict.fromkeys(wants))', '    return lead + wants[0]',
+      (T + "test_study_groups.py::test_a_runner_members_override_that_fits_neither_form_names_both",),
+      "runner.members=AUTO names only the integer form, not \"auto\""),
+    M("bench-members-device-peak-bf16", "benchmarks/bench_members.py",
+      "    peak = device_peak(a.device, a.precision)", "    peak = device_peak(a.device)",
+      (T + "test_bench_members.py::test_the_device_mode_times_solo_against_members_in_one_process",),
+      "--device measures a bf16 peak for an fp32 run (8,881% of peak on an AVX2 CPU)"),
 )
 
 # Mutants that change no behaviour a test could observe (kept so nobody adds them again;
