@@ -571,3 +571,14 @@ def test_committed_record_readme_equals_its_results(record: Path, capsys: pytest
     """The README tables of every committed record equal what its committed study gives."""
     code = sanlab_main(["record", "check", str(record)])
     assert code == 0, capsys.readouterr().out
+
+
+def test_a_records_floor_keeps_two_significant_digits_where_four_decimals_show_zero() -> None:
+    """A record made on a deterministic CPU in fp32 has a floor of ~3e-5: its claims say
+    F = 3.0e-05, not F = 0.0000 (the rule of the gap table, `sanlab.study.noise.nats`)."""
+    from sanlab.records.common import fmt_floor
+
+    assert fmt_floor(3e-5) == "3.0e-05" and fmt_floor(0.0035) == "0.0035" and fmt_floor(0.0) == "0.0000"
+    assert fmt_floor(None) == "–" and fmt_floor(math.nan) == "–"
+    rec = type("Rec", (), {"floor_size": 2.6e-5})()
+    assert matched._floor_text(rec) == "F = 2.6e-05"  # type: ignore[arg-type]

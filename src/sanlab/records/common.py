@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, TypeVar
 from sanlab import fileio
 from sanlab.config import format_tokens
 from sanlab.errors import DataError
-from sanlab.study.noise import mean_spread
+from sanlab.study.noise import mean_spread, nats
 
 STUDY = "study"
 REPORT = "report"
@@ -191,6 +191,12 @@ def mean_sd(xs: Iterable[float]) -> tuple[float | None, float | None]:
 
 def fmt(x: float | None, f: str = "{:+.4f}") -> str:
     return "–" if x is None or not finite(x) else f.format(x).replace("-", "−")
+
+
+def fmt_floor(x: float | None) -> str:
+    """A noise floor's size F in nats: four decimals, or two significant digits where it
+    would round to 0.0000 (a deterministic CPU in fp32; `sanlab.study.noise.nats`)."""
+    return "–" if x is None or not finite(x) else nats(x, signed=False)
 
 
 def fmt_ms(xs: Iterable[float], f: str = "{:+.4f}") -> str:

@@ -36,6 +36,7 @@ from sanlab.records.common import (
     arm_label,
     finite,
     fmt,
+    fmt_floor,
     fmt_ms,
     fmt_tokens,
     md_table,
@@ -184,7 +185,7 @@ CLAIMS = ClaimSet(__name__, RULES_PREAMBLE)
 
 
 def _floor_text(rec: StudyRecord) -> str:
-    return f"F = {fmt(rec.floor_size, '{:.4f}')}"
+    return f"F = {fmt_floor(rec.floor_size)}"
 
 
 @CLAIMS.claim(

@@ -28,6 +28,7 @@ from sanlab.records.common import (
     arm_label,
     finite,
     fmt,
+    fmt_floor,
     fmt_ms,
     fmt_tokens,
     md_table,
@@ -359,7 +360,7 @@ def block_floor(rec: StudyRecord) -> str:
         sign = (None if floor is None or not above or rec.floor_size is None
                 else noise.sign([v - floor for v in above.values()], rec.floor_size))
         summary.append((label, sign, rows[-1][6]))
-    F = fmt(rec.floor_size, "{:.4f}")
+    F = fmt_floor(rec.floor_size)
     if floor is None:
         head = "This corpus has no entropy floor (data/entropy_floor.json is absent): loss above floor is not defined."
     else:

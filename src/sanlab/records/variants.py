@@ -22,6 +22,7 @@ from sanlab.records.common import (
     Claim,
     ClaimSet,
     fmt,
+    fmt_floor,
     fmt_ms,
     fmt_tokens,
     md_table,
@@ -160,7 +161,7 @@ def _order_claim(rec: StudyRecord, order: tuple[str, ...], claim: str, paper: st
     measured = (f"at {fmt_tokens(big or 0)}: {measured}" if present else "no such arm in the study")
     if steps:
         measured += f"; steps {', '.join(fmt_ms(s) for s in steps)}"
-    measured += f"; F = {fmt(floor, '{:.4f}')}"
+    measured += f"; F = {fmt_floor(floor)}"
     verdict = INCONCLUSIVE if len(present) < 2 else ordering_verdict(noise.sign(s, floor) for s in steps)
     return Claim(claim, paper, measured, verdict)
 
@@ -197,7 +198,7 @@ def claim_hybrid(rec: StudyRecord) -> Claim:
     x = step(rec, have["nonapprox_hybrid"], have["nonapprox_uniform"], big)
     sign = noise.sign(x, floor)
     return Claim(name, paper, f"loss(uniform) − loss(hybrid) {fmt_ms(x)} at {fmt_tokens(big or 0)}; "
-                 f"F = {fmt(floor, '{:.4f}')}", ordering_verdict([sign]))
+                 f"F = {fmt_floor(floor)}", ordering_verdict([sign]))
 
 
 @CLAIMS.claim(
@@ -272,7 +273,7 @@ def block_ablations(rec: StudyRecord) -> str:
     if not rows:
         return "The study has no ablation arm (a variant in the project's previous form)."
     head = (f"At {fmt_tokens(big or 0)} (mean over seeds). Δ = loss(previous form) − loss(paper's form) per seed "
-            f"pair, mean ± sd; read against F = {fmt(floor, '{:.4f}')} by the noise rule below.")
+            f"pair, mean ± sd; read against F = {fmt_floor(floor)} by the noise rule below.")
     return "\n\n".join([head, md_table(["variant", "paper's form (arm)", "val loss", "previous form (arm)",
                                         "val loss", "Δ", "reading"], rows)])
 
