@@ -211,8 +211,8 @@ def gap_rows(data: StudyData) -> tuple[list[str], list[list[str]]]:
 
 def _gap_row(g: dict, name: str, verdict: str) -> list[str]:
     per = " ".join(f"s{k}: {nats(v)}" for k, v in g["per_seed"].items()) or MISSING
-    ms = MISSING if g.get("mean") is None else nats(g["mean"]) + ("" if g.get("spread") is None
-                                                               else f" ± {nats(g['spread'], False)}")
+    mean, spread = g.get("mean"), g.get("spread")
+    ms = MISSING if mean is None else nats(mean) + ("" if spread is None else f" ± {nats(spread, False)}")
     return [name, g["label"], g["optimizer"], _tok(g["tokens"]), _f(g.get("reference_loss"), "{:.4f}"),
             _f(g.get("arm_loss"), "{:.4f}"), per, ms, _f(g.get("percent"), "{:+.2f}%"), verdict]
 
