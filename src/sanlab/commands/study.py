@@ -14,7 +14,7 @@ from typing import Any
 from sanlab.config import format_tokens
 from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.matching import layer_map, model_label
-from sanlab.paths import check_out_dir, is_run_dir
+from sanlab.paths import check_in_path, check_out_dir, is_run_dir
 from sanlab.report.cli import REPORT_DIR, make_report
 from sanlab.study.orchestrate import Study, check, load_saved_spec
 from sanlab.study.plan import build_arms, data_points, plan_study
@@ -231,4 +231,6 @@ def _table(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     refuse_json_and_format(args)
+    if args.action in ("status", "table"):  # a name over the filesystem's limits, a symlink loop: one line
+        check_in_path(args.dir, "STUDY_DIR")
     return {"plan": _plan, "run": _run, "status": _status, "table": _table}[args.action](args)
