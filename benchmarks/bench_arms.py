@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import statistics
 import sys
 import time
 from typing import Any
+
+from _children import run_children
+
+from sanlab.cliargs import ArgumentParser, non_negative_int, positive_int, script_main
 
 # (SAN layers, d_model, heads, kv_heads, seq_len, batch rows, vocab): MEASUREMENTS.md's shapes
 GRID = [(10, 128, 4, 2, 256, 16, 2048), (10, 256, 4, 2, 512, 8, 2048), (20, 512, 8, 4, 1024, 4, 2048),
@@ -135,11 +138,11 @@ def interval_label(median: float, lo: float, hi: float) -> str:
 
 
 def _configs(a: argparse.Namespace) -> dict[str, Any]:
-    from sanlab.config import ModelConfig
+    from sanlab.config import ModelConfig, validate
     from sanlab.matching import match
 
-    ref = ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
-                      vocab_size=a.vocab, ffn=False)
+    ref = validate(ModelConfig, dict(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
+                                     vocab_size=a.vocab, ffn=False), source="flags")
     arms = match(ref, a.seq_len, targets=("params", "flops", "depth"), policy="nearest")
     return {name: arm for name, arm in zip(ARMS, arms)}
 
@@ -219,13 +222,7 @@ def _child(a: argparse.Namespace, queue: Any) -> None:
 
 
 def _measure(a: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    p = ctx.Process(target=_child, args=(a, queue))
-    p.start()
-    out = queue.get()
-    p.join()
-    return out
+    return run_children("bench_arms", _child, [(a,)])[0]
 
 
 def _shape_table(a: argparse.Namespace, console: Any) -> dict[str, tuple[float, float, float]]:
@@ -290,34 +287,33 @@ def main(argv: list[str] | None = None) -> int:
 
     from sanlab.train.host import resolve_precision
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, default=GRID[0][0], help="SAN layers")
-    p.add_argument("--d", type=int, default=GRID[0][1])
-    p.add_argument("--heads", type=int, default=GRID[0][2])
-    p.add_argument("--kv-heads", type=int, default=GRID[0][3])
-    p.add_argument("--seq-len", type=int, default=GRID[0][4])
-    p.add_argument("--batch", type=int, default=GRID[0][5])
-    p.add_argument("--vocab", type=int, default=GRID[0][6])
+    p = ArgumentParser(prog="bench_arms.py", description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=positive_int, default=GRID[0][0], help="SAN layers")
+    p.add_argument("--d", type=positive_int, default=GRID[0][1])
+    p.add_argument("--heads", type=positive_int, default=GRID[0][2])
+    p.add_argument("--kv-heads", type=positive_int, default=GRID[0][3])
+    p.add_argument("--seq-len", type=positive_int, default=GRID[0][4])
+    p.add_argument("--batch", type=positive_int, default=GRID[0][5])
+    p.add_argument("--vocab", type=positive_int, default=GRID[0][6])
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="auto: bf16 where the device has bf16 products natively, else fp32 (as training)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--steps", type=int, default=8, help="timed steps per arm")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--steps", type=positive_int, default=8, help="timed steps per arm")
+    p.add_argument("--warmup", type=non_negative_int, default=2)
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="child processes per shape; with more than one, each one's excess, and an interval over them all")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="torch.compile every arm (train.compile=true)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the SAN's per-op breakdown")
     p.add_argument("--grid", action="store_true", help="every shape of GRID (GPU_GRID with --device cuda), one table each, then a summary")
     a = p.parse_args(argv)
-    if a.repeats < 1 or a.steps < 1:
-        p.error("--repeats and --steps must be at least 1")
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_arms: --device cuda but no CUDA device; nothing measured", file=sys.stderr)
         return 0
     a.precision = resolve_precision(a.precision, a.device)
     console = Console(width=max(150, Console().width))
     if not a.grid:
+        _configs(a)  # a shape sanlab cannot build or match: refused now, not in the timing process
         _shape_table(a, console)
         return 0
     summary = []
@@ -332,4 +328,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

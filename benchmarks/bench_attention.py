@@ -15,10 +15,11 @@ accuracy.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
+
+from sanlab.cliargs import ArgumentParser, positive_int, script_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,15 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     from sanlab.model import attention, native
     from sanlab.model.attention import fused
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, default=2048, help="tokens a batch (rows = tokens / T)")
-    p.add_argument("--seq-lens", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p = ArgumentParser(prog="bench_attention.py", description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=positive_int, default=2048, help="tokens a batch (rows = tokens / T)")
+    p.add_argument("--seq-lens", type=positive_int, nargs="+", default=[64, 128, 256, 512, 1024, 2048])
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--kv-heads", type=positive_int, default=4)
+    p.add_argument("--head-dim", type=positive_int, default=32)
+    p.add_argument("--rounds", type=positive_int, default=10)
+    p.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     a = p.parse_args(argv)
+    if a.heads % a.kv_heads:
+        p.error(f"--kv-heads {a.kv_heads} must divide --heads {a.heads} (grouped-query attention)")
     torch.set_num_threads(a.threads)
     from sanlab.train.host import tune_cpu_allocator
 
@@ -104,4 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -13,7 +13,6 @@ tokens — on batches from the same loader.
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from sanlab.cliargs import ArgumentParser, positive_int, script_main
 from sanlab.config import apply_overrides
 from sanlab.data.loader import Loader
 from sanlab.data.prepare import PrepareConfig, parse_count, prepare
@@ -83,16 +83,16 @@ def _training_rate(data_dir: Path, batch: int, steps: int, **model: object) -> f
     return steps * batch * loader.seq_len / (time.perf_counter() - t0)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="bench_data.py", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", default="1M")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--batch", type=int, default=16, help="rows per rank per step")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--train-steps", type=int, default=8, help="timed training steps per model")
+    p.add_argument("--seq-len", type=positive_int, default=256)
+    p.add_argument("--vocab", type=positive_int, default=2048)
+    p.add_argument("--batch", type=positive_int, default=16, help="rows per rank per step")
+    p.add_argument("--steps", type=positive_int, default=2000)
+    p.add_argument("--train-steps", type=positive_int, default=8, help="timed training steps per model")
     p.add_argument("--skip-kjv", action="store_true", help="skip the built-in English corpus")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     console = Console(width=120)
     base = [f"seq_len={a.seq_len}", f"vocab_size={a.vocab}"]
 
@@ -125,4 +125,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import argparse
 import time
 
+from sanlab.cliargs import ArgumentParser, bounded, device_name, non_negative_int, positive_int, script_main
+
 
 def excess_ratios(step_s: dict[str, float], flops: dict[str, float], ref: str) -> dict[str, float]:
     """`bench_arms.excess_ratios` (one definition, in the script beside this one)."""
@@ -117,14 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     from sanlab.config import ModelConfig
     from sanlab.matching import match
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default=None, help="default: cuda; skipped (exit 0) when there is none")
+    p = ArgumentParser(prog="bench_gpu.py", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", type=device_name, default=None,
+                   help="default: cuda; skipped (exit 0) when there is none")
     p.add_argument("--preset", default="base", help="ladder rung of the reference SAN")
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--rows", type=int, default=16, help="rows per step (one micro-batch)")
-    p.add_argument("--mean-doc", type=int, default=400, help="mean document length in a packed row")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--rows", type=positive_int, default=16, help="rows per step (one micro-batch)")
+    p.add_argument("--mean-doc", type=bounded(int, lo=4), default=400,
+                   help="mean document length in a packed row (documents are drawn from mean/4 to 2·mean tokens)")
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=3)
     p.add_argument("--backends", default="flex,sdpa")
     p.add_argument("--tiny", action="store_true", help="small shapes for a smoke run")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
@@ -176,4 +181,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main))

@@ -43,12 +43,15 @@ from __future__ import annotations
 
 import argparse
 import math
-import multiprocessing as mp
 import os
-import queue as queue_mod
 import resource
 import time
 from typing import Any
+
+from _children import run_children
+
+from sanlab.cliargs import ArgumentParser, device_name, non_negative_int, positive_int, script_main
+from sanlab.errors import ConfigError
 
 SHAPES = {
     # the demo (examples/quick.toml): SAN 5L d64, T128, vocab 1024, batch 16, and its partners
@@ -294,7 +297,7 @@ def vmap_error(cfg: Any) -> str:
 KINDS = {"solo": Solo, "members": Members, "vmap": VmapMembers, "vmap solo": VmapSolo}
 
 
-def _child(job: dict[str, Any], queue: Any, barrier: Any) -> None:
+def _child(job: dict[str, Any], queue: Any, barrier: Any = None) -> None:
     """Build the job's steppers, warm up, then time them step by step, alternating."""
     import warnings
 
@@ -326,28 +329,7 @@ def _child(job: dict[str, Any], queue: Any, barrier: Any) -> None:
 
 def run_job(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Run the jobs as processes side by side (started together after their warmup)."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    barrier = ctx.Barrier(len(jobs)) if len(jobs) > 1 else None
-    procs = [ctx.Process(target=_child, args=(j, queue, barrier)) for j in jobs]
-    for p in procs:
-        p.start()
-    out: list[dict[str, Any]] = []
-    while len(out) < len(procs):
-        try:
-            out.append(queue.get(timeout=1.0))
-        except queue_mod.Empty:
-            # a child that died (its traceback is on stderr) would leave the others at the barrier
-            failed = [p for p in procs if p.exitcode not in (None, 0)]
-            if failed:
-                for p in procs:
-                    p.kill()
-                    p.join()
-                raise SystemExit(f"bench_members: a timing process failed (exit code {failed[0].exitcode}); "
-                                 f"see its error above")
-    for p in procs:
-        p.join()
-    return out
+    return run_children("bench_members", _child, [(j,) for j in jobs], barrier=len(jobs) > 1)
 
 
 def matmul_peak(threads: int, precision: str = "bf16") -> float:
@@ -481,7 +463,7 @@ def device_main(a: argparse.Namespace) -> int:
     import torch
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"bench_members: --device {a.device} but no CUDA device is available")
+        raise ConfigError(f"--device {a.device}: no CUDA device is available")
     name = torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "CPU"
     peak = device_peak(a.device, a.precision)
     print(f"{name}, torch {torch.__version__}; {a.precision}; {a.steps} timed steps after {a.warmup} warmup; "
@@ -547,32 +529,36 @@ def member_counts(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default="demo,probe,facts")
+    p = ArgumentParser(prog="bench_members.py", description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="demo,probe,facts", help=f"comma-separated: {', '.join(SHAPES)}")
     p.add_argument("--members", default="1,2,4,8,16", type=member_counts)
     p.add_argument("--partner-members", default="8", type=member_counts,
                    help="member counts for the partner arms (0: none)")
-    p.add_argument("--steps", type=int, default=3, help="timed steps per mode (after one warmup step)")
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--steps", type=positive_int, default=3, help="timed steps per mode (after one warmup step)")
+    p.add_argument("--rounds", type=positive_int, default=1)
     p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
                    help="auto: bf16 where the CPU (or GPU) has bf16 products, else fp32, as training resolves it")
     p.add_argument("--vmap", action="store_true", help="also time the torch.func route (demo SAN)")
     p.add_argument("--figure", default=None, help="also draw the scaling curve into this PNG")
-    p.add_argument("--device", default=None,
+    p.add_argument("--device", default=None, type=device_name,
                    help="time solo runs against members in one process on this device (cuda; cpu: a dry run)")
-    p.add_argument("--warmup", type=int, default=2, help="--device: untimed steps per mode (the compile's)")
+    p.add_argument("--warmup", type=non_negative_int, default=2,
+                   help="--device: untimed steps per mode (the compile's)")
     p.add_argument("--no-compile", action="store_true", help="--device cuda: the solo models eager")
     a = p.parse_args(argv)
-    if a.device is not None and a.device != "cpu" and not a.device.startswith("cuda"):
-        raise SystemExit(f"bench_members: --device {a.device!r}: cuda (or cuda:N), or cpu for the dry run")
-    if a.figure:  # refused now, not after minutes of timing
+    unknown = [x for x in a.shapes.split(",") if x not in SHAPES]
+    if unknown:  # refused now, not after minutes of timing the known ones
+        raise ConfigError(f"--shapes: unknown shape {unknown[0]!r} (known: {', '.join(SHAPES)})")
+    if a.figure:
         parent = os.path.dirname(os.path.abspath(a.figure))
         if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise SystemExit(f"bench_members: --figure {a.figure}: {parent} is not a writable directory")
+            raise ConfigError(f"--figure {a.figure}: {parent} is not a writable directory")
+        if os.path.isdir(a.figure):
+            raise ConfigError(f"--figure {a.figure}: a directory; name the PNG to write")
         if a.device is not None:
-            raise SystemExit("bench_members: --figure draws the runner comparison, not --device's")
+            raise ConfigError("--figure draws the runner comparison, not --device's")
         if len(a.members) < 2 and len(a.partner_members) < 2:
-            raise SystemExit("bench_members: --figure needs two or more member counts (--members)")
+            raise ConfigError("--figure needs two or more member counts (--members)")
     from sanlab.train.host import resolve_precision
 
     a.precision = resolve_precision(a.precision, "cuda" if (a.device or "cpu").startswith("cuda") else "cpu")
@@ -606,19 +592,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _peak_child(queue: Any, precision: str) -> None:
+def _peak_child(precision: str, queue: Any) -> None:
     queue.put(matmul_peak(2, precision))
 
 
 def run_peak(precision: str = "bf16") -> float:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    pr = ctx.Process(target=_peak_child, args=(q, precision))
-    pr.start()
-    v = q.get()
-    pr.join()
-    return v
+    return run_children("bench_members", _peak_child, [(precision,)])[0]
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(script_main(main))

@@ -19,6 +19,8 @@ import statistics
 import sys
 import time
 
+from sanlab.cliargs import ArgumentParser, device_name, non_negative_int, positive_int, script_main
+
 
 def _sync(device) -> None:
     import torch
@@ -31,17 +33,19 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default=None, help="default: cuda; skipped (exit 0) when there is none")
-    p.add_argument("--d", type=int, default=512)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=16384)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--rows", type=int, default=16)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    p = ArgumentParser(prog="bench_peer_gpu.py", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", type=device_name, default=None,
+                   help="default: cuda; skipped (exit 0) when there is none")
+    p.add_argument("--d", type=positive_int, default=512)
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--kv-heads", type=positive_int, default=4)
+    p.add_argument("--vocab", type=positive_int, default=16384)
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--rows", type=positive_int, default=16)
+    p.add_argument("--steps", type=positive_int, default=10)
+    p.add_argument("--warmup", type=non_negative_int, default=3)
     p.add_argument("--tiny", action="store_true", help="small shapes for a smoke run")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA")
     a = p.parse_args(argv)
@@ -59,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_peer_gpu: transformers is not installed; skipped")
         return 0
     from sanlab.accounting import count_flops
-    from sanlab.config import ModelConfig
+    from sanlab.config import ModelConfig, validate
     from sanlab.model.lm import LM
 
     d_ff = 4 * a.d
-    cfg = ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads, vocab_size=a.vocab,
-                      ffn=True, d_ff=d_ff)
+    cfg = validate(ModelConfig, dict(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
+                                     vocab_size=a.vocab, ffn=True, d_ff=d_ff), source="flags")
     torch.manual_seed(0)
     ours = LM(cfg).to(device)
     if a.compile:
@@ -125,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -11,7 +11,6 @@ forward pass over the whole context, so its cost grows with C.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -19,7 +18,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from sanlab.config import ModelConfig
+from sanlab.cliargs import ArgumentParser, bounded, device_name, int_list, positive_int, script_main
+from sanlab.config import ModelConfig, validate
+from sanlab.errors import ConfigError
 from sanlab.model.generate import Decoder
 from sanlab.model.lm import LM
 
@@ -42,25 +43,29 @@ def per_token_seconds(model: LM, context: int, new: int, use_cache: bool, repeat
     return best
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=2048)
+def main(argv: list[str] | None = None) -> int:
+    p = ArgumentParser(prog="bench_sample.py", description=__doc__.splitlines()[0])
+    p.add_argument("--d-model", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=8)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--kv-heads", type=positive_int, default=4)
+    p.add_argument("--vocab", type=bounded(int, lo=9), default=2048,
+                   help="more than the 8 special tokens (prompts are drawn from the rest)")
     p.add_argument("--ffn", action="store_true", help="the standard arm (default: the SAN)")
-    p.add_argument("--contexts", default="32,128,512,1024")
-    p.add_argument("--new", type=int, default=32, help="tokens decoded per measurement")
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = p.parse_args()
+    p.add_argument("--contexts", type=int_list(1), default=[32, 128, 512, 1024],
+                   help="comma-separated context lengths (default 32,128,512,1024)")
+    p.add_argument("--new", type=positive_int, default=32, help="tokens decoded per measurement")
+    p.add_argument("--repeat", type=positive_int, default=3)
+    p.add_argument("--device", type=device_name, default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"--device {args.device}: no CUDA device is available")
 
-    cfg = ModelConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads, n_kv_heads=args.kv_heads,
-                      vocab_size=args.vocab, ffn=args.ffn)
+    cfg = validate(ModelConfig, dict(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
+                                     n_kv_heads=args.kv_heads, vocab_size=args.vocab, ffn=args.ffn), source="flags")
     torch.manual_seed(0)
     model = LM(cfg).to(args.device).eval()
-    contexts = [int(c) for c in args.contexts.split(",")]
+    contexts = args.contexts
     per_token_seconds(model, contexts[0], 4, True, 1, args.device)  # warm-up
     table = Table(title=f"greedy sampling, {'standard' if args.ffn else 'SAN'} {args.layers}L d{args.d_model}, "
                         f"{args.device}, batch 1, fp32 ({args.new} new tokens per measurement)")
@@ -76,8 +81,9 @@ def main() -> None:
         table.add_row(*row)
         print("  ".join(row), file=sys.stderr, flush=True)  # progress on a slow machine
     Console().print(table)
+    return 0
 
 
 if __name__ == "__main__":
     with torch.inference_mode():
-        main()
+        raise SystemExit(script_main(main))

@@ -21,17 +21,28 @@ one. Peak memory: each model alone in its own process (ru_maxrss growth).
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import resource
 import statistics
 import sys
 import time
 from typing import Any
 
+from _children import run_children
+
+from sanlab.cliargs import ArgumentParser, non_negative_int, positive_int, script_main
+
 
 def _peak_rss_mib() -> float:
     # ru_maxrss is KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _model_config(a: argparse.Namespace) -> Any:
+    """sanlab's standard arm at the flags' shape (a shape it cannot build: one line, exit 2)."""
+    from sanlab.config import ModelConfig, validate
+
+    return validate(ModelConfig, dict(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
+                                      vocab_size=a.vocab, ffn=True, d_ff=a.d_ff), source="flags")
 
 
 def _build(arm: str, a: argparse.Namespace) -> tuple[Any, Any]:
@@ -41,11 +52,9 @@ def _build(arm: str, a: argparse.Namespace) -> tuple[Any, Any]:
 
     torch.manual_seed(0)
     if arm.startswith("sanlab"):
-        from sanlab.config import ModelConfig
         from sanlab.model.lm import LM
 
-        model = LM(ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
-                               vocab_size=a.vocab, ffn=True, d_ff=a.d_ff))
+        model = LM(_model_config(a))
         if arm.endswith("compile"):  # as train.compile=true does
             model.compile_layers()
         forward = model
@@ -122,13 +131,7 @@ def _child(arms: list[str], tuned: bool, a: argparse.Namespace, queue: Any) -> N
 
 
 def _run_child(arms: list[str], tuned: bool, a: argparse.Namespace) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    p = ctx.Process(target=_child, args=(arms, tuned, a, queue))
-    p.start()
-    out = queue.get()
-    p.join()
-    return out
+    return run_children("bench_train", _child, [(arms, tuned, a)])[0]
 
 
 def _matmul_peak(a: argparse.Namespace, n: int = 1024, reps: int = 20) -> float:
@@ -156,21 +159,21 @@ def main(argv: list[str] | None = None) -> int:
 
     from sanlab.train.host import resolve_precision
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--d", type=int, default=256)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--d-ff", type=int, default=None, help="default 4·d")
-    p.add_argument("--vocab", type=int, default=2048)
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
+    p = ArgumentParser(prog="bench_train.py", description=__doc__.splitlines()[0])
+    p.add_argument("--d", type=positive_int, default=256)
+    p.add_argument("--layers", type=positive_int, default=4)
+    p.add_argument("--heads", type=positive_int, default=8)
+    p.add_argument("--kv-heads", type=positive_int, default=4)
+    p.add_argument("--d-ff", type=positive_int, default=None, help="default 4·d")
+    p.add_argument("--vocab", type=positive_int, default=2048)
+    p.add_argument("--seq-len", type=positive_int, default=256)
+    p.add_argument("--batch", type=positive_int, default=8)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="auto: bf16 where the device has bf16 products natively, else fp32 (as training)")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per model per process")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=2, help="processes per allocator setting")
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--steps", type=positive_int, default=10, help="timed steps per model per process")
+    p.add_argument("--warmup", type=non_negative_int, default=3)
+    p.add_argument("--rounds", type=positive_int, default=2, help="processes per allocator setting")
+    p.add_argument("--threads", type=positive_int, default=torch.get_num_threads())
     p.add_argument("--compile", action="store_true", help="add a torch.compile'd sanlab row (~25 s to compile)")
     p.add_argument("--grid", action="store_true",
                    help="compare over the CPU shapes of GRID (d, heads, seq_len, batch) in one table")
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.grid:
         return _grid(a)
     a.d_ff = a.d_ff or 4 * a.d
+    _model_config(a)  # refused now, not in the first timing process
     r = _compare(a)
     tokens = a.batch * a.seq_len
     table = Table(title=(f"training step, d={a.d} L={a.layers} H={a.heads}/{a.kv_heads} d_ff={a.d_ff} "
@@ -221,7 +225,6 @@ def _compare(a: argparse.Namespace, memory: bool = True) -> dict[str, Any]:
     params, peak memory per arm (each alone), the matmul peak and the SPEC §1.2 training
     FLOPs per token."""
     from sanlab.accounting import count_flops
-    from sanlab.config import ModelConfig
 
     arms = ["sanlab", "llama"] + (["sanlab+compile"] if a.compile else [])
     times: dict[str, dict[str, list[float]]] = {k: {arm: [] for arm in arms} for k in ("tuned", "default")}
@@ -237,8 +240,7 @@ def _compare(a: argparse.Namespace, memory: bool = True) -> dict[str, Any]:
         for arm in arms:
             single = argparse.Namespace(**{**vars(a), "steps": 2, "warmup": 1})
             peak_mib[arm] = _run_child([arm], arm.startswith("sanlab"), single)["peak_mib"]
-    flops = count_flops(ModelConfig(d_model=a.d, n_layers=a.layers, n_heads=a.heads, n_kv_heads=a.kv_heads,
-                                    vocab_size=a.vocab, ffn=True, d_ff=a.d_ff), a.seq_len).train
+    flops = count_flops(_model_config(a), a.seq_len).train
     step_s = {k: {arm: statistics.median(ts) for arm, ts in v.items()} for k, v in times.items()}
     return {"arms": arms, "step_s": step_s, "params": params, "peak_mib": peak_mib,
             "peak": _matmul_peak(a) if memory else float("nan"), "flops": flops}
@@ -267,4 +269,4 @@ def _grid(a: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(script_main(main))

@@ -10,8 +10,11 @@ configs and overrides, `sanlab.paths` for output locations, this module for flag
   Every `type=Path` argument passes `sanlab.paths.check_in_path` as it is parsed: an
   empty one (`--hf ''`, which `Path` would read as the current directory), a name too
   long for the filesystem, a symlink loop or a dangling symlink is refused by name.
-- `finite_float`, `positive_int`, …: argparse `type=` callables that refuse NaN, ±inf,
-  out-of-range numbers and non-numbers before any work starts.
+- `finite_float`, `positive_int`, `int_list`, `device_name`, …: argparse `type=` callables
+  that refuse NaN, ±inf, out-of-range numbers, non-numbers and unknown devices before any
+  work starts.
+- `script_main`: the same contract for the scripts outside the `sanlab` command
+  (`benchmarks/`, `scripts/`): a user error ends as one `PROG: error: …` line.
 
 No heavy imports here: building a parser must stay instant.
 """
@@ -20,10 +23,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, NoReturn, Sequence
 
-from sanlab.errors import ConfigError
+from sanlab.errors import ConfigError, SanlabError
 from sanlab.paths import check_in_path
 
 
@@ -31,7 +37,8 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse with sanlab's error contract (see the module docstring)."""
 
     def error(self, message: str) -> NoReturn:
-        where = "" if self.prog == "sanlab" else f"{self.prog.removeprefix('sanlab ')}: "
+        # (a subcommand names itself; `sanlab` and a script's `script_main` name the program)
+        where = f"{self.prog.removeprefix('sanlab ')}: " if self.prog.startswith("sanlab ") else ""
         raise ConfigError(f"{where}{message} (see `{self.prog} --help`)")
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
@@ -90,3 +97,42 @@ finite_float = bounded(float)
 non_negative_float = bounded(float, lo=0)
 positive_int = bounded(int, lo=1)
 non_negative_int = bounded(int, lo=0)
+
+
+def int_list(lo: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each >= `lo` ("32,128,512")."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        if any(v < lo for v in values):
+            raise argparse.ArgumentTypeError(f"every value must be >= {lo}, got {text!r}")
+        return values
+
+    parse.__name__ = "integer list"
+    return parse
+
+
+def device_name(text: str) -> str:
+    """An argparse type: `cpu`, `cuda` or `cuda:N` (whether the device exists is the command's check)."""
+    if text == "cpu" or re.fullmatch(r"cuda(:[0-9]+)?", text):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+
+
+def script_main(main: Callable[[], int | None]) -> int:
+    """A script's entry (`raise SystemExit(script_main(main))`): `main`'s exit code, or, for a
+    user error (`SanlabError`: a flag's value through `ArgumentParser`, a config its flags
+    build through `sanlab.config.validate`), one `PROG: error: …` line and the error's code,
+    as `sanlab`'s commands end; Ctrl-C is exit 130 without a traceback."""
+    prog = os.path.basename(sys.argv[0])
+    try:
+        return int(main() or 0)
+    except SanlabError as e:
+        print(f"{prog}: error: {' '.join(str(e).splitlines())}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
