@@ -95,6 +95,60 @@ def test_a_member_equals_its_solo_run(train_data_dir: Path, tmp_path: Path, monk
         assert json.loads(Path(f"m{i}/config.json").read_text()) == json.loads(Path(f"s{i}/config.json").read_text())
 
 
+def members_vs_solo(cfgs: list[Config], *, checkpoints: bool = True) -> list[dict]:
+    """Train `cfgs` as members (m0, m1, …, in the cwd), then each solo (s0, …): each member's
+    curve, status, checkpoint dir listing and (`checkpoints`) latest checkpoint equal its solo
+    run's, in fp32 within the stated tolerance. The members' metas."""
+    metas = train_members(cfgs, [f"m{i}" for i in range(len(cfgs))])
+    for i, cfg in enumerate(cfgs):
+        solo = train(cfg, f"s{i}")
+        assert_close_curves(curve(Path(f"m{i}")), curve(Path(f"s{i}")), RTOL["fp32"])
+        assert metas[i]["status"] == solo["status"]
+        assert sorted(os.listdir(f"m{i}/checkpoints")) == sorted(os.listdir(f"s{i}/checkpoints"))
+        if checkpoints:
+            assert_close_checkpoints(Path(f"m{i}/checkpoints/latest"), Path(f"s{i}/checkpoints/latest"), RTOL["fp32"])
+    return metas
+
+
+# Per member, what a group lets differ beyond LR, seed and schedule (weight decay, the clip,
+# milestones), and model and plan settings the tests above do not reach.
+PER_MEMBER = {
+    "weight decay and clip": (["optim.name=muon"], [
+        ["optim.lr=0.02", "train.seed=1", "optim.weight_decay=0.0", "optim.grad_clip=0"],
+        ["optim.lr=0.02", "train.seed=2", "optim.weight_decay=0.5", "optim.grad_clip=0.05"]]),
+    "milestones": ([], [["train.seed=1", "train.milestones=[0,1]"], ["train.seed=2", "train.milestones=[0,0.5,1]"]]),
+    "micro-batches": (["optim.name=adamw", "train.micro_batch_rows=2"], POINTS),
+    "rezero residual": (["model.residual=rezero"], POINTS),
+    "rms norm": (["model.norm=rms"], POINTS),
+}
+
+
+@pytest.mark.parametrize("case", PER_MEMBER)
+def test_every_per_member_setting_is_the_members_own(train_data_dir: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    extra, points = PER_MEMBER[case]
+    metas = members_vs_solo(configs(train_data_dir, *extra, "train.precision=fp32", "train.steps=4", points=points))
+    assert [m["status"] for m in metas] == ["completed"] * len(points)
+
+
+def test_a_members_train_time_is_the_sum_of_its_own_step_times(train_data_dir: Path, tmp_path: Path) -> None:
+    """As the solo trainer defines it: `train_time_s` sums the step times its metrics rows
+    give (tokens a step / tokens_per_s), so tokens_per_s is the member's, not the group's."""
+    metas = train_members(configs(train_data_dir, "train.steps=4"), [tmp_path / f"m{i}" for i in range(3)])
+    for i, m in enumerate(metas):
+        steps = sum(m["plan"]["tokens_per_step"] / r["tokens_per_s"] for r in metrics(tmp_path / f"m{i}"))
+        assert m["train_time_s"] == pytest.approx(steps, rel=1e-6)
+
+
+def test_the_batch_in_meta_counts_the_runs_that_trained(train_data_dir: Path, tmp_path: Path) -> None:
+    cfgs = configs(train_data_dir, "train.steps=4")
+    train_members(cfgs[:1], [tmp_path / "m0"])  # finished before the group starts: it does not train again
+    metas = train_members(cfgs, [tmp_path / f"m{i}" for i in range(3)], resume=True)
+    assert metas[1]["members"] == {"batch": 2, "index": 0, "runs": ["m1", "m2"]}  # (the run dirs by name)
+    assert metas[2]["members"]["index"] == 1
+
+
 @pytest.mark.parametrize("backend,precision,compiled", [
     ("sdpa", "fp32", True), ("sdpa", "bf16", True), ("explicit", "fp32", True),
     ("sdpa", "fp32", False), ("sdpa", "bf16", False), ("explicit", "bf16", False),
@@ -253,16 +307,28 @@ def test_the_head_reads_each_member_through_one_node() -> None:
 
 def test_a_diverging_member_does_not_disturb_the_others(train_data_dir: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Member 0 diverges: the others' curves and checkpoints (AdamW's step counts included)
+    are their solo runs'."""
     monkeypatch.chdir(tmp_path)
-    points = [["optim.lr=1e-3", "train.seed=1"], ["optim.lr=1e4", "train.seed=1"], ["optim.lr=2e-3", "train.seed=2"]]
+    points = [["optim.lr=1e4", "train.seed=1"], ["optim.lr=1e-3", "train.seed=1"], ["optim.lr=2e-3", "train.seed=2"]]
     cfgs = configs(train_data_dir, "optim.name=adamw", "train.precision=fp32", "train.steps=12", points=points)
     metas = train_members(cfgs, ["m0", "m1", "m2"])
-    assert [m["status"] for m in metas] == ["completed", "diverged", "completed"]
+    assert [m["status"] for m in metas] == ["diverged", "completed", "completed"]
     for i, cfg in enumerate(cfgs):
         solo = train(cfg, f"s{i}")
         assert curve(Path(f"m{i}")) == curve(Path(f"s{i}"))  # the diverged one included: same step, same record
         assert metas[i]["status"] == solo["status"] and metas[i]["final"] == solo["final"]
-    assert metas[1]["final"]["steps"] < 12 and metrics(Path("m1"))[-1]["diverged"] is True
+        if i:
+            assert_close_checkpoints(Path(f"m{i}/checkpoints/latest"), Path(f"s{i}/checkpoints/latest"), 0.0)
+    assert metas[0]["final"]["steps"] < 12 and metrics(Path("m0"))[-1]["diverged"] is True
+
+
+def test_a_loss_spike_stops_a_member_as_it_stops_its_solo_run(train_data_dir: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    metas = members_vs_solo(configs(train_data_dir, "train.precision=fp32", "train.steps=14", "train.spike_factor=0.5"),
+                            checkpoints=False)
+    assert [m["status"] for m in metas] == ["diverged"] * 3
 
 
 def test_groups_that_cannot_train_as_members_are_refused(train_data_dir: Path, tmp_path: Path) -> None:
@@ -272,6 +338,9 @@ def test_groups_that_cannot_train_as_members_are_refused(train_data_dir: Path, t
     c = configs(train_data_dir, "model.mixer=mixit", points=[[]])
     with pytest.raises(ConfigError, match="cannot train as members"):
         train_members(c, [tmp_path / "c"])
+    sandwich = configs(train_data_dir, "model.sandwich_norm=true", points=[[]])  # (MemberLM has no post-norms)
+    with pytest.raises(ConfigError, match="cannot train as members of one model: model.sandwich_norm=true"):
+        train_members(sandwich, [tmp_path / "c"])
     assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
 
 
@@ -344,7 +413,94 @@ def test_a_kill_between_the_members_checkpoints_resumes_bit_identical(
         train_members(configs(train_data_dir, *RESUME), [tmp_path / f"m{i}" for i in range(3)])
     assert ("m0", 12) in saved and ("m2", 12) not in saved
     monkeypatch.setattr(members_mod.checkpoint, "save", real)
+    before = [json.loads((tmp_path / f"m{i}" / "meta.json").read_text()) for i in range(3)]
     resume(train_data_dir, tmp_path)
+    assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
+    for i in range(3):  # a resumed member's meta keeps its history, as a resumed solo run's does
+        after = json.loads((tmp_path / f"m{i}" / "meta.json").read_text())
+        assert after["resumes"] == 1 and (after["init"], after["started_at"]) == (before[i]["init"],
+                                                                                  before[i]["started_at"])
+
+
+def kill_between_checkpoints(data: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The group killed after m0 wrote its step-12 checkpoint and before m1 did (as above)."""
+    real = members_mod.checkpoint.save
+
+    def save(dest: Path, model, optims, state) -> None:  # noqa: ANN001
+        if state["step"] == 12 and dest.parent.parent.name == "m1":
+            raise KeyboardInterrupt
+        real(dest, model, optims, state)
+
+    with monkeypatch.context() as m:
+        m.setattr(members_mod.checkpoint, "save", save)
+        with pytest.raises(KeyboardInterrupt):
+            train_members(configs(data, *RESUME), [root / f"m{i}" for i in range(3)])
+
+
+def test_a_stop_while_a_member_waits_leaves_the_waiting_member_where_it_was(
+        train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        uninterrupted: list[list[tuple]]) -> None:
+    """Resumed at step 8 with m0 waiting at 12, the group is stopped (SIGTERM) in step 10: m1
+    and m2 save at 10; m0 has not stepped and keeps its step-12 checkpoint. All three are
+    interrupted, and the next resume still ends on the uninterrupted curves."""
+    kill_between_checkpoints(train_data_dir, tmp_path, monkeypatch)
+    real = members_mod.lr_multiplier
+    sent: list[int] = []
+
+    def lr_multiplier(cfg, step: int, total: int) -> float:  # noqa: ANN001
+        if step == 9 and not sent:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGTERM)  # (StopSignal's handler: a stop request)
+        return real(cfg, step, total)
+
+    with monkeypatch.context() as m:
+        m.setattr(members_mod, "lr_multiplier", lr_multiplier)
+        metas = train_members(configs(train_data_dir, *RESUME), [tmp_path / f"m{i}" for i in range(3)], resume=True)
+    assert sent and [m["status"] for m in metas] == ["interrupted"] * 3
+    steps = [json.loads((tmp_path / f"m{i}" / "checkpoints/latest/state.json").read_text())["step"] for i in range(3)]
+    assert steps == [12, 10, 10]
+    resume(train_data_dir, tmp_path)
+    assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
+
+
+def test_a_kill_before_a_members_own_milestone_copy_is_completed_on_resume(
+        train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """m1's milestones (0, 50%, 100%) are not m0's (0, 100%). Killed after m1 wrote its step-4
+    `latest` and before copying it to milestone-050, the resume makes that copy from m1's own
+    milestones, so m1 ends with its solo run's checkpoints."""
+    monkeypatch.chdir(tmp_path)
+    cfgs = configs(train_data_dir, "train.precision=fp32", "train.steps=8",
+                   points=[["train.seed=1", "train.milestones=[0,1]"], ["train.seed=2", "train.milestones=[0,0.5,1]"]])
+    real = members_mod.checkpoint.copy
+
+    def copy(src: Path, dest: Path) -> None:
+        if dest.name == "milestone-050" and dest.parent.parent.name == "m1":
+            raise KeyboardInterrupt
+        real(src, dest)
+
+    with monkeypatch.context() as m:
+        m.setattr(members_mod.checkpoint, "copy", copy)
+        with pytest.raises(KeyboardInterrupt):
+            train_members(cfgs, ["m0", "m1"])
+    assert "milestone-050" not in os.listdir("m1/checkpoints")
+    assert json.loads(Path("m1/checkpoints/latest/state.json").read_text())["step"] == 4
+    assert [m["status"] for m in train_members(cfgs, ["m0", "m1"], resume=True)] == ["completed"] * 2
+    train(cfgs[1], "s1")
+    assert sorted(os.listdir("m1/checkpoints")) == sorted(os.listdir("s1/checkpoints"))
+    assert_close_checkpoints(Path("m1/checkpoints/milestone-050"), Path("s1/checkpoints/milestone-050"), 0.0)
+
+
+def test_a_killed_group_resumes_through_the_studys_train_group(
+        train_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        uninterrupted: list[list[tuple]]) -> None:
+    """`sanlab study run` reruns a killed group through `train_group`, which resumes it."""
+    from sanlab.study.groups import train_group
+
+    kill_between_checkpoints(train_data_dir, tmp_path, monkeypatch)
+    (tmp_path / "jobs").mkdir()
+    jobs = [{"run_id": f"m{i}", "run_dir": str(tmp_path / f"m{i}"), "config": json.loads(c.model_dump_json()),
+             "jobs_dir": str(tmp_path / "jobs")} for i, c in enumerate(configs(train_data_dir, *RESUME))]
+    assert [o["status"] for o in train_group(jobs)] == ["completed"] * 3
     assert [curve(tmp_path / f"m{i}") for i in range(3)] == uninterrupted
 
 

@@ -36,6 +36,8 @@ def _config(run) -> dict:  # noqa: ANN001
 
 
 def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path) -> None:
+    from sanlab.study import groups
+
     spec = _spec(study_data_dir, "auto")
     san, iso = build_arms(spec)
     runs = [*sweep_runs(spec, san, "muon", [0.5, 1, 2], str(study_data_dir)),
@@ -53,6 +55,10 @@ def test_plan_groups_an_arms_sweep_points_and_nothing_else(study_data_dir: Path)
     wide = [dict(c, model=dict(c["model"], d_model=512, n_heads=8, n_kv_heads=4)) for c in configs[3:]]
     assert plan_groups(wide, "auto") == [[0], [1]]  # "auto": too wide to pay
     assert plan_groups(wide, 8) == [[0, 1]]
+    widest = [dict(c, model=dict(c["model"], d_model=groups.AUTO_MAX_D, n_heads=8, n_kv_heads=4)) for c in configs[3:]]
+    assert groups.AUTO_MAX_D == 256 and plan_groups(widest, "auto") == [[0, 1]]  # "auto" groups up to d 256
+    # an integer setting is the user's: not split to fill the workers, as "auto" is above
+    assert plan_groups(four + configs[3:], 4, workers=3) == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_balance_cuts_groups_where_that_ends_the_batch_sooner(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,6 +82,9 @@ def test_balance_cuts_groups_where_that_ends_the_batch_sooner(monkeypatch: pytes
     four = [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
     assert balance(four, costs, 2) == [[0, 1, 2], [3, 4, 5], [6], [7, 8], [9, 10, 11]]
     assert balance(four, [1.0] * 12, 2) == four  # four equal groups on two workers: nothing to gain
+    # a solo run has no members' speed-up: runs of 1, 1, 2 as a group 3.81 | 1; cut as [0] and
+    # [1, 2]: 3 / 1.05 = 2.86 | 1 + 1; all solo, 2 + 1 | 1 + 1 = 3.0 (with the speed-up, 2.86)
+    assert balance([[0, 1, 2], [3]], [1.0, 1.0, 2.0, 1.0], 2) == [[0], [1, 2], [3]]
     assert balance(four, costs, 1) == four  # one worker: a cut only loses the members' speed-up
     assert balance(four, [0.0, *costs[1:]], 2) == four  # a run of unknown cost: as they are
     monkeypatch.setattr(groups, "BALANCE_GAIN", 0.2)  # the 11% is below it
@@ -329,3 +338,40 @@ def test_the_streamed_estimate_releases_a_cells_final_runs_when_its_sweep_ends()
     ranked = [(3.0, [run("iso_flop", "sweep")]), (1.0, [run("san", "sweep")]), (0.5, [run("iso_depth", "sweep")]),
               (10.0, [run("san", "final")])]
     assert stream_makespan(ranked, 2) == pytest.approx(11.5)
+
+
+def test_a_gpu_runner_never_groups_and_a_cpu_runner_does(tmp_path: Path) -> None:
+    """Members are a CPU runner's: a GPU worker owns its GPUs one run at a time (a group would
+    train on a slot it never took), whatever `runner.members` says."""
+    from sanlab.config import load_config
+    from sanlab.study.runner import Job, LocalRunner
+    from sanlab.study.spec import RunnerSpec
+
+    cfg = json.loads(load_config(None, ["model.d_model=32", "model.n_layers=2", "train.device=cpu",
+                                        "train.steps=4"]).model_dump_json())
+    jobs = [Job(run_id=n, run_dir=str(tmp_path / n), config=dict(cfg, train=dict(cfg["train"], seed=s)),
+                jobs_dir=str(tmp_path / "jobs")) for s, n in enumerate("abc")]
+    cpu = LocalRunner(RunnerSpec(workers=1, threads=1, members=4))
+    assert [len(g) for g in cpu._groups(jobs)] == [3]
+    gpu = LocalRunner(RunnerSpec(workers=1, threads=1, members=4, gpus_per_run=1))
+    assert [len(g) for g in gpu._groups(jobs)] == [1, 1, 1]
+
+
+def test_a_group_starts_by_its_runs_total_cost(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longest first, a group costing its runs' sum: three runs of 1 (3 together) before a
+    run of 2."""
+    from sanlab.study.runner import Job, LocalRunner
+    from sanlab.study.spec import RunnerSpec
+
+    jobs = [Job(run_id=n, run_dir=str(tmp_path / n), config={}, jobs_dir=str(tmp_path), cost=c)
+            for n, c in [("d", 2.0), ("a", 1.0), ("b", 1.0), ("c", 1.0)]]
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1))
+    monkeypatch.setattr(runner, "_groups", lambda js, balance=False: [[j for j in js if j.run_id != "d"],
+                                                                      [j for j in js if j.run_id == "d"]])
+    monkeypatch.setattr(runner, "_start_warm", lambda: None)
+    order: list[list[str]] = []
+    monkeypatch.setattr(runner, "_one", lambda j: order.append([j.run_id]) or {"status": "completed"})
+    monkeypatch.setattr(runner, "_group", lambda g: order.append([j.run_id for j in g])
+                        or [{"status": "completed"}] * len(g))
+    runner.run(jobs, lambda job, outcome: None)
+    assert order == [["a", "b", "c"], ["d"]]

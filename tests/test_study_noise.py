@@ -40,6 +40,8 @@ def test_independent_studies_add_floor_and_spread_in_quadrature() -> None:
     assert noise.sign_of_difference(b, a, 0.01, 0.02) == -1
     assert noise.sign_of_difference(a, b, 0.06, 0.02) == 0  # hypot(0.06, 0.02) + 0.0316 = 0.0949 > 0.09
     assert noise.sign_of_difference(a, b, None, 0.02) == 0
+    # the spreads too: 0.05 + hypot(0.0141, 0.0283) = 0.0816 < 0.09 (added linearly, 0.0924)
+    assert noise.sign_of_difference(a, b, 0.05, 0.0) == 1
 
 
 @pytest.mark.parametrize("deltas, floor, expected", [

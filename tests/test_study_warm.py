@@ -250,3 +250,26 @@ def test_a_warm_process_never_asked_to_run_is_stopped_at_once(tmp_path: Path) ->
     _run(used, _jobs(tmp_path, ["a"]))
     used.close()
     assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("warm", ["1", "0"])
+def test_a_worker_that_fails_gives_its_exit_code_and_traceback_warm_or_cold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warm: str) -> None:
+    """A worker that dies before it writes an outcome (here: its job file is missing) is
+    reported by its exit code, with its traceback in the run's log, the same forked from a
+    warm process as started cold (the outcome: "worker exited with code 1 (see LOG)")."""
+    import subprocess as sp
+
+    monkeypatch.setenv("SANLAB_WARM_WORKERS", warm)
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    if warm == "1":  # (the run must fork from the warm process, not fall back to a new one)
+        monkeypatch.setattr(sp, "run", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started cold")))
+    log = tmp_path / "run.log"
+    try:
+        runner._start_warm()
+        rc = runner._launch("sanlab.study.runner", [str(tmp_path / "missing.json"), str(tmp_path / "out.json")],
+                            log, {"OMP_NUM_THREADS": "1"})
+    finally:
+        runner.close()
+    assert rc == 1
+    assert "Traceback" in log.read_text() and "FileNotFoundError" in log.read_text()

@@ -378,7 +378,7 @@ def _run(members: list[Member], d: dist.Dist, stop: StopSignal, group: list[str]
         if found[i] is not None:
             mem.meta = rundir.resumed_meta(out / rundir.META_FILE)
             truncate_metrics(out / rundir.METRICS_FILE, mem.start)
-            _complete_milestones(ckpt_dir, found[i], mem.start, plan)  # type: ignore[arg-type]
+            _complete_milestones(ckpt_dir, found[i], mem.start, mem.plan)  # type: ignore[arg-type]
         mem.meta.update({
             "status": "running", "versions": rundir.versions(), "git": rundir.git_commit(),
             "device": {**rundir.device_info(d.device, t0.precision, 1), "malloc_tuned": malloc_tuned,
