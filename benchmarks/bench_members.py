@@ -46,12 +46,14 @@ import math
 import os
 import resource
 import time
+from pathlib import Path
 from typing import Any
 
 from _children import run_children
 
 from sanlab.cliargs import ArgumentParser, device_name, non_negative_int, positive_int, script_main
 from sanlab.errors import ConfigError
+from sanlab.paths import check_out_file
 
 SHAPES = {
     # the demo (examples/quick.toml): SAN 5L d64, T128, vocab 1024, batch 16, and its partners
@@ -512,6 +514,7 @@ def draw_scaling(results: dict[str, dict[int, dict[str, float]]], path: str) -> 
         ax[0][j].legend(fontsize=7)
     ax[1][0].legend(fontsize=7, loc="upper left")
     fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # (check_out_file allowed it)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return fig
@@ -550,11 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # refused now, not after minutes of timing the known ones
         raise ConfigError(f"--shapes: unknown shape {unknown[0]!r} (known: {', '.join(SHAPES)})")
     if a.figure:
-        parent = os.path.dirname(os.path.abspath(a.figure))
-        if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
-            raise ConfigError(f"--figure {a.figure}: {parent} is not a writable directory")
-        if os.path.isdir(a.figure):
-            raise ConfigError(f"--figure {a.figure}: a directory; name the PNG to write")
+        check_out_file(a.figure, "--figure")  # (a directory, an unwritable or impossible path: refused now)
         if a.device is not None:
             raise ConfigError("--figure draws the runner comparison, not --device's")
         if len(a.members) < 2 and len(a.partner_members) < 2:

@@ -118,10 +118,12 @@ def test_bad_device_or_figure_is_refused_before_any_timing(load_benchmark, monke
     monkeypatch.setattr(bm, "run_peak", lambda *_: (_ for _ in ()).throw(AssertionError("timed")))
     with pytest.raises(ConfigError, match="--device: expected cpu, cuda or cuda:N, got 'tpu'"):
         bm.main(["--device", "tpu"])
-    with pytest.raises(ConfigError, match="not a writable directory"):
-        bm.main(["--figure", "no/such/dir/s.png"])
-    with pytest.raises(ConfigError, match="--figure .: a directory"):
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        bm.main(["--figure", f"{__file__}/s.png"])
+    with pytest.raises(ConfigError, match="--figure .: is a directory, not a file"):
         bm.main(["--figure", "."])
+    with pytest.raises(ConfigError, match="over the .* bytes this filesystem allows"):
+        bm.main(["--figure", "x" * 300 + ".png"])
     with pytest.raises(ConfigError, match="not --device's"):
         bm.main(["--figure", "s.png", "--device", "cpu"])
     with pytest.raises(ConfigError, match="two or more member counts"):
