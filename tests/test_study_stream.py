@@ -76,6 +76,27 @@ def test_the_stream_runs_what_rounds_run(study_data_dir: Path, tmp_path: Path, m
     assert _locks(tmp_path / "stream") == _locks(tmp_path / "rounds")
 
 
+@pytest.mark.parametrize("streams", [True, False], ids=["stream", "rounds"])
+def test_without_a_sweep_one_line_names_the_base_lrs_before_any_run_and_no_lock_is_stored(
+        study_data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, streams: bool) -> None:
+    """`sweep.enabled = false`: nothing locks. One line, printed before the first run, says
+    every cell trains at its base LR (the SAN's own base LR apart from the standard arms');
+    no "lock" line and no lock record, which would read as a sweep's decision."""
+    monkeypatch.setattr(LocalRunner, "streams", streams)
+    spec = make_spec(study_data_dir, matching={"arms": ["iso_depth"]}, runner={"workers": 1, "threads": 1, "members": 1},
+                     sweep={"enabled": False, "base_lr": {"san_muon": 0.03}})
+    console = Console(record=True, width=300)
+    assert Study(spec, tmp_path, console=console, train_fn="study_fakes:train").run() == 0
+    text = console.export_text()
+    line = "no LR sweep (sweep.enabled = false): every cell trains at its base LR: san muon 0.03, iso_depth muon 0.04"
+    assert text.count(line) == 1
+    assert text.index(line) < text.index("final + noise-floor runs")
+    assert "lock " not in text
+    assert ResultStore(tmp_path).locks() == {}
+    lrs = {r["arm"]: r["lr"] for r in ResultStore(tmp_path).runs().values()}
+    assert lrs == {"san": 0.03, "iso_depth": 0.04, "san_rms": 0.03}
+
+
 def test_a_stream_resumes_from_its_store(study_data_dir: Path, tmp_path: Path) -> None:
     """A study whose store holds part of the sweep (as after a kill) runs only the rest,
     and the whole equals a study run in one go."""

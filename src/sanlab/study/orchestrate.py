@@ -449,7 +449,10 @@ class Study:
     def _announce_locks(self, by_point: Mapping[str, Mapping[tuple[str, str], float]],
                         records: Mapping[str, dict], attempted: set[str], last: bool = False) -> None:
         """Store and print the lock of every cell that has locked and was not announced yet
-        (`last`, once the sweep is over: and say which cells have none)."""
+        (`last`, once the sweep is over: and say which cells have none). Without a sweep
+        (`sweep.enabled = false`) nothing locks and nothing is stored (`_announce_base_lrs`)."""
+        if not self.spec.sweep.enabled:
+            return
         for point in self.points:
             if sweep_point(self.spec, self.points, point) != point:
                 continue
@@ -472,6 +475,13 @@ class Study:
                                        **({"data": point.slug} if point.slug else {})})
                 self.console.print(f"lock {arm.name} {opt}{at}: lr {lock[key]:g}"
                                    + (" (still at an edge of the sweep)" if d.at_edge else ""), highlight=False)
+
+    def _announce_base_lrs(self) -> None:
+        """Without a sweep, one line before any run: every cell's LR is its base LR."""
+        lock = locks(self.spec, self.arms, {}, set())
+        lrs = ", ".join(f"{arm} {opt} {lr:g}" for (arm, opt), lr in lock.items())
+        self.console.print(f"no LR sweep (sweep.enabled = false): every cell trains at its base LR: {lrs}",
+                           highlight=False)
 
     def _record_locks(self) -> dict[str, dict[tuple[str, str], float]]:
         """Data slug -> the locks its final runs train at (its own sweep's, or `sweep.lock_at`'s)."""
@@ -511,6 +521,8 @@ class Study:
         if warm_up is not None:  # (the local runner's warm processes import while the data is prepared)
             warm_up()
         self._prepare()
+        if not self.spec.sweep.enabled:
+            self._announce_base_lrs()
         if getattr(self.runner, "streams", False):
             self._stream()
         elif self.spec.sweep.enabled:
