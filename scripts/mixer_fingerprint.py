@@ -18,7 +18,6 @@ registry's names), so the script runs on the tree before and after such a change
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -27,7 +26,9 @@ from typing import Any
 import torch
 
 from sanlab.accounting import count_flops, count_params
+from sanlab.cliargs import ArgumentParser, script_main
 from sanlab.config import ModelConfig
+from sanlab.fileio import read_json_object
 from sanlab.model import mixers
 from sanlab.model.generate import Decoder
 from sanlab.model.lm import LM
@@ -123,11 +124,11 @@ def compare(a: dict, b: dict, path: str = "") -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ArgumentParser(prog="mixer_fingerprint.py", description=__doc__.splitlines()[0])
     ap.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     args = ap.parse_args()
     if args.compare:
-        before, after = (json.loads(open(p).read()) for p in args.compare)
+        before, after = (read_json_object(p) for p in args.compare)
         diffs = compare(before, after)
         print("\n".join(diffs) if diffs else f"identical: {len(before)} configurations")
         return 1 if diffs else 0
@@ -137,4 +138,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(script_main(main))

@@ -14,9 +14,12 @@ import argparse
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from sanlab.cliargs import ArgumentParser, positive_int, script_main
+from sanlab.errors import ConfigError, DataError
+from sanlab.paths import check_out_dir
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -26,7 +29,9 @@ WIDTH = 1560
 
 def sections(page: str) -> list[tuple[str, str]]:
     """(anchor, page with only that section after the header) for each <h2> section."""
-    head, _, rest = page.partition('<h2 id="')
+    head, found, rest = page.partition('<h2 id="')
+    if not found:
+        return []
     parts = ('<h2 id="' + rest).split('<h2 id="')[1:]
     out = []
     for part in parts:
@@ -50,28 +55,41 @@ def crop(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(prog="report_screenshots.py", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("html", type=Path)
     ap.add_argument("out", type=Path)
-    ap.add_argument("--height", type=int, default=4000, help="window height (taller than any section)")
+    ap.add_argument("--height", type=positive_int, default=4000, help="window height (taller than any section)")
     args = ap.parse_args(argv)
+    try:
+        page = args.html.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{args.html}: cannot be read as a report page ({getattr(e, 'strerror', None) or e})") from None
+    found = sections(page)
+    if not found:
+        raise DataError(f"{args.html}: no report sections (<h2 id=...>) in it; is it a `sanlab report` page?")
+    check_out_dir(args.out, "OUT")
     browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if browser is None:
-        print("report_screenshots: no Chromium (apt-get install chromium)", file=sys.stderr)
-        return 2
+        raise ConfigError("no Chromium (apt-get install chromium)")
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for anchor, page in sections(args.html.read_text(encoding="utf-8")):
+        for anchor, page in found:
             src = Path(tmp) / f"{anchor}.html"
             src.write_text(page, encoding="utf-8")
             shot = args.out / f"report-{anchor}.png"
-            subprocess.run([browser, *FLAGS, f"--user-data-dir={Path(tmp) / 'profile'}",
-                            f"--window-size={WIDTH},{args.height}", f"--screenshot={shot}", src.as_uri()],
-                           check=True, capture_output=True, timeout=180)
+            try:
+                subprocess.run([browser, *FLAGS, f"--user-data-dir={Path(tmp) / 'profile'}",
+                                f"--window-size={WIDTH},{args.height}", f"--screenshot={shot}", src.as_uri()],
+                               check=True, capture_output=True, timeout=180)
+            except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+                raise DataError(f"{browser} failed on section {anchor!r}: "
+                                f"{'timed out' if isinstance(e, subprocess.TimeoutExpired) else f'exit {e.returncode}'}"
+                                ) from None
             crop(shot)
             print(shot)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(script_main(main))
