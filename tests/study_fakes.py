@@ -128,3 +128,16 @@ def timed_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force
     with open(out.parent / "times.jsonl", "a") as f:
         f.write(json.dumps({"run": out.name, "start": start, "end": time.time()}) + "\n")
     return meta
+
+
+def slow_deep_train(cfg: Config, out_dir: str | Path, *, resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """`train` that first waits SANLAB_FAKE_DEEP_SECONDS when the model has an FFN and more
+    than one layer (a study's iso-depth or iso-FLOP partner), so that it finishes last."""
+    import os
+    import time
+
+    from sanlab.train.trainer import train as real
+
+    if cfg.model.ffn and cfg.model.n_layers > 1 and not (Path(out_dir) / "meta.json").is_file():
+        time.sleep(float(os.environ.get("SANLAB_FAKE_DEEP_SECONDS", "0")))
+    return real(cfg, out_dir, resume=resume, force=force)

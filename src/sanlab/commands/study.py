@@ -170,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
                           "not a study dir; give the study a directory of its own")
     spec = load_spec(args.spec, args.overrides)
-    rc = Study(spec, out, extend=args.extend).run()
+    rc = Study(spec, out, extend=args.extend, analyze=args.report).run()
     if args.report:
         html, _ = make_report(out, analyze=True)
         print(html)

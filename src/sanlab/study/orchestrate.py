@@ -52,7 +52,7 @@ from sanlab.study.plan import (
     sweep_runs,
     sweeps_at,
 )
-from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, OnDone, SlurmRunner, make_runner
+from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, OnDone, SideTask, SlurmRunner, make_runner
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
 from sanlab.study.sweep import SweepDecision
@@ -262,8 +262,12 @@ class Study:
 
     def __init__(self, spec: StudySpec, study_dir: str | Path, *, console: Console | None = None,
                  train_fn: str = DEFAULT_TRAIN_FN,
-                 runner: LocalRunner | SlurmRunner | None = None, extend: bool = False) -> None:
+                 runner: LocalRunner | SlurmRunner | None = None, extend: bool = False,
+                 analyze: bool = False) -> None:
         self.spec = spec
+        # the report's analyses follow (`study run --report`): each final pair group's starts on
+        # a worker the runs leave idle as soon as its runs have finished (`_idle_analyses`)
+        self.analyze = analyze
         self.extend = extend  # the spec may add arms, seeds and budgets to the dir's study
         self.dir = Path(study_dir)
         self.console = console or Output().console
@@ -433,8 +437,42 @@ class Study:
             add(new)
             return self._jobs(new, self.store.runs())
 
-        self.runner.run(self._jobs(first, self.store.runs()), on_done, more=more)  # type: ignore[call-arg]
+        idle = self._idle_analyses()
+        self.runner.run(self._jobs(first, self.store.runs()), on_done, more=more,  # type: ignore[call-arg]
+                        **({"idle": idle} if idle is not None else {}))
         self._check_not_stuck()
+
+    def _idle_analyses(self) -> Callable[[int], list[SideTask]] | None:
+        """With `analyze`, on a CPU local runner: the side tasks (`runner.SideTask`) that
+        analyse each final pair group (`sanlab.report.analyze_job`) whose final runs have all
+        completed, every arm's, and that no analysis covers yet, each started once. The
+        report after the study then has only the rest left to do."""
+        if not self.analyze or not isinstance(self.runner, LocalRunner) or self.runner.gpus:
+            return None
+        started: set[str] = set()
+        n_arms = len(self.arms) - 1
+
+        def idle(free: int) -> list[SideTask]:
+            # lazy: an import cycle (sanlab.report.data imports this module)
+            from sanlab.report.data import load, missing_analyses
+
+            tasks = []
+            for g in missing_analyses(load(self.dir)):
+                if g.out_name in started or len(g.arms) < n_arms or len(tasks) == free:
+                    continue
+                started.add(g.out_name)
+                log = self.dir / "jobs" / f"analysis-{g.out_name}.log"
+                what = f"{', '.join(g.arms)} vs {g.reference}"
+
+                def done(rc: int, what: str = what, log: Path = log) -> None:
+                    self.console.print(f"analysed {what} (on an idle worker)" if rc == 0 else
+                                       f"analysis of {what} failed on an idle worker (exit {rc}, see {log}); "
+                                       "the report tries it again", highlight=False)
+
+                tasks.append(SideTask(g.out_name, "sanlab.report.analyze_job", (str(self.dir), g.out_name), log, done))
+            return tasks
+
+        return idle
 
     def _check_not_stuck(self) -> None:
         """After a stream: a cell whose sweep still wants points that the store holds as

@@ -55,6 +55,22 @@ More = Callable[[], Sequence["Job"]]
 
 
 @dataclass(frozen=True)
+class SideTask:
+    """A process the local runner starts on a worker that no job is waiting for (a study:
+    the analysis of final runs that have finished, `sanlab.report.analyze_job`): `module`'s
+    `main(argv)` with its output to `log_file`; `on_done(exit code)` in the runner's thread."""
+
+    name: str
+    module: str
+    argv: tuple[str, ...]
+    log_file: Path
+    on_done: Callable[[int], None]
+
+
+Idle = Callable[[int], Sequence[SideTask]]  # free workers -> side tasks to start on them now
+
+
+@dataclass(frozen=True)
 class Job:
     """Everything a worker needs, as plain JSON data (it crosses process and SLURM boundaries)."""
 
@@ -233,6 +249,11 @@ class LocalRunner:
             return json.loads(job.outcome_file.read_text())  # type: ignore[no-any-return]
         return _failed(f"worker exited with code {rc} (see {job.log_file})")
 
+    def _side(self, task: SideTask) -> int:
+        """A side task's exit code (its process forked from a warm one where one is free)."""
+        task.log_file.parent.mkdir(parents=True, exist_ok=True)
+        return self._launch(task.module, list(task.argv), task.log_file, {"OMP_NUM_THREADS": str(self.threads)})
+
     def _group(self, jobs: list[Job]) -> list[dict[str, Any]]:
         """Jobs trained as the members of one model in one worker process (`sanlab.study.groups`)."""
         for job in jobs:
@@ -267,13 +288,15 @@ class LocalRunner:
                                                                  [j.cost for j in same] if balance else None)]
         return groups
 
-    def run(self, jobs: Sequence[Job], on_done: OnDone, more: More | None = None) -> None:
+    def run(self, jobs: Sequence[Job], on_done: OnDone, more: More | None = None, idle: Idle | None = None) -> None:
         """Run every job, calling `on_done(job, outcome)` in this thread as each finishes
         (the members of a group as their group finishes). `more`, called in this thread
         after each finished group's `on_done`, returns jobs to run as well (a study's next
         sweep points, the final runs of a cell that locked); they are grouped among
         themselves. A free worker takes the waiting group of the lowest rank, then the
-        costliest."""
+        costliest. `idle(free workers)`, called in this thread whenever workers are free and
+        no job waits, returns side tasks to start on them (`SideTask`); `run` returns once
+        the jobs and the side tasks have all finished."""
 
         def one(group: list[Job]) -> list[dict[str, Any]]:
             return [self._one(group[0])] if len(group) == 1 else self._group(group)
@@ -292,14 +315,23 @@ class LocalRunner:
         self._start_warm()
         pool = ThreadPoolExecutor(max_workers=self.workers)
         try:
-            running: dict[Future[list[dict[str, Any]]], list[Job]] = {}
-            while waiting or running:
+            running: dict[Future[Any], list[Job] | SideTask] = {}
+            while True:
                 while waiting and len(running) < self.workers:
                     group = waiting.pop(0)
                     running[pool.submit(one, group)] = group
+                if idle is not None and not waiting and len(running) < self.workers:
+                    for task in list(idle(self.workers - len(running)))[:self.workers - len(running)]:
+                        running[pool.submit(self._side, task)] = task
+                if not running:
+                    break
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    for job, outcome in zip(running.pop(fut), fut.result()):
+                    what = running.pop(fut)
+                    if isinstance(what, SideTask):
+                        what.on_done(fut.result())
+                        continue
+                    for job, outcome in zip(what, fut.result()):
                         on_done(job, outcome)
                 if more is not None:
                     add(more())

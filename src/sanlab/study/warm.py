@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import importlib
 import json
 import os
 import signal
@@ -39,7 +40,9 @@ from typing import IO, Any, Sequence
 # the entry points, and torch's compiler stack that the optimizers import)
 PRELOAD = ("torch", "torch._dynamo", "sanlab.train.trainer", "sanlab.train.members", "sanlab.study.runner",
            "sanlab.study.groups")
-ENTRY_POINTS = ("sanlab.study.runner", "sanlab.study.groups")
+# the entry points a child may run: a run, a group of members, a final pair group's analysis
+# (a local runner's side task; imported in the child, the rest of its imports being loaded)
+ENTRY_POINTS = ("sanlab.study.runner", "sanlab.study.groups", "sanlab.report.analyze_job")
 READY = "ready"
 
 
@@ -91,7 +94,7 @@ def _child(request: dict[str, Any], sigint: Any) -> None:
         if module not in ENTRY_POINTS:
             raise ValueError(f"not an entry point: {module}")
         sys.argv = [module, *request["argv"]]
-        rc = int(sys.modules[module].main(request["argv"]) or 0)
+        rc = int(importlib.import_module(module).main(request["argv"]) or 0)
     except SystemExit as e:
         rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - the child's last word goes to its log
@@ -117,7 +120,6 @@ def serve(stdin: IO[str], stdout: IO[str]) -> int:
     if parent is not None and os.getppid() != int(parent):
         return 1  # the study died before the death signal was armed
     import gc
-    import importlib
 
     # no collections while importing: the imports make ~300k objects, and collecting them on
     # the way cost ~0.5 s of ~2.3 s; then they move to the permanent generation, so that no
