@@ -72,6 +72,19 @@ def test_side_tasks_take_the_free_workers_beside_a_run_and_run_waits_for_them(
     assert b["start"] < run_start + 2.0
 
 
+def test_a_side_task_that_cannot_start_is_an_exit_code_not_an_error(tmp_path: Path) -> None:
+    """Its log's folder is a file: exit 126 to its `on_done`, and `run` goes on."""
+    (tmp_path / "jobs").write_text("")
+    done: dict[str, int] = {}
+    tasks = [_side(tmp_path, "a", 0, 0.0, done)]
+    runner = LocalRunner(RunnerSpec(workers=1, threads=1, members=1))
+    try:
+        runner.run([], lambda job, o: None, idle=lambda free: [tasks.pop()] if tasks else [])
+    finally:
+        runner.close()
+    assert done == {"a": 126}
+
+
 def test_no_side_task_starts_while_a_job_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One worker and three runs: `idle` is first asked once no run waits (the last one
     running), never with more free workers than there are."""

@@ -250,9 +250,13 @@ class LocalRunner:
         return _failed(f"worker exited with code {rc} (see {job.log_file})")
 
     def _side(self, task: SideTask) -> int:
-        """A side task's exit code (its process forked from a warm one where one is free)."""
-        task.log_file.parent.mkdir(parents=True, exist_ok=True)
-        return self._launch(task.module, list(task.argv), task.log_file, {"OMP_NUM_THREADS": str(self.threads)})
+        """A side task's exit code (its process forked from a warm one where one is free);
+        126 when it cannot start (its log cannot be written): a side task never stops the runs."""
+        try:
+            task.log_file.parent.mkdir(parents=True, exist_ok=True)
+            return self._launch(task.module, list(task.argv), task.log_file, {"OMP_NUM_THREADS": str(self.threads)})
+        except OSError:
+            return 126
 
     def _group(self, jobs: list[Job]) -> list[dict[str, Any]]:
         """Jobs trained as the members of one model in one worker process (`sanlab.study.groups`)."""
