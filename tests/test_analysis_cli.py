@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -174,3 +175,34 @@ def test_diverged_run_is_recorded_not_a_crash(trained: dict[str, Path], tmp_path
     o_last = [r for r in result["spectra"]["per_matrix"] if r["type"] == "O" and r["milestone"] == 1.0]
     assert o_last[0]["stable_rank"] is None
     assert next(c for c in result["spectra"]["crystallisation"] if c["type"] == "O")["milestone"] is None
+
+
+def _result(delta: float) -> dict:
+    return {"runs": {"a": {"losses": {"region": [{"group": "body", "tokens": 10, "loss": 2.0 + delta}]}}},
+            "comparisons": []}
+
+
+def test_outputs_are_written_whole_analysis_json_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write cut before analysis.json's rename (a kill) leaves the last complete
+    analysis.json, with its tables already new, never a torn file; a complete write
+    replaces both."""
+    from sanlab.analysis import output
+
+    output.write_outputs(_result(0.0), tmp_path)
+    assert json.loads((tmp_path / "analysis.json").read_text()) == _result(0.0)
+    real = os.replace
+
+    def cut(src: str | Path, dst: str | Path) -> None:
+        if Path(dst).name == "analysis.json":
+            raise KeyboardInterrupt
+        real(src, dst)
+
+    monkeypatch.setattr(output.os, "replace", cut)
+    with pytest.raises(KeyboardInterrupt):
+        output.write_outputs(_result(1.0), tmp_path)
+    assert json.loads((tmp_path / "analysis.json").read_text()) == _result(0.0)
+    assert "3.0" in (tmp_path / "losses.csv").read_text()  # (the tables went first)
+    monkeypatch.setattr(output.os, "replace", real)
+    assert output.write_outputs(_result(1.0), tmp_path) == [tmp_path / "analysis.json", tmp_path / "losses.csv"]
+    assert json.loads((tmp_path / "analysis.json").read_text()) == _result(1.0)
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["analysis.json", "losses.csv"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,11 +62,13 @@ def _write_csv(path: Path, rows: list[dict]) -> Path | None:
     fields: list[str] = []
     for r in rows:
         fields += [k for k in r if k not in fields]
-    with path.open("w", newline="") as f:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
             w.writerow({k: "" if v is None or (isinstance(v, float) and math.isnan(v)) else v for k, v in r.items()})
+    os.replace(tmp, path)
     return path
 
 
@@ -104,16 +107,21 @@ def tables(result: dict) -> dict[str, list[dict]]:
 
 
 def write_outputs(result: dict, out_dir: Path) -> list[Path]:
-    """Write analysis.json and every non-empty CSV table; the paths written."""
+    """Write analysis.json and every non-empty CSV table; the paths written. Each file is
+    written whole or not at all (a temporary file renamed), analysis.json last: a kill at
+    any instant never leaves a torn file, and a new analysis.json (what the report and
+    `--analyze`'s "already analysed" read) only once its tables are written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    js = out_dir / "analysis.json"
-    js.write_text(json.dumps(_clean(result), indent=1, allow_nan=False))
-    written = [js]
+    written = []
     for name, rows in tables(result).items():
         p = _write_csv(out_dir / f"{name}.csv", rows)
         if p is not None:
             written.append(p)
-    return written
+    js = out_dir / "analysis.json"
+    tmp = js.with_name(f".{js.name}.tmp")
+    tmp.write_text(json.dumps(_clean(result), indent=1, allow_nan=False))
+    os.replace(tmp, js)
+    return [js, *written]
 
 
 # --------------------------------------------------------------------------- printing
