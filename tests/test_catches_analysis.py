@@ -101,7 +101,8 @@ def test_rows_for_groups_is_the_first_prefix_where_every_present_group_has_enoug
     assert tried >= 3
     # Nobody reaches it: every row, and the present groups that stay short, with their counts.
     big = int(cum[-1].max()) + 1
-    assert rows_for_groups(train_data_dir, big) == (len(cum), {names[g]: int(cum[-1, g]) for g in np.flatnonzero(present)})
+    short_groups = {names[g]: int(cum[-1, g]) for g in np.flatnonzero(present)}
+    assert rows_for_groups(train_data_dir, big) == (len(cum), short_groups)
     # Only the first max_rows rows are looked at.
     short = rows_for_groups(train_data_dir, big, max_rows=5)
     assert short == (5, {names[g]: int(cum[4, g]) for g in np.flatnonzero(cum[4] > 0)})

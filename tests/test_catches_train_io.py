@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import errno
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -151,3 +152,31 @@ def test_metrics_lines_are_strict_json_with_null_for_non_finite_values(tmp_path:
     (line,) = (tmp_path / rundir.METRICS_FILE).read_text().splitlines()
     assert json.loads(line, parse_constant=no_constants) == {"step": 1, "loss": None, "grad_norm": None, "lr": None,
                                                               "tokens_per_s": 1e3}
+
+
+def _run_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, start_step: int, log_every: int) -> logs.RunLog:
+    """A RunLog whose clock reads 0 s when it starts and 0.5 s at every later reading."""
+    readings = iter([0.0])
+    monkeypatch.setattr(logs, "time", types.SimpleNamespace(perf_counter=lambda: next(readings, 0.5)))
+    cfg = Config.model_validate({"train": {"log_every": log_every}})
+    return logs.RunLog(tmp_path, cfg, total_steps=10_000, start_step=start_step, enabled=True)
+
+
+def test_the_eta_counts_the_steps_of_this_process_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Resumed at step 100, one step in 0.5 s: 2 steps/s, 9,899 steps left = 1:22:29."""
+    log = _run_log(tmp_path, monkeypatch, start_step=100, log_every=1)
+    log.log({"step": 101, "loss": 2.5, "tokens_per_s": 2e3})
+    log.close()
+    assert capsys.readouterr().out == "step 101/10000  loss 2.5  2.0k tok/s  eta 1:22:29\n"
+
+
+def test_a_step_with_a_validation_loss_is_printed_off_the_logging_cadence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _run_log(tmp_path, monkeypatch, start_step=0, log_every=1000)
+    log.log({"step": 5, "loss": 2.5})
+    assert capsys.readouterr().out == ""
+    log.log({"step": 6, "loss": 2.5, "val_loss": 3.0})
+    log.close()
+    assert capsys.readouterr().out.startswith("step 6/10000  loss 2.5  val_loss 3  0.0k tok/s  eta ")
+    assert len((tmp_path / rundir.METRICS_FILE).read_text().splitlines()) == 2  # the file has every step

@@ -1,4 +1,4 @@
-"""Side tasks on idle workers (`runner.SideTask`, `Study(analyze=True)`, `study run
+"""Side tasks on idle workers (`runner.SideTask`, `Study(side_work=...)`, `study run
 --report`): the local runner starts them on workers no job waits for, alongside the
 runs; a study hands it each final pair group's analysis (`sanlab.report.analyze_job`)
 once every final run of the group has completed, so the report after the study finds it
@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from sanlab.cli import main
+from sanlab.report.analyze_job import side_work
 from sanlab.report.cli import make_report
 from sanlab.study.orchestrate import Study
 from sanlab.study.runner import LocalRunner, SideTask
@@ -154,11 +155,13 @@ def test_study_run_report_analyses_each_finished_group_on_an_idle_worker(
     shutil.rmtree(study / "analysis")
 
     # the study's process picks the side tasks without torch (its workers import it)
-    code = (BLOCK_TORCH + "from sanlab.study.orchestrate import Study\n"
+    code = (BLOCK_TORCH + "from pathlib import Path\n"
+            "from sanlab.report.analyze_job import side_work\n"
+            "from sanlab.study.orchestrate import Study\n"
             "from sanlab.study.spec import load_spec\n"
-            "s = Study(load_spec('spec.toml', []), 'study', analyze=True)\n"
+            "s = Study(load_spec('spec.toml', []), 'study', side_work=side_work(Path('study')))\n"
             "s.check()\n"
-            "print(sorted(t.name for t in s._idle_analyses()(2)))\n"
+            "print(sorted(t.name[len('analysis-'):] for t in s._idle_tasks()(2)))\n"
             "assert 'torch' not in sys.modules\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert (proc.returncode, proc.stdout) == (0, f"{groups}\n"), proc.stderr
@@ -181,7 +184,8 @@ def test_a_group_waits_for_its_last_arm_while_a_worker_idles(
     spec = StudySpec.model_validate({**SPEC, "seeds": [1], "noise": {"enabled": False},
                                      "data": {"dir": str(study_data_dir), "seq_len": 32}})
     console = Console(record=True, width=400)
-    assert Study(spec, tmp_path, console=console, train_fn="study_fakes:slow_deep_train", analyze=True).run() == 0
+    assert Study(spec, tmp_path, console=console, train_fn="study_fakes:slow_deep_train",
+                 side_work=side_work(tmp_path)).run() == 0
     a = json.loads((tmp_path / "analysis" / "final-muon-1024-s1" / "analysis.json").read_text())
     assert len(a["runs"]) == 3 and len(a["comparisons"]) == 2
     depth = next((tmp_path / "runs").glob("iso_depth-*"))
@@ -194,7 +198,7 @@ def test_a_group_waits_for_its_last_arm_while_a_worker_idles(
 def test_no_side_analyses_without_the_report_or_on_gpus(study_data_dir: Path, tmp_path: Path) -> None:
     data = {"data": {"dir": str(study_data_dir), "seq_len": 32}}
     spec = StudySpec.model_validate({**SPEC, **data})
-    assert Study(spec, tmp_path / "a")._idle_analyses() is None
-    assert Study(spec, tmp_path / "b", analyze=True)._idle_analyses() is not None
+    assert Study(spec, tmp_path / "a")._idle_tasks() is None
+    assert Study(spec, tmp_path / "b", side_work=side_work(tmp_path / "b"))._idle_tasks() is not None
     gpu = StudySpec.model_validate({**SPEC, **data, "runner": {"workers": 1, "gpus_per_run": 1}})
-    assert Study(gpu, tmp_path / "c", analyze=True)._idle_analyses() is None
+    assert Study(gpu, tmp_path / "c", side_work=side_work(tmp_path / "c"))._idle_tasks() is None

@@ -15,6 +15,7 @@ from sanlab.config import format_tokens
 from sanlab.errors import EXIT_OK, ConfigError
 from sanlab.matching import layer_map, model_label
 from sanlab.paths import check_in_path, check_out_dir, is_run_dir
+from sanlab.report.analyze_job import side_work
 from sanlab.report.cli import REPORT_DIR, make_report
 from sanlab.study.orchestrate import Study, check, load_saved_spec
 from sanlab.study.plan import build_arms, data_points, plan_study
@@ -170,7 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out}: is a training run dir (it holds config.json / meta.json), "
                           "not a study dir; give the study a directory of its own")
     spec = load_spec(args.spec, args.overrides)
-    rc = Study(spec, out, extend=args.extend, analyze=args.report).run()
+    rc = Study(spec, out, extend=args.extend, side_work=side_work(out) if args.report else None).run()
     if args.report:
         html, _ = make_report(out, analyze=True)
         print(html)

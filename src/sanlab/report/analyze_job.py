@@ -15,10 +15,31 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from sanlab.report.data import analyze_group, load, missing_analyses
+from sanlab.study.runner import SideWork
 from sanlab.study.warm import die_with_parent
+
+MODULE = "sanlab.report.analyze_job"  # (this module, as `python -m` and the warm processes run it)
+
+
+def side_work(study_dir: Path) -> Callable[[int], list[SideWork]]:
+    """For `Study(side_work=...)`: given the number of arms a group must hold, this
+    module's run on each final pair group of the study in `study_dir` that has them all
+    (every final run completed) and no analysis yet."""
+
+    def pending(arms: int) -> list[SideWork]:
+        out = []
+        for g in missing_analyses(load(study_dir)):
+            if len(g.arms) < arms:
+                continue
+            what = f"{', '.join(g.arms)} vs {g.reference}"
+            out.append(SideWork(f"analysis-{g.out_name}", MODULE, (str(study_dir), g.out_name),
+                                f"analysed {what}", f"analysis of {what} failed; the report tries it again"))
+        return out
+
+    return pending
 
 
 def main(argv: Sequence[str]) -> int:

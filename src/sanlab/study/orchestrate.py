@@ -52,7 +52,16 @@ from sanlab.study.plan import (
     sweep_runs,
     sweeps_at,
 )
-from sanlab.study.runner import DEFAULT_TRAIN_FN, Job, LocalRunner, OnDone, SideTask, SlurmRunner, make_runner
+from sanlab.study.runner import (
+    DEFAULT_TRAIN_FN,
+    Job,
+    LocalRunner,
+    OnDone,
+    SideTask,
+    SideWork,
+    SlurmRunner,
+    make_runner,
+)
 from sanlab.study.spec import StudySpec
 from sanlab.study.store import ResultStore
 from sanlab.study.sweep import SweepDecision
@@ -263,11 +272,11 @@ class Study:
     def __init__(self, spec: StudySpec, study_dir: str | Path, *, console: Console | None = None,
                  train_fn: str = DEFAULT_TRAIN_FN,
                  runner: LocalRunner | SlurmRunner | None = None, extend: bool = False,
-                 analyze: bool = False) -> None:
+                 side_work: Callable[[int], list[SideWork]] | None = None) -> None:
         self.spec = spec
-        # the report's analyses follow (`study run --report`): each final pair group's starts on
-        # a worker the runs leave idle as soon as its runs have finished (`_idle_analyses`)
-        self.analyze = analyze
+        # work for workers the runs leave idle, given the number of arms a group must hold
+        # (`study run --report`: `sanlab.report.analyze_job.side_work`, the final pairs' analyses)
+        self.side_work = side_work
         self.extend = extend  # the spec may add arms, seeds and budgets to the dir's study
         self.dir = Path(study_dir)
         self.console = console or Output().console
@@ -437,39 +446,33 @@ class Study:
             add(new)
             return self._jobs(new, self.store.runs())
 
-        idle = self._idle_analyses()
+        idle = self._idle_tasks()
         self.runner.run(self._jobs(first, self.store.runs()), on_done, more=more,  # type: ignore[call-arg]
                         **({"idle": idle} if idle is not None else {}))
         self._check_not_stuck()
 
-    def _idle_analyses(self) -> Callable[[int], list[SideTask]] | None:
-        """With `analyze`, on a CPU local runner: the side tasks (`runner.SideTask`) that
-        analyse each final pair group (`sanlab.report.analyze_job`) whose final runs have all
-        completed, every arm's, and that no analysis covers yet, each started once. The
-        report after the study then has only the rest left to do."""
-        if not self.analyze or not isinstance(self.runner, LocalRunner) or self.runner.gpus:
+    def _idle_tasks(self) -> Callable[[int], list[SideTask]] | None:
+        """With `side_work`, on a CPU local runner: the side tasks (`runner.SideTask`) it
+        names for groups of every arm (`study run --report`: each final pair group's
+        analysis once all its final runs have completed), each started once."""
+        if self.side_work is None or not isinstance(self.runner, LocalRunner) or self.runner.gpus:
             return None
         started: set[str] = set()
-        n_arms = len(self.arms) - 1
+        side_work = self.side_work
 
         def idle(free: int) -> list[SideTask]:
-            # lazy: an import cycle (sanlab.report.data imports this module)
-            from sanlab.report.data import load, missing_analyses
-
             tasks = []
-            for g in missing_analyses(load(self.dir)):
-                if g.out_name in started or len(g.arms) < n_arms or len(tasks) == free:
+            for w in side_work(len(self.arms) - 1):
+                if w.name in started or len(tasks) == free:
                     continue
-                started.add(g.out_name)
-                log = self.dir / "jobs" / f"analysis-{g.out_name}.log"
-                what = f"{', '.join(g.arms)} vs {g.reference}"
+                started.add(w.name)
+                log = self.dir / "jobs" / f"{w.name}.log"
 
-                def done(rc: int, what: str = what, log: Path = log) -> None:
-                    self.console.print(f"analysed {what} (on an idle worker)" if rc == 0 else
-                                       f"analysis of {what} failed on an idle worker (exit {rc}, see {log}); "
-                                       "the report tries it again", highlight=False)
+                def done(rc: int, w: SideWork = w, log: Path = log) -> None:
+                    self.console.print(f"{w.done} (on an idle worker)" if rc == 0 else
+                                       f"{w.failed} (on an idle worker: exit {rc}, see {log})", highlight=False)
 
-                tasks.append(SideTask(g.out_name, "sanlab.report.analyze_job", (str(self.dir), g.out_name), log, done))
+                tasks.append(SideTask(w.name, w.module, w.argv, log, done))
             return tasks
 
         return idle

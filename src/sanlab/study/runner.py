@@ -43,7 +43,7 @@ import weakref
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from sanlab.config import Config, validate
 from sanlab.study import warm
@@ -68,6 +68,18 @@ class SideTask:
 
 
 Idle = Callable[[int], Sequence[SideTask]]  # free workers -> side tasks to start on them now
+
+
+class SideWork(NamedTuple):
+    """A side task as a layer above the study names it (`Study(side_work=...)`): its name
+    (its log: jobs/NAME.log), `module`'s `main(argv)`, and what the study prints when it
+    has succeeded (`done`) or failed (`failed`)."""
+
+    name: str
+    module: str
+    argv: tuple[str, ...]
+    done: str
+    failed: str
 
 
 @dataclass(frozen=True)
