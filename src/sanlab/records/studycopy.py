@@ -116,9 +116,9 @@ def copy_study(src: Path, out: Path, log: Log) -> list[str]:
             point_of[str(rec.get("run_id"))] = rec.get("data") or ""
         if isinstance(rec.get("run_dir"), str):
             rec["run_dir"] = _rel_run_path(rec["run_dir"], src)
-        if rec.get("type") == "data":  # the prepared dir, as the copy holds it
-            rec["dir"] = f"data/{rec['data']}" if rec.get("data") else "data"
+        if rec.get("type") == "data":  # where the prepared dir lay, then the dir as the copy holds it
             data_points[str(rec.get("data") or "")] = data_dir_of(rec)
+            rec["dir"] = f"data/{rec['data']}" if rec.get("data") else "data"
         lines.append(json.dumps(rec, sort_keys=True).encode())
     dst.mkdir(parents=True, exist_ok=True)
     (dst / STORE_NAME).write_bytes(b"".join(line + b"\n" for line in lines))
